@@ -1,0 +1,220 @@
+//! Typed settings. Precedence, lowest first: built-in defaults, `config.toml` (or `--config FILE`),
+//! `LONGRANK_*` environment variables (`LONGRANK_DATA_DIR`, `LONGRANK_SERVER_ADDR`, `LONGRANK_BM25_K1`:
+//! the section and key in capitals), then command-line flags.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::index::{Bm25Params, BuildOptions, OnError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{}: {source}", path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{}: {message}", path.display())]
+    Parse { path: PathBuf, message: String },
+    #[error("environment variable {var}: {message}")]
+    Env { var: String, message: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Where collections (and later the database) live.
+    pub data_dir: PathBuf,
+    /// Collection used when a request names none; empty: the only collection, if there is just one.
+    pub default_collection: String,
+    pub server: ServerConfig,
+    pub limits: Limits,
+    pub bm25: Bm25Params,
+    pub index: IndexConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            data_dir: PathBuf::from("data"),
+            default_collection: String::new(),
+            server: ServerConfig::default(),
+            limits: Limits::default(),
+            bm25: Bm25Params::default(),
+            index: IndexConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    pub addr: String,
+    /// A request still running after this long is answered 503 `timeout`.
+    pub request_timeout_ms: u64,
+    /// Larger request bodies are answered 413.
+    pub max_body_bytes: usize,
+    /// Index the built-in demo collection at start when the data directory holds no collection.
+    pub demo_when_empty: bool,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            addr: "127.0.0.1:8080".into(),
+            request_timeout_ms: 30_000,
+            max_body_bytes: 10 << 20,
+            demo_when_empty: true,
+        }
+    }
+}
+
+/// Request limits, checked in one place (the rank pipeline) for HTTP and CLI alike.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    pub max_query_chars: usize,
+    pub default_k: usize,
+    pub max_k: usize,
+    pub default_depth: usize,
+    pub max_depth: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_query_chars: 4096, default_k: 10, max_k: 10_000, default_depth: 100, max_depth: 10_000 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IndexConfig {
+    pub memory_budget_mb: usize,
+    pub threads: usize,
+    pub commit_every: u64,
+    pub on_error: OnError,
+}
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        let d = BuildOptions::default();
+        IndexConfig {
+            memory_budget_mb: d.memory_budget_mb,
+            threads: d.threads,
+            commit_every: d.commit_every,
+            on_error: d.on_error,
+        }
+    }
+}
+
+impl IndexConfig {
+    pub fn build_options(&self, replace: bool, progress: bool) -> BuildOptions {
+        BuildOptions {
+            on_error: self.on_error,
+            replace,
+            memory_budget_mb: self.memory_budget_mb,
+            threads: self.threads,
+            commit_every: self.commit_every,
+            progress,
+        }
+    }
+}
+
+const ENV_PREFIX: &str = "LONGRANK_";
+
+impl Config {
+    /// Loads `path` if given (it must exist), else `./config.toml` if present, else the defaults; then
+    /// applies the environment.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let default_path = Path::new("config.toml");
+        let path = path.or_else(|| default_path.exists().then_some(default_path));
+        let mut value = match path {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+                let parse_err = |e: toml::de::Error| ConfigError::Parse { path: path.to_path_buf(), message: e.to_string() };
+                // Parse into the typed struct first so unknown keys and wrong types are reported by name.
+                let typed: Config = toml::from_str(&text).map_err(parse_err)?;
+                toml::Value::try_from(typed).expect("config serializes")
+            }
+            None => toml::Value::try_from(Config::default()).expect("config serializes"),
+        };
+        apply_env(&mut value, std::env::vars())?;
+        value.try_into().map_err(|e: toml::de::Error| ConfigError::Env {
+            var: "LONGRANK_*".into(),
+            message: e.to_string(),
+        })
+    }
+}
+
+/// Overrides settings from `LONGRANK_KEY` / `LONGRANK_SECTION_KEY` variables. Values are read as TOML
+/// (numbers, booleans) and fall back to strings; variables naming no setting are ignored.
+fn apply_env(value: &mut toml::Value, vars: impl Iterator<Item = (String, String)>) -> Result<(), ConfigError> {
+    let Some(root) = value.as_table_mut() else { return Ok(()) };
+    for (var, raw) in vars {
+        let Some(name) = var.strip_prefix(ENV_PREFIX).map(str::to_ascii_lowercase) else { continue };
+        let slot = if let Some(v) = root.get_mut(&name).filter(|v| !v.is_table()) {
+            Some(v)
+        } else {
+            root.iter_mut().filter(|(_, v)| v.is_table()).find_map(|(section, table)| {
+                let key = name.strip_prefix(&format!("{section}_"))?;
+                table.as_table_mut()?.get_mut(key)
+            })
+        };
+        let Some(slot) = slot else { continue };
+        let parsed = toml::from_str::<toml::Table>(&format!("v = {raw}")).ok().and_then(|mut t| t.remove("v"));
+        let new = match parsed {
+            Some(v) if v.same_type(slot) => v,
+            Some(toml::Value::Integer(i)) if slot.is_float() => toml::Value::Float(i as f64),
+            _ if slot.is_str() => toml::Value::String(raw.clone()),
+            _ => {
+                let message = format!("{raw:?} is not a valid {}", slot.type_str());
+                return Err(ConfigError::Env { var, message });
+            }
+        };
+        *slot = new;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Iterator<Item = (String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>().into_iter()
+    }
+
+    #[test]
+    fn environment_overrides_typed_settings() {
+        let mut v = toml::Value::try_from(Config::default()).unwrap();
+        let vars = env(&[
+            ("LONGRANK_DATA_DIR", "/tmp/x"),
+            ("LONGRANK_SERVER_ADDR", "0.0.0.0:9000"),
+            ("LONGRANK_BM25_K1", "1.2"),
+            ("LONGRANK_BM25_B", "1"),
+            ("LONGRANK_LIMITS_MAX_K", "50"),
+            ("LONGRANK_INDEX_ON_ERROR", "abort"),
+            ("LONGRANK_UNRELATED", "x"),
+        ]);
+        apply_env(&mut v, vars).unwrap();
+        let c: Config = v.try_into().unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("/tmp/x"));
+        assert_eq!(c.server.addr, "0.0.0.0:9000");
+        assert_eq!((c.bm25.k1, c.bm25.b), (1.2, 1.0));
+        assert_eq!(c.limits.max_k, 50);
+        assert_eq!(c.index.on_error, OnError::Abort);
+    }
+
+    #[test]
+    fn bad_environment_value_names_the_variable() {
+        let mut v = toml::Value::try_from(Config::default()).unwrap();
+        let err = apply_env(&mut v, env(&[("LONGRANK_LIMITS_MAX_K", "many")])).unwrap_err();
+        assert_eq!(err.to_string(), "environment variable LONGRANK_LIMITS_MAX_K: \"many\" is not a valid integer");
+    }
+
+    #[test]
+    fn shipped_config_file_equals_the_defaults() {
+        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml")).unwrap();
+        let parsed: Config = toml::from_str(&text).unwrap();
+        assert_eq!(parsed, Config::default());
+    }
+}

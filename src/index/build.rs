@@ -1,0 +1,350 @@
+//! Building a collection's index from a corpus, streaming: one document in memory at a time (plus
+//! tantivy's bounded indexing buffer).
+//!
+//! Crash safety: a new collection is built in place with a commit every `commit_every` documents, and each
+//! commit records (in tantivy's commit payload) which input files are completely indexed, so a re-run after a
+//! crash skips them and re-reads the rest (same docids replace, so nothing is doubled). `--replace` builds
+//! into a hidden staging directory and swaps it in at the end, so the old index serves until then.
+
+use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::{Instant, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tantivy::tokenizer::{PreTokenizedString, Token};
+use tantivy::{Index, IndexWriter, TantivyDocument, Term};
+
+use super::{analyzer, schema, validate_name, CollectionMeta, Fields, IndexError, ANALYZER_VERSION, META_FILE};
+use crate::corpus::{Corpus, CorpusError, Document};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnError {
+    /// Report the malformed document (file and byte offset) and go on.
+    #[default]
+    Skip,
+    /// Stop at the first malformed document; nothing after the last commit is kept.
+    Abort,
+}
+
+#[derive(Debug, Clone)]
+pub struct BuildOptions {
+    pub on_error: OnError,
+    /// Rebuild from scratch instead of adding to the existing collection.
+    pub replace: bool,
+    /// tantivy's indexing buffer, all threads together; bounds the indexer's memory.
+    pub memory_budget_mb: usize,
+    /// Indexing threads (0: up to the number of cores, at most 4).
+    pub threads: usize,
+    /// Commit after this many documents, so that an interrupted build keeps its progress.
+    pub commit_every: u64,
+    /// Show a progress bar on the terminal.
+    pub progress: bool,
+}
+
+impl Default for BuildOptions {
+    fn default() -> Self {
+        BuildOptions {
+            on_error: OnError::Skip,
+            replace: false,
+            memory_budget_mb: 256,
+            threads: 0,
+            commit_every: 100_000,
+            progress: false,
+        }
+    }
+}
+
+/// What a build did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BuildReport {
+    pub collection: String,
+    pub indexed: u64,
+    pub skipped: u64,
+    pub duplicates: u64,
+    /// Input files left alone because an earlier (interrupted) run had indexed them completely.
+    pub files_already_indexed: usize,
+    pub documents_in_collection: u64,
+    pub elapsed_s: f64,
+    /// The first problems met, each naming its file and byte offset.
+    pub problems: Vec<String>,
+}
+
+const MAX_PROBLEMS_KEPT: usize = 100;
+
+/// An input file as recorded in the commit payload: same path, size and modification time means done.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct FileStamp {
+    path: PathBuf,
+    size: u64,
+    mtime: u64,
+}
+
+impl FileStamp {
+    fn of(path: &Path) -> Option<FileStamp> {
+        let meta = path.metadata().ok()?;
+        let mtime = meta.modified().ok()?.duration_since(UNIX_EPOCH).ok()?.as_secs();
+        let path = path.canonicalize().ok()?;
+        Some(FileStamp { path, size: meta.len(), mtime })
+    }
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Payload {
+    files: Vec<FileStamp>,
+}
+
+/// Builds (or adds to) collection `name` under `data_dir` from `corpus`.
+pub fn build(data_dir: &Path, name: &str, corpus: &Corpus, opts: &BuildOptions) -> Result<BuildReport, IndexError> {
+    validate_name(name)?;
+    let started = Instant::now();
+    let root = data_dir.join("collections");
+    let final_dir = root.join(name);
+    let staging = opts.replace && final_dir.exists();
+    let work_dir = if staging { root.join(format!(".{name}.building")) } else { final_dir.clone() };
+    let io_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| IndexError::Io { path, source }
+    };
+    if staging && work_dir.exists() {
+        std::fs::remove_dir_all(&work_dir).map_err(io_err(&work_dir))?;
+    }
+    std::fs::create_dir_all(&work_dir).map_err(io_err(&work_dir))?;
+    let tantivy_err = |source| IndexError::Tantivy { path: work_dir.clone(), source };
+
+    let (schema, fields) = schema();
+    let fresh = !work_dir.join("meta.json").exists();
+    let index = if fresh {
+        let meta = CollectionMeta { name: name.to_string(), analyzer: ANALYZER_VERSION.to_string() };
+        let meta_path = work_dir.join(META_FILE);
+        std::fs::write(&meta_path, serde_json::to_vec_pretty(&meta).unwrap_or_default()).map_err(io_err(&meta_path))?;
+        Index::create_in_dir(&work_dir, schema).map_err(tantivy_err)?
+    } else {
+        super::Collection::open(&work_dir)?; // refuses an incompatible analyzer
+        Index::open_in_dir(&work_dir).map_err(tantivy_err)?
+    };
+    let mut payload: Payload = if opts.replace {
+        Payload::default()
+    } else {
+        index
+            .load_metas()
+            .map_err(tantivy_err)?
+            .payload
+            .and_then(|p| serde_json::from_str(&p).ok())
+            .unwrap_or_default()
+    };
+    let had_documents = !fresh && !opts.replace && index.reader().map_err(tantivy_err)?.searcher().num_docs() > 0;
+
+    let threads = match opts.threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()).min(4),
+        n => n,
+    };
+    // tantivy wants at least 15 MB per thread.
+    let budget = (opts.memory_budget_mb << 20).max(threads * (16 << 20));
+    let mut writer: IndexWriter = index.writer_with_num_threads(threads, budget).map_err(tantivy_err)?;
+    if opts.replace && !staging {
+        writer.delete_all_documents().map_err(tantivy_err)?;
+    }
+
+    let progress = Progress::new(opts.progress, corpus.total_bytes());
+    let bytes_read = corpus.bytes_read();
+    let mut report = BuildReport { collection: name.to_string(), ..Default::default() };
+    let mut seen: HashSet<u64> = HashSet::new();
+    let mut since_commit = 0u64;
+    // Once committed documents may share docids with new ones, every add first deletes its docid.
+    let mut replace_existing = had_documents;
+
+    for file in corpus.files() {
+        let stamp = FileStamp::of(file);
+        if stamp.as_ref().is_some_and(|s| payload.files.contains(s)) {
+            report.files_already_indexed += 1;
+            continue;
+        }
+        let docs = match corpus.read_file(file) {
+            Ok(docs) => docs,
+            Err(e) => {
+                report.problem(&e, opts.on_error)?;
+                continue;
+            }
+        };
+        for doc in docs {
+            match doc {
+                Ok(doc) => {
+                    let first_time = seen.insert(hash_id(&doc.id));
+                    if !first_time {
+                        report.duplicates += 1;
+                        report.note(format!("{}: duplicate docid {:?}; the later document replaces it", file.display(), doc.id));
+                    }
+                    let delete_first = replace_existing || !first_time;
+                    add_document(&writer, fields, &doc, delete_first).map_err(tantivy_err)?;
+                    report.indexed += 1;
+                    since_commit += 1;
+                }
+                Err(e) => report.problem(&e, opts.on_error)?,
+            }
+            progress.update(bytes_read.load(Ordering::Relaxed), report.indexed);
+            if since_commit >= opts.commit_every {
+                commit(&mut writer, &payload).map_err(tantivy_err)?;
+                replace_existing = true;
+                since_commit = 0;
+            }
+        }
+        if let Some(stamp) = stamp {
+            payload.files.push(stamp);
+        }
+    }
+    commit(&mut writer, &payload).map_err(tantivy_err)?;
+    writer.wait_merging_threads().map_err(tantivy_err)?;
+    progress.finish();
+
+    if staging {
+        swap_in(&root, name, &work_dir)?;
+    }
+    let reader = Index::open_in_dir(&final_dir).and_then(|i| i.reader()).map_err(tantivy_err)?;
+    report.documents_in_collection = reader.searcher().num_docs();
+    report.elapsed_s = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+impl BuildReport {
+    fn note(&mut self, message: String) {
+        tracing::warn!("{message}");
+        if self.problems.len() < MAX_PROBLEMS_KEPT {
+            self.problems.push(message);
+        }
+    }
+
+    /// Records a bad document or file; under `abort` it ends the build.
+    fn problem(&mut self, e: &CorpusError, on_error: OnError) -> Result<(), IndexError> {
+        if on_error == OnError::Abort {
+            return Err(IndexError::Aborted(e.to_string()));
+        }
+        self.skipped += 1;
+        self.note(format!("skipped: {e}"));
+        Ok(())
+    }
+}
+
+/// Analyzes a document and adds it; `delete_first` removes any document with the same docid.
+fn add_document(writer: &IndexWriter, fields: Fields, doc: &Document, delete_first: bool) -> tantivy::Result<()> {
+    if delete_first {
+        writer.delete_term(Term::from_field_text(fields.docid, &doc.id));
+    }
+    let contents = searchable_text(doc);
+    let tokens: Vec<Token> = analyzer::tokens(&contents)
+        .into_iter()
+        .enumerate()
+        .map(|(position, t)| Token {
+            offset_from: t.span.start,
+            offset_to: t.span.end,
+            position,
+            text: t.term,
+            position_length: 1,
+        })
+        .collect();
+    let mut d = TantivyDocument::default();
+    d.add_text(fields.docid, &doc.id);
+    d.add_text(fields.title, &doc.title);
+    d.add_text(fields.text, &doc.text);
+    d.add_u64(fields.len, tokens.len() as u64);
+    d.add_pre_tokenized_text(fields.contents, PreTokenizedString { text: String::new(), tokens });
+    writer.add_document(d)?;
+    Ok(())
+}
+
+/// What BM25 sees: the text, with the title in front unless the text already starts with it (TREC and
+/// the shared JSONL collections repeat the headline in the text; web pages do not).
+pub fn searchable_text(doc: &Document) -> std::borrow::Cow<'_, str> {
+    let title = doc.title.trim();
+    if title.is_empty() || doc.text.trim_start().starts_with(title) {
+        std::borrow::Cow::Borrowed(&doc.text)
+    } else {
+        std::borrow::Cow::Owned(format!("{title}\n\n{}", doc.text))
+    }
+}
+
+fn commit(writer: &mut IndexWriter, payload: &Payload) -> tantivy::Result<()> {
+    let mut prepared = writer.prepare_commit()?;
+    prepared.set_payload(&serde_json::to_string(payload).unwrap_or_default());
+    prepared.commit()?;
+    Ok(())
+}
+
+fn hash_id(id: &str) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    id.hash(&mut h);
+    h.finish()
+}
+
+/// Replaces `root/name` by the finished staging directory. The old index is renamed aside first, so a crash
+/// between the two renames is repaired at the next start by `recover_interrupted_swaps`.
+fn swap_in(root: &Path, name: &str, staging: &Path) -> Result<(), IndexError> {
+    let final_dir = root.join(name);
+    let old = root.join(format!(".{name}.old"));
+    let io_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| IndexError::Io { path, source }
+    };
+    if old.exists() {
+        std::fs::remove_dir_all(&old).map_err(io_err(&old))?;
+    }
+    std::fs::rename(&final_dir, &old).map_err(io_err(&final_dir))?;
+    std::fs::rename(staging, &final_dir).map_err(io_err(staging))?;
+    std::fs::remove_dir_all(&old).map_err(io_err(&old))?;
+    Ok(())
+}
+
+/// Finishes or undoes a swap cut short by a crash: `.NAME.old` without `NAME` goes back into place;
+/// `.NAME.old` beside a `NAME` is a finished swap's leftover.
+pub(super) fn recover_interrupted_swaps(root: &Path) -> Result<(), IndexError> {
+    let Ok(entries) = std::fs::read_dir(root) else { return Ok(()) };
+    for entry in entries.filter_map(|e| e.ok()) {
+        let file_name = entry.file_name().to_string_lossy().to_string();
+        let Some(name) = file_name.strip_prefix('.').and_then(|n| n.strip_suffix(".old")) else { continue };
+        let target = root.join(name);
+        let result = if target.exists() {
+            std::fs::remove_dir_all(entry.path())
+        } else {
+            tracing::warn!("restoring collection {name} after an interrupted --replace");
+            std::fs::rename(entry.path(), &target)
+        };
+        result.map_err(|source| IndexError::Io { path: entry.path(), source })?;
+    }
+    Ok(())
+}
+
+/// The terminal progress bar: bytes read of the total, documents and documents per second.
+struct Progress {
+    bar: indicatif::ProgressBar,
+    started: Instant,
+}
+
+impl Progress {
+    fn new(visible: bool, total_bytes: u64) -> Progress {
+        let bar = if visible {
+            indicatif::ProgressBar::new(total_bytes)
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        let style = indicatif::ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} ETA {eta} {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+        bar.set_style(style);
+        Progress { bar, started: Instant::now() }
+    }
+
+    fn update(&self, bytes: u64, docs: u64) {
+        if docs % 256 == 0 {
+            self.bar.set_position(bytes);
+            let rate = docs as f64 / self.started.elapsed().as_secs_f64().max(1e-3);
+            self.bar.set_message(format!("{docs} docs, {rate:.0} docs/s"));
+        }
+    }
+
+    fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}

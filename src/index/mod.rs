@@ -1,0 +1,370 @@
+//! The first stage: tantivy indexes (one per collection under `DATA_DIR/collections/NAME`), analyzed as
+//! Anserini does, scored with our own BM25 over tantivy's postings and exact document lengths.
+
+pub mod analyzer;
+pub mod bm25;
+mod build;
+mod porter;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+
+use serde::{Deserialize, Serialize};
+use tantivy::collector::TopDocs;
+use tantivy::postings::Postings;
+use tantivy::query::TermQuery;
+use tantivy::schema::{
+    Field, IndexRecordOption, NumericOptions, Schema, TextFieldIndexing, TextOptions, Value, FAST, STORED, STRING,
+};
+use tantivy::{DocAddress, DocSet, Index, IndexReader, ReloadPolicy, Searcher, TantivyDocument, Term, TERMINATED};
+
+pub use bm25::{Bm25Params, CollectionStats};
+pub use build::{build, BuildOptions, BuildReport, OnError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    #[error("unknown collection {0:?}")]
+    UnknownCollection(String),
+    #[error("invalid collection name {0:?}: use letters, digits, '-', '_' and '.' (not leading)")]
+    InvalidName(String),
+    #[error("collection {name:?} was built by an incompatible version (analyzer {found:?}, expected {expected:?}); rebuild it with --replace")]
+    Incompatible { name: String, found: String, expected: String },
+    #[error("index error in {path}: {source}", path = path.display())]
+    Tantivy { path: PathBuf, source: tantivy::TantivyError },
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Corpus(#[from] crate::corpus::CorpusError),
+    #[error("indexing aborted: {0}")]
+    Aborted(String),
+}
+
+/// Names the analysis so that an index built with another one is refused instead of silently mis-scored.
+const ANALYZER_VERSION: &str = "lucene-english-porter-v1";
+const META_FILE: &str = "longrank.json";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct CollectionMeta {
+    name: String,
+    analyzer: String,
+}
+
+/// The fields of a collection's schema.
+#[derive(Clone, Copy)]
+struct Fields {
+    docid: Field,
+    title: Field,
+    text: Field,
+    contents: Field,
+    len: Field,
+}
+
+const LEN_FIELD: &str = "len";
+const DOCID_FIELD: &str = "docid";
+
+fn schema() -> (Schema, Fields) {
+    let mut b = Schema::builder();
+    let docid = b.add_text_field(DOCID_FIELD, STRING | STORED | FAST);
+    let title = b.add_text_field("title", STORED);
+    let text = b.add_text_field("text", STORED);
+    // Terms come pre-analyzed (see analyzer.rs); lengths live in `len`, so tantivy's lossy norms are off.
+    let indexing = TextFieldIndexing::default()
+        .set_tokenizer("raw")
+        .set_index_option(IndexRecordOption::WithFreqs)
+        .set_fieldnorms(false);
+    let contents = b.add_text_field("contents", TextOptions::default().set_indexing_options(indexing));
+    let len = b.add_u64_field(LEN_FIELD, NumericOptions::default().set_fast());
+    (b.build(), Fields { docid, title, text, contents, len })
+}
+
+/// A stored document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StoredDoc {
+    pub docid: String,
+    pub title: String,
+    pub text: String,
+}
+
+/// One first-stage hit.
+#[derive(Debug, Clone)]
+pub struct Hit {
+    pub address: DocAddress,
+    pub docid: String,
+    pub score: f32,
+}
+
+/// An open collection: its index, a reader that follows commits, and statistics cached per commit.
+pub struct Collection {
+    name: String,
+    path: PathBuf,
+    reader: IndexReader,
+    fields: Fields,
+    stats: Mutex<Option<(u64, CollectionStats)>>,
+}
+
+impl Collection {
+    pub fn open(path: &Path) -> Result<Collection, IndexError> {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+        let meta_path = path.join(META_FILE);
+        let meta: CollectionMeta = std::fs::read(&meta_path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(CollectionMeta { name: name.clone(), analyzer: "unknown".into() });
+        if meta.analyzer != ANALYZER_VERSION {
+            return Err(IndexError::Incompatible {
+                name,
+                found: meta.analyzer,
+                expected: ANALYZER_VERSION.into(),
+            });
+        }
+        let tantivy_err = |source| IndexError::Tantivy { path: path.to_path_buf(), source };
+        let index = Index::open_in_dir(path).map_err(tantivy_err)?;
+        let (_, fields) = schema();
+        let reader = index
+            .reader_builder()
+            .reload_policy(ReloadPolicy::OnCommitWithDelay)
+            .try_into()
+            .map_err(tantivy_err)?;
+        Ok(Collection { name, path: path.to_path_buf(), reader, fields, stats: Mutex::new(None) })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn searcher(&self) -> Searcher {
+        self.reader.searcher()
+    }
+
+    fn tantivy_err(&self, source: tantivy::TantivyError) -> IndexError {
+        IndexError::Tantivy { path: self.path.clone(), source }
+    }
+
+    /// Live documents.
+    pub fn num_docs(&self) -> u64 {
+        self.searcher().num_docs()
+    }
+
+    /// Bytes the index takes on disk.
+    pub fn size_bytes(&self) -> u64 {
+        std::fs::read_dir(&self.path)
+            .map(|entries| entries.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum())
+            .unwrap_or(0)
+    }
+
+    /// The statistics BM25 needs, computed once per commit from the exact lengths of live documents.
+    pub fn stats(&self) -> Result<CollectionStats, IndexError> {
+        let searcher = self.searcher();
+        let generation = searcher.generation().generation_id();
+        let mut cached = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((g, stats)) = *cached {
+            if g == generation {
+                return Ok(stats);
+            }
+        }
+        let (mut docs, mut total) = (0u64, 0u64);
+        for segment in searcher.segment_readers() {
+            let lens = segment.fast_fields().u64(LEN_FIELD).map_err(|e| self.tantivy_err(e))?;
+            for doc in segment.doc_ids_alive() {
+                let len = lens.values.get_val(doc);
+                if len > 0 {
+                    docs += 1;
+                    total += len;
+                }
+            }
+        }
+        let avg_len = if docs > 0 { total as f64 / docs as f64 } else { 0.0 };
+        let stats = CollectionStats { num_docs: docs, avg_len };
+        *cached = Some((generation, stats));
+        Ok(stats)
+    }
+
+    /// BM25 top-k for a query analyzed as documents are.
+    pub fn search(&self, query: &str, k: usize, params: Bm25Params) -> Result<Vec<Hit>, IndexError> {
+        let mut weights: Vec<(String, f32)> = Vec::new();
+        for term in analyzer::terms(query) {
+            match weights.iter_mut().find(|(t, _)| *t == term) {
+                Some((_, w)) => *w += 1.0,
+                None => weights.push((term, 1.0)),
+            }
+        }
+        self.search_weighted(&weights, k, params)
+    }
+
+    /// BM25 top-k for a bag of analyzed terms with weights (a query term occurring twice weighs 2, as in
+    /// Anserini's bag-of-words queries; RM3 gives expansion terms fractional weights). Term-at-a-time over
+    /// a dense accumulator per segment; ties go to the smaller docid.
+    pub fn search_weighted(&self, terms: &[(String, f32)], k: usize, params: Bm25Params) -> Result<Vec<Hit>, IndexError> {
+        let searcher = self.searcher();
+        let stats = self.stats()?;
+        let mut term_weights = Vec::with_capacity(terms.len());
+        for (text, weight) in terms {
+            let term = Term::from_field_text(self.fields.contents, text);
+            let df = searcher.doc_freq(&term).map_err(|e| self.tantivy_err(e))?;
+            let weight_idf = weight * bm25::idf(stats.num_docs, df);
+            // A zero contribution would mark no document as touched; negative weights have no meaning here.
+            if df > 0 && weight_idf > 0.0 {
+                term_weights.push((term, weight_idf));
+            }
+        }
+        let mut top: Vec<(f32, DocAddress)> = Vec::new();
+        let mut floor = f32::NEG_INFINITY;
+        for (ord, segment) in searcher.segment_readers().iter().enumerate() {
+            let lens = segment.fast_fields().u64(LEN_FIELD).map_err(|e| self.tantivy_err(e))?;
+            let inverted = segment.inverted_index(self.fields.contents).map_err(|e| self.tantivy_err(e))?;
+            let mut acc = vec![0f32; segment.max_doc() as usize];
+            let mut touched = Vec::new();
+            for (term, weight_idf) in &term_weights {
+                let io_err = |source| IndexError::Io { path: self.path.clone(), source };
+                let Some(mut postings) = inverted.read_postings(term, IndexRecordOption::WithFreqs).map_err(io_err)?
+                else {
+                    continue;
+                };
+                let mut doc = postings.doc();
+                while doc != TERMINATED {
+                    let norm = bm25::length_norm(params, lens.values.get_val(doc), stats.avg_len);
+                    let slot = &mut acc[doc as usize];
+                    if *slot == 0.0 {
+                        touched.push(doc);
+                    }
+                    *slot += bm25::term_score(*weight_idf, postings.term_freq(), norm);
+                    doc = postings.advance();
+                }
+            }
+            let alive = segment.alive_bitset();
+            for doc in touched {
+                let score = acc[doc as usize];
+                if score < floor || alive.is_some_and(|a| a.is_deleted(doc)) {
+                    continue;
+                }
+                top.push((score, DocAddress::new(ord as u32, doc)));
+                if top.len() >= 2 * k.max(16) {
+                    floor = prune(&mut top, k);
+                }
+            }
+        }
+        prune(&mut top, k);
+        let mut hits = top
+            .into_iter()
+            .map(|(score, address)| Ok(Hit { address, docid: self.docid(&searcher, address)?, score }))
+            .collect::<Result<Vec<_>, IndexError>>()?;
+        hits.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.docid.cmp(&b.docid)));
+        Ok(hits)
+    }
+
+    fn docid(&self, searcher: &Searcher, address: DocAddress) -> Result<String, IndexError> {
+        let segment = searcher.segment_reader(address.segment_ord);
+        let column = segment.fast_fields().str(DOCID_FIELD).map_err(|e| self.tantivy_err(e))?;
+        let mut out = String::new();
+        if let Some(column) = column {
+            if let Some(ord) = column.term_ords(address.doc_id).next() {
+                column.ord_to_str(ord, &mut out).map_err(|source| IndexError::Io { path: self.path.clone(), source })?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The stored document at an address.
+    pub fn document(&self, address: DocAddress) -> Result<StoredDoc, IndexError> {
+        let doc: TantivyDocument = self.searcher().doc(address).map_err(|e| self.tantivy_err(e))?;
+        let get = |field| doc.get_first(field).and_then(|v| v.as_str()).unwrap_or_default().to_string();
+        Ok(StoredDoc { docid: get(self.fields.docid), title: get(self.fields.title), text: get(self.fields.text) })
+    }
+
+    /// The live document with this docid, if any.
+    pub fn get(&self, docid: &str) -> Result<Option<StoredDoc>, IndexError> {
+        let query = TermQuery::new(Term::from_field_text(self.fields.docid, docid), IndexRecordOption::Basic);
+        let found = self.searcher().search(&query, &TopDocs::with_limit(1)).map_err(|e| self.tantivy_err(e))?;
+        found.first().map(|(_, address)| self.document(*address)).transpose()
+    }
+}
+
+/// Keeps the k best (score descending), returning the k-th score as the floor for later candidates.
+fn prune(top: &mut Vec<(f32, DocAddress)>, k: usize) -> f32 {
+    top.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+    // Keep ties with the k-th score so the docid tie-break is applied over all of them.
+    let kth = top.get(k.saturating_sub(1)).map(|t| t.0);
+    if let Some(kth) = kth {
+        let keep = top.iter().take_while(|t| t.0 >= kth).count();
+        top.truncate(keep.max(k));
+    }
+    kth.unwrap_or(f32::NEG_INFINITY)
+}
+
+/// Every collection under `DATA_DIR/collections`.
+pub struct Catalog {
+    root: PathBuf,
+    collections: RwLock<BTreeMap<String, Arc<Collection>>>,
+}
+
+impl Catalog {
+    /// Opens every collection in the data directory (creating the directory if needed). Collections that
+    /// fail to open are reported in the second value and left out.
+    pub fn open(data_dir: &Path) -> Result<(Catalog, Vec<IndexError>), IndexError> {
+        let root = data_dir.join("collections");
+        std::fs::create_dir_all(&root).map_err(|source| IndexError::Io { path: root.clone(), source })?;
+        build::recover_interrupted_swaps(&root)?;
+        let mut collections = BTreeMap::new();
+        let mut failures = Vec::new();
+        let entries = std::fs::read_dir(&root).map_err(|source| IndexError::Io { path: root.clone(), source })?;
+        for entry in entries.filter_map(|e| e.ok()) {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().to_string();
+            if name.starts_with('.') || !path.is_dir() {
+                continue;
+            }
+            match Collection::open(&path) {
+                Ok(c) => {
+                    collections.insert(name, Arc::new(c));
+                }
+                Err(e) => failures.push(e),
+            }
+        }
+        Ok((Catalog { root, collections: RwLock::new(collections) }, failures))
+    }
+
+    pub fn collection_dir(&self, name: &str) -> PathBuf {
+        self.root.join(name)
+    }
+
+    pub fn get(&self, name: &str) -> Result<Arc<Collection>, IndexError> {
+        self.read().get(name).cloned().ok_or_else(|| IndexError::UnknownCollection(name.to_string()))
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.read().keys().cloned().collect()
+    }
+
+    pub fn all(&self) -> Vec<Arc<Collection>> {
+        self.read().values().cloned().collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.read().is_empty()
+    }
+
+    /// Opens (or re-opens) one collection after it was built.
+    pub fn refresh(&self, name: &str) -> Result<Arc<Collection>, IndexError> {
+        let collection = Arc::new(Collection::open(&self.collection_dir(name))?);
+        self.collections.write().unwrap_or_else(|e| e.into_inner()).insert(name.to_string(), collection.clone());
+        Ok(collection)
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<Collection>>> {
+        self.collections.read().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Collection names become directory names: keep them to a safe alphabet.
+pub fn validate_name(name: &str) -> Result<(), IndexError> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with('.')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(IndexError::InvalidName(name.to_string()))
+    }
+}

@@ -1,0 +1,10 @@
+//! longrank: search and re-ranking for long documents.
+//!
+//! Data flows one way: `server` -> `rank` (the pipeline) -> `index` (BM25 over tantivy); `corpus` reads
+//! collections for the indexer. See ARCHITECTURE.md.
+
+pub mod config;
+pub mod corpus;
+pub mod index;
+pub mod rank;
+pub mod server;

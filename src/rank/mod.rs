@@ -1,0 +1,297 @@
+//! The ranking pipeline: validate a request against the limits, resolve its collection, retrieve with BM25,
+//! and shape the ranking (later stages re-rank and attach segment evidence here). The HTTP server and the
+//! CLI both call `Engine`, so validation and limits live only here.
+
+mod snippet;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::config::Limits;
+use crate::index::{analyzer, Bm25Params, Catalog, Collection, IndexError};
+
+pub use snippet::snippet;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RankError {
+    #[error("query is empty")]
+    EmptyQuery,
+    #[error("query is {len} characters long; the limit is {max}")]
+    QueryTooLong { len: usize, max: usize },
+    #[error("{field} must be between {min} and {max}, got {value}")]
+    OutOfRange { field: &'static str, value: i64, min: usize, max: usize },
+    #[error("{0}")]
+    InvalidParameter(String),
+    #[error("unknown pipeline {name:?}; available: {}", available.join(", "))]
+    UnknownPipeline { name: String, available: Vec<String> },
+    #[error("no collection given and no default: name one of {}", available.join(", "))]
+    CollectionRequired { available: Vec<String> },
+    #[error("unknown collection {name:?}; available: {}", available.join(", "))]
+    UnknownCollection { name: String, available: Vec<String> },
+    #[error("no document {docid:?}{}", collection.as_ref().map(|c| format!(" in collection {c:?}")).unwrap_or_default())]
+    UnknownDocument { docid: String, collection: Option<String> },
+    #[error("document {docid:?} exists in several collections ({}); name one with ?collection=", collections.join(", "))]
+    AmbiguousDocument { docid: String, collections: Vec<String> },
+    #[error(transparent)]
+    Index(#[from] IndexError),
+}
+
+/// The pipelines a request can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Pipeline {
+    /// BM25 over the whole document, Anserini's parameters.
+    Bm25,
+}
+
+impl Pipeline {
+    pub const ALL: [Pipeline; 1] = [Pipeline::Bm25];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Pipeline::Bm25 => "bm25",
+        }
+    }
+
+    pub fn parse(name: &str) -> Result<Pipeline, RankError> {
+        Pipeline::ALL.into_iter().find(|p| p.name() == name).ok_or_else(|| RankError::UnknownPipeline {
+            name: name.to_string(),
+            available: Pipeline::ALL.iter().map(|p| p.name().to_string()).collect(),
+        })
+    }
+}
+
+/// A search request (`POST /search` body; `GET /search` query parameters map onto it).
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SearchRequest {
+    /// Free text; a bag of words (no operators).
+    pub query: String,
+    /// Results to return (default from configuration, 10).
+    #[serde(default)]
+    pub k: Option<i64>,
+    /// First-stage candidates to consider (re-ranking pipelines re-score this many).
+    #[serde(default)]
+    pub depth: Option<i64>,
+    /// Pipeline name (default `bm25`); taken as a string so an unknown one is a 422, not a parse error.
+    #[serde(default)]
+    pub pipeline: Option<String>,
+    /// Collection name; optional when there is one collection or a default is configured.
+    #[serde(default)]
+    pub collection: Option<String>,
+    /// BM25 parameters for this request (default from configuration).
+    #[serde(default)]
+    pub bm25: Option<Bm25Params>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SearchResponse {
+    pub query: String,
+    pub collection: String,
+    pub pipeline: Pipeline,
+    /// Wall time inside the pipeline, milliseconds.
+    pub took_ms: f64,
+    pub timing: Timing,
+    pub results: Vec<SearchHit>,
+}
+
+/// Where the time went, milliseconds.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Timing {
+    pub retrieve_ms: f64,
+    pub total_ms: f64,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SearchHit {
+    /// 1-based.
+    pub rank: usize,
+    pub docid: String,
+    /// The pipeline's final score.
+    pub score: f32,
+    /// BM25 score from the first stage.
+    pub first_stage_score: f32,
+    pub title: String,
+    /// A short passage of the document around the query terms.
+    pub snippet: String,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct DocumentResponse {
+    pub collection: String,
+    pub docid: String,
+    pub title: String,
+    pub text: String,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CollectionInfo {
+    pub name: String,
+    pub documents: u64,
+    /// Mean length in analyzed terms.
+    pub average_length: f64,
+    pub size_bytes: u64,
+    pub bm25: Bm25Params,
+}
+
+/// Runs requests against the catalog under the configured limits.
+pub struct Engine {
+    catalog: Arc<Catalog>,
+    limits: Limits,
+    bm25: Bm25Params,
+    default_collection: Option<String>,
+}
+
+impl Engine {
+    pub fn new(catalog: Arc<Catalog>, limits: Limits, bm25: Bm25Params, default_collection: &str) -> Engine {
+        let default_collection = (!default_collection.is_empty()).then(|| default_collection.to_string());
+        Engine { catalog, limits, bm25, default_collection }
+    }
+
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
+    pub fn search(&self, request: SearchRequest) -> Result<SearchResponse, RankError> {
+        let started = Instant::now();
+        let query = request.query.trim();
+        if query.is_empty() {
+            return Err(RankError::EmptyQuery);
+        }
+        let len = query.chars().count();
+        if len > self.limits.max_query_chars {
+            return Err(RankError::QueryTooLong { len, max: self.limits.max_query_chars });
+        }
+        let k = in_range("k", request.k, self.limits.default_k, self.limits.max_k)?;
+        let depth = in_range("depth", request.depth, self.limits.default_depth.max(k), self.limits.max_depth)?;
+        let pipeline = Pipeline::parse(request.pipeline.as_deref().unwrap_or("bm25"))?;
+        let bm25 = request.bm25.unwrap_or(self.bm25);
+        if !(bm25.k1 >= 0.0 && (0.0..=1.0).contains(&bm25.b)) {
+            return Err(RankError::InvalidParameter(format!(
+                "bm25 needs k1 >= 0 and 0 <= b <= 1, got k1={} b={}",
+                bm25.k1, bm25.b
+            )));
+        }
+        let collection = self.collection(request.collection.as_deref())?;
+
+        let hits = collection.search(query, depth.max(k), bm25)?;
+        let retrieve_ms = ms(started);
+        let query_terms = analyzer::terms(query);
+        let results = hits
+            .into_iter()
+            .take(k)
+            .enumerate()
+            .map(|(i, hit)| {
+                let doc = collection.document(hit.address)?;
+                Ok(SearchHit {
+                    rank: i + 1,
+                    snippet: snippet(&doc.text, &query_terms),
+                    docid: hit.docid,
+                    score: hit.score,
+                    first_stage_score: hit.score,
+                    title: doc.title,
+                })
+            })
+            .collect::<Result<Vec<_>, IndexError>>()?;
+        let total_ms = ms(started);
+        Ok(SearchResponse {
+            query: request.query,
+            collection: collection.name().to_string(),
+            pipeline,
+            took_ms: total_ms,
+            timing: Timing { retrieve_ms, total_ms },
+            results,
+        })
+    }
+
+    /// A stored document; without a collection, every collection is searched (two matches: ambiguous).
+    pub fn document(&self, docid: &str, collection: Option<&str>) -> Result<DocumentResponse, RankError> {
+        let candidates = match collection {
+            Some(name) => vec![self.collection(Some(name))?],
+            None => self.catalog.all(),
+        };
+        let mut found = Vec::new();
+        for c in candidates {
+            if let Some(doc) = c.get(docid)? {
+                found.push((c.name().to_string(), doc));
+            }
+        }
+        match found.len() {
+            0 => Err(RankError::UnknownDocument { docid: docid.to_string(), collection: collection.map(String::from) }),
+            1 => {
+                let (collection, doc) = found.remove(0);
+                Ok(DocumentResponse { collection, docid: doc.docid, title: doc.title, text: doc.text })
+            }
+            _ => Err(RankError::AmbiguousDocument {
+                docid: docid.to_string(),
+                collections: found.into_iter().map(|(c, _)| c).collect(),
+            }),
+        }
+    }
+
+    pub fn collections(&self) -> Result<Vec<CollectionInfo>, RankError> {
+        self.catalog
+            .all()
+            .iter()
+            .map(|c| {
+                let stats = c.stats()?;
+                Ok(CollectionInfo {
+                    name: c.name().to_string(),
+                    documents: c.num_docs(),
+                    average_length: stats.avg_len,
+                    size_bytes: c.size_bytes(),
+                    bm25: self.bm25,
+                })
+            })
+            .collect()
+    }
+
+    /// The named collection, else the configured default, else the only one.
+    pub fn collection(&self, name: Option<&str>) -> Result<Arc<Collection>, RankError> {
+        let available = || self.catalog.names();
+        let name = match name.or(self.default_collection.as_deref()) {
+            Some(name) => name.to_string(),
+            None => match available().as_slice() {
+                [only] => only.clone(),
+                _ => return Err(RankError::CollectionRequired { available: available() }),
+            },
+        };
+        self.catalog.get(&name).map_err(|_| RankError::UnknownCollection { name, available: available() })
+    }
+}
+
+fn in_range(field: &'static str, value: Option<i64>, default: usize, max: usize) -> Result<usize, RankError> {
+    let Some(value) = value else { return Ok(default.min(max)) };
+    if value < 1 || value as u64 > max as u64 {
+        return Err(RankError::OutOfRange { field, value, min: 1, max });
+    }
+    Ok(value as usize)
+}
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn range_checks() {
+        assert_eq!(in_range("k", None, 10, 100).unwrap(), 10);
+        assert_eq!(in_range("k", Some(100), 10, 100).unwrap(), 100);
+        assert!(matches!(in_range("k", Some(0), 10, 100), Err(RankError::OutOfRange { value: 0, .. })));
+        assert!(in_range("k", Some(101), 10, 100).is_err());
+        assert!(in_range("k", Some(-5), 10, 100).is_err());
+    }
+
+    #[test]
+    fn pipelines_parse_by_name() {
+        assert_eq!(Pipeline::parse("bm25").unwrap(), Pipeline::Bm25);
+        let err = Pipeline::parse("magic").unwrap_err();
+        assert_eq!(err.to_string(), "unknown pipeline \"magic\"; available: bm25");
+    }
+}

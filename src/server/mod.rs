@@ -1,0 +1,137 @@
+//! The HTTP server: axum router, shared state, middleware, OpenAPI. Handlers are thin; the work happens in
+//! `rank::Engine`, on blocking threads so the async runtime never waits on an index.
+
+mod error;
+mod metrics;
+mod middleware;
+mod openapi;
+mod routes;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::get;
+use axum::Router;
+use utoipa::OpenApi;
+use utoipa_swagger_ui::SwaggerUi;
+
+pub use error::{ApiError, ErrorBody};
+pub use openapi::ApiDoc;
+
+use crate::config::Config;
+use crate::index::Catalog;
+use crate::rank::{Engine, RankError};
+
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: Config,
+    engine: Engine,
+    metrics: metrics::Metrics,
+    ready: AtomicBool,
+}
+
+impl AppState {
+    pub fn new(config: Config, catalog: Arc<Catalog>) -> AppState {
+        let engine = Engine::new(catalog, config.limits.clone(), config.bm25, &config.default_collection);
+        let inner = Inner { config, engine, metrics: metrics::Metrics::default(), ready: AtomicBool::new(false) };
+        AppState { inner: Arc::new(inner) }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+
+    fn metrics(&self) -> &metrics::Metrics {
+        &self.inner.metrics
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.inner.ready.load(Ordering::Acquire)
+    }
+
+    pub fn set_ready(&self) {
+        self.inner.ready.store(true, Ordering::Release);
+    }
+
+    /// Runs engine work on a blocking thread.
+    async fn run<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Engine) -> Result<T, RankError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let state = self.clone();
+        match tokio::task::spawn_blocking(move || work(state.engine())).await {
+            Ok(result) => result.map_err(ApiError::from),
+            Err(e) => Err(ApiError::internal(format!("worker failed: {e}"))),
+        }
+    }
+}
+
+pub fn router(state: AppState) -> Router {
+    let api = Router::new()
+        .route("/search", get(routes::search::get_search).post(routes::search::post_search))
+        .route("/documents/{docid}", get(routes::documents::get_document))
+        .route("/collections", get(routes::collections::list_collections))
+        .route("/health", get(routes::system::health))
+        .route("/metrics", get(routes::system::metrics))
+        .route("/", get(routes::web::index))
+        .route("/static/{name}", get(routes::web::static_file))
+        .merge(SwaggerUi::new("/docs").url("/openapi.json", ApiDoc::openapi()))
+        .route_layer(axum::middleware::from_fn(middleware::label_route));
+    api.fallback(|uri: axum::http::Uri| async move { ApiError::not_found(uri.path()) })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .layer(DefaultBodyLimit::max(state.config().server.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), middleware::observe))
+        .with_state(state)
+}
+
+/// Serves until SIGINT or SIGTERM, letting in-flight requests finish. `on_listening` gets the bound
+/// address (the port may have been 0); `prepare` runs on a blocking thread before the server is ready
+/// (opening or creating indexes) while `/health` already answers 503.
+pub async fn serve(
+    state: AppState,
+    on_listening: impl FnOnce(SocketAddr),
+    prepare: impl FnOnce(&AppState) -> anyhow::Result<()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(&state.config().server.addr).await?;
+    on_listening(listener.local_addr()?);
+    let app = router(state.clone());
+    let preparing = state.clone();
+    tokio::task::spawn_blocking(move || match prepare(&preparing) {
+        Ok(()) => preparing.set_ready(),
+        Err(e) => tracing::error!("start-up failed, staying unready: {e:#}"),
+    });
+    axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = terminate => {},
+    }
+    tracing::info!("shutting down: finishing in-flight requests");
+}

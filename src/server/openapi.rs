@@ -1,0 +1,26 @@
+//! The OpenAPI description, generated from the handlers and types themselves.
+
+use utoipa::OpenApi;
+
+use super::routes::{collections, documents, search, system};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "longrank", description = "Search and re-ranking server for long documents."),
+    paths(
+        search::post_search,
+        search::get_search,
+        documents::get_document,
+        collections::list_collections,
+        system::health,
+        system::metrics,
+    ),
+    components(schemas(super::error::ErrorBody, crate::rank::Pipeline)),
+    tags(
+        (name = "search", description = "Ranking"),
+        (name = "documents", description = "Stored documents"),
+        (name = "collections", description = "Indexed collections"),
+        (name = "system", description = "Health and metrics"),
+    )
+)]
+pub struct ApiDoc;

@@ -1,0 +1,7 @@
+//! One thin handler file per API: parse, call the engine once, map the result.
+
+pub mod collections;
+pub mod documents;
+pub mod search;
+pub mod system;
+pub mod web;

@@ -1,0 +1,37 @@
+//! `GET /health` and `GET /metrics`.
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::Json;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::server::error::{ApiError, ErrorBody};
+use crate::server::AppState;
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// `ready` once every index is open.
+    pub status: &'static str,
+    pub collections: usize,
+    pub version: &'static str,
+}
+
+/// Readiness: 200 once the indexes are open, 503 before.
+#[utoipa::path(get, path = "/health", tag = "system",
+    responses((status = 200, body = Health), (status = 503, description = "still starting", body = ErrorBody)))]
+pub async fn health(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
+    if !state.is_ready() {
+        return Err(ApiError::not_ready());
+    }
+    let collections = state.engine().catalog().names().len();
+    Ok(Json(Health { status: "ready", collections, version: env!("CARGO_PKG_VERSION") }))
+}
+
+/// Prometheus metrics (text exposition format).
+#[utoipa::path(get, path = "/metrics", tag = "system", responses((status = 200, content_type = "text/plain", body = String)))]
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    let text = state.metrics().render(state.engine().catalog());
+    (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+}
