@@ -20,7 +20,7 @@ use tantivy::schema::{
 use tantivy::{DocAddress, DocSet, Index, IndexReader, ReloadPolicy, Searcher, TantivyDocument, Term, TERMINATED};
 
 pub use bm25::{Bm25Params, CollectionStats};
-pub use build::{build, BuildOptions, BuildReport, OnError};
+pub use build::{build, searchable_text, BuildOptions, BuildReport, OnError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum IndexError {

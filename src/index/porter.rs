@@ -262,19 +262,21 @@ impl Stemmer {
 
     /// Removes a final -e when m > 1 (or m = 1 and not *o), and -ll to -l when m > 1.
     fn step5(&mut self) {
+        // The reference moves k without shortening the word and keeps j at the old end, so the -ll check
+        // still measures m() over the word with its -e.
         self.j = self.k + 1;
-        if self.b[self.k] == 'e' {
+        let mut k = self.k;
+        if self.b[k] == 'e' {
             let a = self.m();
-            if a > 1 || (a == 1 && !self.cvc(self.k - 1)) {
-                self.k -= 1;
-                self.b.truncate(self.k + 1);
+            if a > 1 || (a == 1 && !self.cvc(k - 1)) {
+                k -= 1;
             }
         }
-        // The reference keeps j at the old end here, so m() still measures the word with its -e.
-        if self.b[self.k] == 'l' && self.double_c(self.k) && self.m() > 1 {
-            self.k -= 1;
-            self.b.truncate(self.k + 1);
+        if self.b[k] == 'l' && self.double_c(k) && self.m() > 1 {
+            k -= 1;
         }
+        self.k = k;
+        self.b.truncate(k + 1);
     }
 }
 

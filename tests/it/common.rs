@@ -1,0 +1,195 @@
+//! The one harness every integration test shares: finds ../shared, runs the real `longrank` binary, indexes
+//! fixtures once, and starts real servers on free ports.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_longrank");
+
+/// The shared data directory. Missing data fails the test loudly: it never passes silently.
+pub fn shared() -> PathBuf {
+    let dir = std::env::var_os("LONGRANK_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"));
+    assert!(
+        dir.join("data").is_dir(),
+        "../shared/data not found at {} (set LONGRANK_SHARED): these tests need the shared collections",
+        dir.display()
+    );
+    dir
+}
+
+pub fn data(rel: &str) -> PathBuf {
+    shared().join("data").join(rel)
+}
+
+/// Runs the CLI with a data directory; the environment is cleared of LONGRANK_* settings.
+pub fn cli(data_dir: &Path, args: &[&str]) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--data-dir").arg(data_dir).args(args).env("RUST_LOG", "warn").current_dir(data_dir);
+    cmd.output().expect("run longrank")
+}
+
+/// Runs the CLI and insists it succeeds; returns stdout.
+pub fn cli_ok(data_dir: &Path, args: &[&str]) -> String {
+    let out = cli(data_dir, args);
+    assert!(out.status.success(), "longrank {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A running server; killed when dropped.
+pub struct TestServer {
+    pub child: Child,
+    pub base: String,
+}
+
+impl TestServer {
+    /// Starts `longrank serve` on a free port with extra environment settings, and waits until it listens.
+    pub fn start(data_dir: &Path, env: &[(&str, &str)]) -> TestServer {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("--data-dir")
+            .arg(data_dir)
+            .args(["serve", "--addr", "127.0.0.1:0"])
+            .current_dir(data_dir)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        // The server dies with the thread that started it, so no test run leaves servers behind.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().expect("start longrank serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).expect("read the listening line");
+        let base = line.trim().rsplit(' ').next().expect("address").to_string();
+        assert!(base.starts_with("http://"), "unexpected first line: {line:?}");
+        TestServer { child, base }
+    }
+
+    /// Waits until `/health` answers 200.
+    pub fn wait_ready(self) -> TestServer {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if get(&format!("{}/health", self.base)).0 == 200 {
+                return self;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("server at {} never became ready", self.base);
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Status, headers we care about, and body of a response (4xx/5xx included).
+pub struct Reply {
+    pub status: u16,
+    pub body: String,
+    pub request_id: Option<String>,
+    pub content_type: Option<String>,
+}
+
+impl Reply {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+
+    /// Asserts an error reply in the one JSON shape, with this status and code.
+    pub fn assert_error(&self, status: u16, code: &str) {
+        assert_eq!(self.status, status, "body: {}", self.body);
+        let v = self.json();
+        assert_eq!(v["error"]["code"], code, "body: {}", self.body);
+        assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "body: {}", self.body);
+    }
+}
+
+fn reply(result: Result<ureq::Response, ureq::Error>) -> Reply {
+    let response = match result {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("request failed: {e}"),
+    };
+    let status = response.status();
+    let request_id = response.header("x-request-id").map(String::from);
+    let content_type = response.header("content-type").map(String::from);
+    let body = response.into_string().unwrap_or_default();
+    Reply { status, body, request_id, content_type }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::AgentBuilder::new().timeout(Duration::from_secs(60)).build()
+}
+
+pub fn get(url: &str) -> (u16, String) {
+    let r = reply(agent().get(url).call());
+    (r.status, r.body)
+}
+
+pub fn request(method: &str, url: &str, headers: &[(&str, &str)], body: Option<&str>) -> Reply {
+    let mut req = agent().request(method, url);
+    for (k, v) in headers {
+        req = req.set(k, v);
+    }
+    reply(match body {
+        Some(b) => req.send_string(b),
+        None => req.call(),
+    })
+}
+
+pub fn post_json(url: &str, body: &str) -> Reply {
+    request("POST", url, &[("content-type", "application/json")], Some(body))
+}
+
+/// Collections every server test shares: cranfield, the Robust04- and GOV2-style samples, TIME, and a copy
+/// of the Robust04 sample (so docids are ambiguous across collections). Built once per test run.
+pub struct Fixture {
+    pub dir: tempfile::TempDir,
+    pub server: TestServer,
+}
+
+pub fn fixture() -> &'static Fixture {
+    static FIXTURE: OnceLock<Fixture> = OnceLock::new();
+    FIXTURE.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        let robust = data("trec-format-samples/robust04-style/collection");
+        let robust = robust.to_str().unwrap();
+        cli_ok(d, &["index", "--collection", "cranfield", data("cranfield/docs.jsonl").to_str().unwrap()]);
+        cli_ok(d, &["index", "--collection", "robust04", robust]);
+        cli_ok(d, &["index", "--collection", "robust04-copy", robust]);
+        cli_ok(d, &["index", "--collection", "gov2", data("trec-format-samples/gov2-style/GX000").to_str().unwrap()]);
+        cli_ok(d, &["index", "--collection", "time", data("trec-format-samples/time/time.trec.gz").to_str().unwrap()]);
+        // Started from a thread that lives as long as the test process (see `TestServer::start`).
+        let data_dir = d.to_path_buf();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let server = TestServer::start(&data_dir, &[("LONGRANK_SERVER_MAX_BODY_BYTES", "4096"), ("LONGRANK_LIMITS_MAX_QUERY_CHARS", "1000")]);
+            tx.send(server).expect("hand over the server");
+            loop {
+                std::thread::park();
+            }
+        });
+        let server = rx.recv().expect("fixture server").wait_ready();
+        Fixture { dir, server }
+    })
+}

@@ -1,0 +1,139 @@
+//! `longrank index`: error reporting, duplicates, incremental updates, --replace, and crash safety.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use longrank::index::Catalog;
+
+use crate::common::{cli, cli_ok, BIN};
+
+fn trec_doc(id: &str, text: &str) -> String {
+    format!("<DOC>\n<DOCNO> {id} </DOCNO>\n<TEXT>\n{text}\n</TEXT>\n</DOC>\n")
+}
+
+fn count(data_dir: &Path, collection: &str) -> u64 {
+    let (catalog, failures) = Catalog::open(data_dir).unwrap();
+    assert!(failures.is_empty(), "{failures:?}");
+    catalog.get(collection).unwrap().num_docs()
+}
+
+#[test]
+fn malformed_documents_are_reported_with_file_and_offset_then_skipped_or_abort() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.trec");
+    let good = trec_doc("OK-1", "fine text");
+    let bad = "<DOC>\n<TEXT>\nno docno here\n</TEXT>\n</DOC>\n";
+    std::fs::write(&file, format!("{good}{bad}{}", trec_doc("OK-2", "more text"))).unwrap();
+    let path = file.to_str().unwrap();
+
+    let out = cli(dir.path(), &["index", "--collection", "c", "--on-error", "abort", path]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let at = format!("{path} at byte {}: no <DOCNO>", good.len());
+    assert!(stderr.contains(&at), "{stderr}");
+
+    let out = cli_ok(dir.path(), &["index", "--collection", "c", path]);
+    assert!(out.contains("indexed 2 documents, skipped 1, duplicates 0"), "{out}");
+    assert_eq!(count(dir.path(), "c"), 2);
+}
+
+#[test]
+fn duplicates_are_reported_and_reruns_add_and_replace() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.trec");
+    std::fs::write(&a, format!("{}{}{}", trec_doc("D1", "apples"), trec_doc("D2", "pears"), trec_doc("D1", "plums"))).unwrap();
+    let out = cli_ok(dir.path(), &["index", "--collection", "c", a.to_str().unwrap()]);
+    assert!(out.contains("indexed 3 documents, skipped 0, duplicates 1"), "{out}");
+    assert!(out.contains("2 documents in the collection"), "{out}");
+    // The later D1 won.
+    let search = cli_ok(dir.path(), &["search", "--collection", "c", "plums"]);
+    assert!(search.contains("D1"), "{search}");
+    let search = cli_ok(dir.path(), &["search", "--collection", "c", "apples"]);
+    assert!(!search.contains("D1"), "{search}");
+
+    // A second file: D2 replaced, D3 added.
+    let b = dir.path().join("b.trec");
+    std::fs::write(&b, format!("{}{}", trec_doc("D2", "cherries"), trec_doc("D3", "grapes"))).unwrap();
+    let out = cli_ok(dir.path(), &["index", "--collection", "c", b.to_str().unwrap()]);
+    assert!(out.contains("3 documents in the collection"), "{out}");
+    assert!(cli_ok(dir.path(), &["search", "--collection", "c", "cherries"]).contains("D2"));
+    assert!(!cli_ok(dir.path(), &["search", "--collection", "c", "pears"]).contains("D2"));
+
+    // --replace rebuilds from only what is given.
+    let out = cli_ok(dir.path(), &["index", "--collection", "c", "--replace", b.to_str().unwrap()]);
+    assert!(out.contains("2 documents in the collection"), "{out}");
+    assert!(!cli_ok(dir.path(), &["search", "--collection", "c", "plums"]).contains("D1"));
+}
+
+/// Writes `files` TREC files of `per_file` documents each.
+fn synthetic_collection(dir: &Path, files: usize, per_file: usize) {
+    let words = ["river", "mountain", "valley", "forest", "ocean", "desert", "island", "glacier", "canyon", "meadow"];
+    for f in 0..files {
+        let mut out = std::io::BufWriter::new(std::fs::File::create(dir.join(format!("part{f:03}.trec"))).unwrap());
+        for d in 0..per_file {
+            let text: Vec<&str> = (0..60).map(|i| words[(f * 7 + d * 3 + i * i) % words.len()]).collect();
+            out.write_all(trec_doc(&format!("F{f}-D{d}"), &text.join(" ")).as_bytes()).unwrap();
+        }
+    }
+}
+
+#[test]
+fn killed_build_leaves_a_usable_index_and_a_rerun_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("input");
+    std::fs::create_dir(&input).unwrap();
+    let (files, per_file) = (40, 5_000);
+    synthetic_collection(&input, files, per_file);
+    let data_dir = dir.path().join("data");
+    std::fs::create_dir(&data_dir).unwrap();
+
+    // A first, committed state.
+    cli_ok(&data_dir, &["index", "--collection", "c", input.join("part000.trec").to_str().unwrap()]);
+    assert_eq!(count(&data_dir, "c"), per_file as u64);
+
+    // Kill -9 a full build once it has committed at least once more (commit every 10,000 documents).
+    let mut child = Command::new(BIN)
+        .args(["--data-dir", data_dir.to_str().unwrap(), "index", "--collection", "c", input.to_str().unwrap()])
+        .env("LONGRANK_INDEX_COMMIT_EVERY", "10000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let meta = data_dir.join("collections/c/meta.json");
+    let first_meta = std::fs::read_to_string(&meta).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while std::fs::read_to_string(&meta).unwrap() == first_meta && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL
+    let finished_before_kill = child.wait().unwrap().success();
+
+    // Whatever was committed opens and searches.
+    let partial = count(&data_dir, "c");
+    assert!(partial >= per_file as u64, "{partial}");
+    cli_ok(&data_dir, &["search", "--collection", "c", "glacier canyon"]);
+
+    // Re-running completes the collection, skipping the files already committed.
+    let out = cli_ok(&data_dir, &["index", "--collection", "c", input.to_str().unwrap()]);
+    assert_eq!(count(&data_dir, "c"), (files * per_file) as u64, "{out}");
+    if !finished_before_kill {
+        // part000 from the first state, plus at least part001 from the killed run's first commit.
+        let resumed: usize = out.split(" files already indexed").next().unwrap().rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(resumed >= 2, "nothing was resumed: {out}");
+    }
+}
+
+#[test]
+fn interrupted_replace_keeps_the_old_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.trec");
+    std::fs::write(&a, trec_doc("OLD", "old text")).unwrap();
+    cli_ok(dir.path(), &["index", "--collection", "c", a.to_str().unwrap()]);
+    // Simulate a crash between the two renames of a swap: the old index sits aside, nothing in place.
+    let root = dir.path().join("collections");
+    std::fs::rename(root.join("c"), root.join(".c.old")).unwrap();
+    assert_eq!(count(dir.path(), "c"), 1);
+    assert!(!root.join(".c.old").exists());
+}

@@ -1,0 +1,7 @@
+//! Integration tests: one binary, one shared harness (`common`).
+
+mod common;
+mod corpus;
+mod indexing;
+mod scoring;
+mod server;

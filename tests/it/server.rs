@@ -1,0 +1,184 @@
+//! The real server over HTTP: every route, and every error status with a bad request of each kind.
+
+use crate::common::{data, fixture, get, post_json, request, TestServer};
+
+#[test]
+fn post_search_ranks_with_bm25() {
+    let s = &fixture().server;
+    let r = post_json(&s.url("/search"), r#"{"query": "similarity laws aeroelastic models heated high speed aircraft", "collection": "cranfield", "k": 5}"#);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["pipeline"], "bm25");
+    assert_eq!(v["collection"], "cranfield");
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 5);
+    assert_eq!(results[0]["rank"], 1);
+    let scores: Vec<f64> = results.iter().map(|h| h["score"].as_f64().unwrap()).collect();
+    assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");
+    assert_eq!(results[0]["score"], results[0]["first_stage_score"]);
+    // Relevant documents of topic 1 (qrels) lead the ranking.
+    let top: Vec<&str> = results.iter().map(|h| h["docid"].as_str().unwrap()).collect();
+    assert!(top.contains(&"486") && top.contains(&"184"), "{top:?}");
+    assert!(results[0]["snippet"].as_str().unwrap().len() > 20);
+    assert!(v["took_ms"].as_f64().unwrap() >= 0.0);
+}
+
+#[test]
+fn get_search_and_query_syntax_is_plain_text() {
+    let s = &fixture().server;
+    let (status, body) = get(&s.url("/search?q=polio%20AND%20(vaccine)%20-immunisation&collection=robust04&k=3"));
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let ids: Vec<&str> = v["results"].as_array().unwrap().iter().map(|h| h["docid"].as_str().unwrap()).collect();
+    assert!(ids.contains(&"FT921-14537"), "{ids:?}");
+}
+
+#[test]
+fn documents_by_docid_with_ambiguity_and_not_found() {
+    let s = &fixture().server;
+    let r = request("GET", &s.url("/documents/GX000-38-6348494"), &[], None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["collection"], "gov2");
+    assert_eq!(v["title"], "Pearl Oysters of the Pacific Islands");
+    assert!(v["text"].as_str().unwrap().contains("Polynésie"));
+    // The Robust04 sample is indexed twice.
+    request("GET", &s.url("/documents/LA010590-0084"), &[], None).assert_error(409, "ambiguous_document");
+    let r = request("GET", &s.url("/documents/LA010590-0084?collection=robust04"), &[], None);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["title"], "ASIAN GANGS EXTEND REACH ACROSS PACIFIC");
+    request("GET", &s.url("/documents/NOPE-1"), &[], None).assert_error(404, "unknown_document");
+    request("GET", &s.url("/documents/LA010590-0084?collection=nope"), &[], None).assert_error(404, "unknown_collection");
+}
+
+#[test]
+fn collections_list_sizes_and_parameters() {
+    let s = &fixture().server;
+    let (status, body) = get(&s.url("/collections"));
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let cran = v.as_array().unwrap().iter().find(|c| c["name"] == "cranfield").expect("cranfield listed");
+    assert_eq!(cran["documents"], 1400);
+    assert!(cran["average_length"].as_f64().unwrap() > 50.0);
+    assert_eq!(cran["bm25"]["k1"], 0.9);
+    assert!((cran["bm25"]["b"].as_f64().unwrap() - 0.4).abs() < 1e-6);
+}
+
+#[test]
+fn health_metrics_and_request_ids() {
+    let s = &fixture().server;
+    let r = request("GET", &s.url("/health"), &[("x-request-id", "abc-123")], None);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["status"], "ready");
+    assert_eq!(r.request_id.as_deref(), Some("abc-123"));
+    let generated = request("GET", &s.url("/health"), &[], None).request_id.expect("generated id");
+    assert!(!generated.is_empty());
+
+    get(&s.url("/search?q=wing&collection=cranfield"));
+    let r = request("GET", &s.url("/metrics"), &[], None);
+    assert_eq!(r.status, 200);
+    assert!(r.content_type.unwrap().starts_with("text/plain"));
+    assert!(r.body.contains("longrank_http_requests_total{route=\"/search\",method=\"GET\",status=\"200\"}"), "{}", r.body);
+    assert!(r.body.contains("longrank_http_request_duration_seconds_bucket{route=\"/search\""));
+    assert!(r.body.contains("longrank_collection_documents{collection=\"cranfield\"} 1400"));
+    assert!(r.body.contains("longrank_collection_size_bytes{collection=\"time\"}"));
+}
+
+#[test]
+fn openapi_lists_every_route_and_docs_page_is_served() {
+    let s = &fixture().server;
+    let (status, body) = get(&s.url("/openapi.json"));
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let paths = v["paths"].as_object().unwrap();
+    for (path, method) in [
+        ("/search", "post"),
+        ("/search", "get"),
+        ("/documents/{docid}", "get"),
+        ("/collections", "get"),
+        ("/health", "get"),
+        ("/metrics", "get"),
+    ] {
+        assert!(paths.get(path).and_then(|p| p.get(method)).is_some(), "{method} {path} missing from OpenAPI");
+    }
+    assert!(v["components"]["schemas"]["ErrorBody"].is_object());
+    let (status, page) = get(&s.url("/docs/"));
+    assert_eq!(status, 200);
+    assert!(page.contains("swagger") || page.contains("Swagger"), "{page}");
+    let (status, page) = get(&s.url("/"));
+    assert_eq!(status, 200);
+    assert!(page.contains("<html") || page.contains("<!doctype html"));
+}
+
+#[test]
+fn every_bad_request_gets_the_json_error_shape() {
+    let s = &fixture().server;
+    let search = s.url("/search");
+    post_json(&search, "{not json").assert_error(400, "malformed_json");
+    post_json(&search, r#"{"k": 5}"#).assert_error(400, "invalid_body");
+    post_json(&search, r#"{"query": 42}"#).assert_error(400, "invalid_body");
+    post_json(&search, r#"{"query": "x", "k": "ten"}"#).assert_error(400, "invalid_body");
+    post_json(&search, r#"{"query": "x", "surprise": 1}"#).assert_error(400, "invalid_body");
+    post_json(&search, r#"{"query": "   ", "collection": "cranfield"}"#).assert_error(400, "empty_query");
+    post_json(&search, r#"{"query": "wing", "collection": "cranfield", "k": 0}"#).assert_error(400, "out_of_range");
+    post_json(&search, r#"{"query": "wing", "collection": "cranfield", "k": 100000}"#).assert_error(400, "out_of_range");
+    post_json(&search, r#"{"query": "wing", "collection": "cranfield", "depth": -1}"#).assert_error(400, "out_of_range");
+    post_json(&search, r#"{"query": "wing", "collection": "cranfield", "bm25": {"k1": 1.0, "b": 3}}"#)
+        .assert_error(400, "invalid_parameter");
+    post_json(&search, &format!(r#"{{"query": "{}", "collection": "cranfield"}}"#, "w".repeat(2000)))
+        .assert_error(400, "query_too_long");
+    post_json(&search, r#"{"query": "wing"}"#).assert_error(400, "collection_required");
+    post_json(&search, r#"{"query": "wing", "collection": "nope"}"#).assert_error(404, "unknown_collection");
+    post_json(&search, r#"{"query": "wing", "collection": "cranfield", "pipeline": "magic"}"#)
+        .assert_error(422, "unknown_pipeline");
+    let big = format!(r#"{{"query": "{}"}}"#, "x".repeat(8000));
+    post_json(&search, &big).assert_error(413, "body_too_large");
+    request("POST", &search, &[], Some(r#"{"query": "wing"}"#)).assert_error(415, "unsupported_media_type");
+    request("GET", &s.url("/search?k=3"), &[], None).assert_error(400, "invalid_query_string");
+    request("GET", &s.url("/search?q=wing&k=many&collection=cranfield"), &[], None).assert_error(400, "invalid_query_string");
+    request("GET", &s.url("/no/such/route"), &[], None).assert_error(404, "not_found");
+    request("DELETE", &s.url("/search"), &[], None).assert_error(405, "method_not_allowed");
+}
+
+#[test]
+fn unready_server_answers_503_and_first_start_serves_the_demo() {
+    // A data directory where the demo cannot be written: start-up preparation fails and the server stays unready.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("demo-source"), "a file where a directory should be").unwrap();
+    let server = TestServer::start(dir.path(), &[]);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    request("GET", &server.url("/health"), &[], None).assert_error(503, "not_ready");
+    request("GET", &server.url("/search?q=bees"), &[], None).assert_error(503, "not_ready");
+    drop(server);
+
+    // A fresh, empty data directory: the demo collection is indexed and served.
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path(), &[]).wait_ready();
+    let (status, body) = get(&server.url("/search?q=waggle%20dance%20bees"));
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["collection"], "demo");
+    assert_eq!(v["results"][0]["docid"], "demo-07");
+}
+
+#[test]
+fn demo_never_shadows_a_users_collection() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::common::cli_ok(dir.path(), &["index", "--collection", "mine", data("cranfield/docs.jsonl").to_str().unwrap()]);
+    let server = TestServer::start(dir.path(), &[]).wait_ready();
+    let (_, body) = get(&server.url("/collections"));
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let names: Vec<&str> = v.as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["mine"]);
+}
+
+#[test]
+fn sigterm_shuts_down_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = TestServer::start(dir.path(), &[]).wait_ready();
+    unsafe {
+        libc::kill(server.child.id() as i32, libc::SIGTERM);
+    }
+    let status = server.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}
