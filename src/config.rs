@@ -130,7 +130,8 @@ impl Config {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
                     .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
-                let parse_err = |e: toml::de::Error| ConfigError::Parse { path: path.to_path_buf(), message: e.to_string() };
+                let parse_err =
+                    |e: toml::de::Error| ConfigError::Parse { path: path.to_path_buf(), message: e.to_string() };
                 // Parse into the typed struct first so unknown keys and wrong types are reported by name.
                 let typed: Config = toml::from_str(&text).map_err(parse_err)?;
                 toml::Value::try_from(typed).expect("config serializes")
@@ -138,10 +139,9 @@ impl Config {
             None => toml::Value::try_from(Config::default()).expect("config serializes"),
         };
         apply_env(&mut value, std::env::vars())?;
-        value.try_into().map_err(|e: toml::de::Error| ConfigError::Env {
-            var: "LONGRANK_*".into(),
-            message: e.to_string(),
-        })
+        value
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Env { var: "LONGRANK_*".into(), message: e.to_string() })
     }
 }
 

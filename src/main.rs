@@ -7,6 +7,8 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 
+mod bench;
+
 use longrank::config::Config;
 use longrank::corpus::{Corpus, Format, DEMO_JSONL};
 use longrank::index::{self, Catalog, OnError};
@@ -67,6 +69,35 @@ enum Command {
         #[arg(required = true)]
         query: Vec<String>,
     },
+    /// Benchmarks (not tests): BM25 query latency in process and over HTTP.
+    Bench {
+        #[command(subcommand)]
+        what: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Query latency p50/p99 and queries/s: in process on one thread, then `/search` over HTTP.
+    Search {
+        #[arg(long)]
+        collection: String,
+        /// Queries, `qid<TAB>query` per line (cycled).
+        #[arg(long)]
+        topics: PathBuf,
+        /// Results per query in process (the peers' setting).
+        #[arg(short, long, default_value_t = 1000)]
+        k: usize,
+        /// Results per `/search` request over HTTP (titles and snippets included).
+        #[arg(long, default_value_t = 10)]
+        http_k: usize,
+        /// Concurrent HTTP clients, one run each.
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+        clients: Vec<usize>,
+        /// Seconds per HTTP run.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -98,16 +129,30 @@ fn main() -> anyhow::Result<()> {
             let report = index::build(&config.data_dir, &collection, &corpus, &options)?;
             println!(
                 "collection {}: indexed {} documents, skipped {}, duplicates {}, {} files already indexed; \
-                 {} documents in the collection ({:.1} s)",
+                 {} documents in the collection ({:.1} s, {:.0} docs/s, {:.1} MB/s, peak RSS {:.0} MB)",
                 report.collection,
                 report.indexed,
                 report.skipped,
                 report.duplicates,
                 report.files_already_indexed,
                 report.documents_in_collection,
-                report.elapsed_s
+                report.elapsed_s,
+                report.indexed as f64 / report.elapsed_s.max(1e-9),
+                corpus.total_bytes() as f64 / 1e6 / report.elapsed_s.max(1e-9),
+                bench::peak_rss_mb()
             );
             Ok(())
+        }
+        Command::Bench { what: BenchCommand::Search { collection, topics, k, http_k, clients, seconds } } => {
+            bench::search(bench::SearchBench {
+                config,
+                collection: &collection,
+                topics: &topics,
+                k,
+                http_k,
+                clients: &clients,
+                seconds,
+            })
         }
         Command::Search { collection, k, pipeline, json, query } => {
             let engine = open_engine(&config)?;

@@ -51,7 +51,28 @@ fn term(word: &str) -> Option<String> {
     if STOP_WORDS.contains(&lower.as_str()) {
         return None;
     }
-    Some(porter::stem(&lower))
+    Some(cached_stem(lower))
+}
+
+/// Stems through a per-thread cache: word frequencies are Zipfian, so most tokens are cache hits, and the
+/// stemmer is a pure function.
+fn cached_stem(word: String) -> String {
+    const MAX_ENTRIES: usize = 200_000;
+    thread_local! {
+        static CACHE: std::cell::RefCell<std::collections::HashMap<String, String>> = Default::default();
+    }
+    CACHE.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        if let Some(stem) = cache.get(&word) {
+            return stem.clone();
+        }
+        if cache.len() >= MAX_ENTRIES {
+            cache.clear();
+        }
+        let stem = porter::stem(&word);
+        cache.insert(word, stem.clone());
+        stem
+    })
 }
 
 /// Lucene's EnglishPossessiveFilter: a trailing `'s` (straight, curly or full-width apostrophe) goes.

@@ -128,12 +128,7 @@ pub fn build(data_dir: &Path, name: &str, corpus: &Corpus, opts: &BuildOptions) 
     let mut payload: Payload = if opts.replace {
         Payload::default()
     } else {
-        index
-            .load_metas()
-            .map_err(tantivy_err)?
-            .payload
-            .and_then(|p| serde_json::from_str(&p).ok())
-            .unwrap_or_default()
+        index.load_metas().map_err(tantivy_err)?.payload.and_then(|p| serde_json::from_str(&p).ok()).unwrap_or_default()
     };
     let had_documents = !fresh && !opts.replace && index.reader().map_err(tantivy_err)?.searcher().num_docs() > 0;
 
@@ -152,7 +147,7 @@ pub fn build(data_dir: &Path, name: &str, corpus: &Corpus, opts: &BuildOptions) 
     let bytes_read = corpus.bytes_read();
     let mut report = BuildReport { collection: name.to_string(), ..Default::default() };
     let mut seen: HashSet<u64> = HashSet::new();
-    let mut since_commit = 0u64;
+    let mut committed_at = 0u64;
     // Once committed documents may share docids with new ones, every add first deletes its docid.
     let mut replace_existing = had_documents;
 
@@ -169,28 +164,35 @@ pub fn build(data_dir: &Path, name: &str, corpus: &Corpus, opts: &BuildOptions) 
                 continue;
             }
         };
+        let mut batch = Batch::default();
         for doc in docs {
             match doc {
                 Ok(doc) => {
                     let first_time = seen.insert(hash_id(&doc.id));
                     if !first_time {
                         report.duplicates += 1;
-                        report.note(format!("{}: duplicate docid {:?}; the later document replaces it", file.display(), doc.id));
+                        let id = &doc.id;
+                        report.note(format!(
+                            "{}: duplicate docid {id:?}; the later document replaces it",
+                            file.display()
+                        ));
                     }
-                    let delete_first = replace_existing || !first_time;
-                    add_document(&writer, fields, &doc, delete_first).map_err(tantivy_err)?;
-                    report.indexed += 1;
-                    since_commit += 1;
+                    batch.push(doc, replace_existing || !first_time);
                 }
                 Err(e) => report.problem(&e, opts.on_error)?,
             }
-            progress.update(bytes_read.load(Ordering::Relaxed), report.indexed);
-            if since_commit >= opts.commit_every {
+            if batch.is_full() {
+                report.indexed += batch.flush(&writer, fields).map_err(tantivy_err)?;
+                progress.update(bytes_read.load(Ordering::Relaxed), report.indexed);
+            }
+            if report.indexed - committed_at >= opts.commit_every {
                 commit(&mut writer, &payload).map_err(tantivy_err)?;
+                committed_at = report.indexed;
                 replace_existing = true;
-                since_commit = 0;
             }
         }
+        report.indexed += batch.flush(&writer, fields).map_err(tantivy_err)?;
+        progress.update(bytes_read.load(Ordering::Relaxed), report.indexed);
         if let Some(stamp) = stamp {
             payload.files.push(stamp);
         }
@@ -227,11 +229,48 @@ impl BuildReport {
     }
 }
 
-/// Analyzes a document and adds it; `delete_first` removes any document with the same docid.
-fn add_document(writer: &IndexWriter, fields: Fields, doc: &Document, delete_first: bool) -> tantivy::Result<()> {
-    if delete_first {
-        writer.delete_term(Term::from_field_text(fields.docid, &doc.id));
+/// Documents waiting to be analyzed (in parallel) and added (in order, so that a later duplicate's delete
+/// follows the earlier add).
+#[derive(Default)]
+struct Batch {
+    docs: Vec<(Document, bool)>,
+    bytes: usize,
+}
+
+impl Batch {
+    const MAX_DOCS: usize = 512;
+    const MAX_BYTES: usize = 32 << 20;
+
+    /// `delete_first` removes any document with the same docid before this one is added.
+    fn push(&mut self, doc: Document, delete_first: bool) {
+        self.bytes += doc.text.len() + doc.title.len();
+        self.docs.push((doc, delete_first));
     }
+
+    fn is_full(&self) -> bool {
+        self.docs.len() >= Self::MAX_DOCS || self.bytes >= Self::MAX_BYTES
+    }
+
+    /// Analyzes and adds every document; returns how many.
+    fn flush(&mut self, writer: &IndexWriter, fields: Fields) -> tantivy::Result<u64> {
+        use rayon::prelude::*;
+        let analyzed: Vec<TantivyDocument> =
+            self.docs.par_iter().map(|(doc, _)| tantivy_document(doc, fields)).collect();
+        for ((doc, delete_first), analyzed) in self.docs.iter().zip(analyzed) {
+            if *delete_first {
+                writer.delete_term(Term::from_field_text(fields.docid, &doc.id));
+            }
+            writer.add_document(analyzed)?;
+        }
+        let n = self.docs.len() as u64;
+        self.docs.clear();
+        self.bytes = 0;
+        Ok(n)
+    }
+}
+
+/// The indexed form of a document: stored fields, analyzed contents and the exact length.
+fn tantivy_document(doc: &Document, fields: Fields) -> TantivyDocument {
     let contents = searchable_text(doc);
     let tokens: Vec<Token> = analyzer::tokens(&contents)
         .into_iter()
@@ -250,8 +289,7 @@ fn add_document(writer: &IndexWriter, fields: Fields, doc: &Document, delete_fir
     d.add_text(fields.text, &doc.text);
     d.add_u64(fields.len, tokens.len() as u64);
     d.add_pre_tokenized_text(fields.contents, PreTokenizedString { text: String::new(), tokens });
-    writer.add_document(d)?;
-    Ok(())
+    d
 }
 
 /// What BM25 sees: the text, with the title in front unless the text already starts with it (TREC and
@@ -323,11 +361,7 @@ struct Progress {
 
 impl Progress {
     fn new(visible: bool, total_bytes: u64) -> Progress {
-        let bar = if visible {
-            indicatif::ProgressBar::new(total_bytes)
-        } else {
-            indicatif::ProgressBar::hidden()
-        };
+        let bar = if visible { indicatif::ProgressBar::new(total_bytes) } else { indicatif::ProgressBar::hidden() };
         let style = indicatif::ProgressStyle::with_template(
             "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} ETA {eta} {msg}",
         )

@@ -112,20 +112,13 @@ impl Collection {
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or(CollectionMeta { name: name.clone(), analyzer: "unknown".into() });
         if meta.analyzer != ANALYZER_VERSION {
-            return Err(IndexError::Incompatible {
-                name,
-                found: meta.analyzer,
-                expected: ANALYZER_VERSION.into(),
-            });
+            return Err(IndexError::Incompatible { name, found: meta.analyzer, expected: ANALYZER_VERSION.into() });
         }
         let tantivy_err = |source| IndexError::Tantivy { path: path.to_path_buf(), source };
         let index = Index::open_in_dir(path).map_err(tantivy_err)?;
         let (_, fields) = schema();
-        let reader = index
-            .reader_builder()
-            .reload_policy(ReloadPolicy::OnCommitWithDelay)
-            .try_into()
-            .map_err(tantivy_err)?;
+        let reader =
+            index.reader_builder().reload_policy(ReloadPolicy::OnCommitWithDelay).try_into().map_err(tantivy_err)?;
         Ok(Collection { name, path: path.to_path_buf(), reader, fields, stats: Mutex::new(None) })
     }
 
@@ -195,7 +188,12 @@ impl Collection {
     /// BM25 top-k for a bag of analyzed terms with weights (a query term occurring twice weighs 2, as in
     /// Anserini's bag-of-words queries; RM3 gives expansion terms fractional weights). Term-at-a-time over
     /// a dense accumulator per segment; ties go to the smaller docid.
-    pub fn search_weighted(&self, terms: &[(String, f32)], k: usize, params: Bm25Params) -> Result<Vec<Hit>, IndexError> {
+    pub fn search_weighted(
+        &self,
+        terms: &[(String, f32)],
+        k: usize,
+        params: Bm25Params,
+    ) -> Result<Vec<Hit>, IndexError> {
         let searcher = self.searcher();
         let stats = self.stats()?;
         let mut term_weights = Vec::with_capacity(terms.len());
@@ -245,24 +243,46 @@ impl Collection {
             }
         }
         prune(&mut top, k);
-        let mut hits = top
-            .into_iter()
-            .map(|(score, address)| Ok(Hit { address, docid: self.docid(&searcher, address)?, score }))
-            .collect::<Result<Vec<_>, IndexError>>()?;
+        top.truncate(k);
+        let mut hits = self.resolve_docids(&searcher, top)?;
         hits.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.docid.cmp(&b.docid)));
         Ok(hits)
     }
 
-    fn docid(&self, searcher: &Searcher, address: DocAddress) -> Result<String, IndexError> {
-        let segment = searcher.segment_reader(address.segment_ord);
-        let column = segment.fast_fields().str(DOCID_FIELD).map_err(|e| self.tantivy_err(e))?;
-        let mut out = String::new();
-        if let Some(column) = column {
-            if let Some(ord) = column.term_ords(address.doc_id).next() {
-                column.ord_to_str(ord, &mut out).map_err(|source| IndexError::Io { path: self.path.clone(), source })?;
-            }
+    /// Looks up the docids of scored addresses: per segment, one sorted pass over the docid dictionary
+    /// (a lookup per hit would rescan a dictionary block each time).
+    fn resolve_docids(&self, searcher: &Searcher, top: Vec<(f32, DocAddress)>) -> Result<Vec<Hit>, IndexError> {
+        let mut hits: Vec<Hit> =
+            top.into_iter().map(|(score, address)| Hit { address, docid: String::new(), score }).collect();
+        hits.sort_by_key(|h| h.address);
+        let mut start = 0;
+        while start < hits.len() {
+            let segment_ord = hits[start].address.segment_ord;
+            let end = start + hits[start..].iter().take_while(|h| h.address.segment_ord == segment_ord).count();
+            let group = &mut hits[start..end];
+            start = end;
+            let segment = searcher.segment_reader(segment_ord);
+            let Some(column) = segment.fast_fields().str(DOCID_FIELD).map_err(|e| self.tantivy_err(e))? else {
+                continue;
+            };
+            let mut by_ord: Vec<(u64, usize)> = group
+                .iter()
+                .enumerate()
+                .filter_map(|(i, h)| column.term_ords(h.address.doc_id).next().map(|ord| (ord, i)))
+                .collect();
+            by_ord.sort_unstable();
+            let mut next = by_ord.iter().map(|(_, i)| *i);
+            column
+                .dictionary()
+                .sorted_ords_to_term_cb(by_ord.iter().map(|(ord, _)| *ord), |bytes| {
+                    if let Some(i) = next.next() {
+                        group[i].docid = String::from_utf8_lossy(bytes).into_owned();
+                    }
+                    Ok(())
+                })
+                .map_err(|source| IndexError::Io { path: self.path.clone(), source })?;
         }
-        Ok(out)
+        Ok(hits)
     }
 
     /// The stored document at an address.

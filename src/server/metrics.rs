@@ -67,12 +67,18 @@ impl Metrics {
         out.push_str("# TYPE longrank_collection_documents gauge\n");
         let collections = catalog.all();
         for c in &collections {
-            let _ = writeln!(out, "longrank_collection_documents{{collection=\"{}\"}} {}", escape(c.name()), c.num_docs());
+            let _ =
+                writeln!(out, "longrank_collection_documents{{collection=\"{}\"}} {}", escape(c.name()), c.num_docs());
         }
         out.push_str("# HELP longrank_collection_size_bytes Index size on disk per collection.\n");
         out.push_str("# TYPE longrank_collection_size_bytes gauge\n");
         for c in &collections {
-            let _ = writeln!(out, "longrank_collection_size_bytes{{collection=\"{}\"}} {}", escape(c.name()), c.size_bytes());
+            let _ = writeln!(
+                out,
+                "longrank_collection_size_bytes{{collection=\"{}\"}} {}",
+                escape(c.name()),
+                c.size_bytes()
+            );
         }
         out
     }

@@ -41,7 +41,8 @@ pub async fn observe(State(state): State<AppState>, mut request: Request, next: 
     let mut response = if !state.is_ready() && !ALWAYS_AVAILABLE.contains(&path.as_str()) {
         ApiError::not_ready().into_response()
     } else {
-        match tokio::time::timeout(Duration::from_millis(timeout_ms), next.run(request).instrument(span.clone())).await {
+        match tokio::time::timeout(Duration::from_millis(timeout_ms), next.run(request).instrument(span.clone())).await
+        {
             Ok(response) => response,
             Err(_) => ApiError::timeout(timeout_ms).into_response(),
         }
@@ -59,7 +60,9 @@ pub async fn observe(State(state): State<AppState>, mut request: Request, next: 
 
 /// Records the matched route pattern (`/documents/{docid}`, not the concrete path) for metrics.
 pub async fn label_route(request: Request, next: Next) -> Response {
-    if let (Some(label), Some(matched)) = (request.extensions().get::<RouteLabel>(), request.extensions().get::<MatchedPath>()) {
+    if let (Some(label), Some(matched)) =
+        (request.extensions().get::<RouteLabel>(), request.extensions().get::<MatchedPath>())
+    {
         let _ = label.0.set(matched.as_str().to_string());
     }
     next.run(request).await

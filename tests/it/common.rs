@@ -183,7 +183,10 @@ pub fn fixture() -> &'static Fixture {
         let data_dir = d.to_path_buf();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let server = TestServer::start(&data_dir, &[("LONGRANK_SERVER_MAX_BODY_BYTES", "4096"), ("LONGRANK_LIMITS_MAX_QUERY_CHARS", "1000")]);
+            let server = TestServer::start(
+                &data_dir,
+                &[("LONGRANK_SERVER_MAX_BODY_BYTES", "4096"), ("LONGRANK_LIMITS_MAX_QUERY_CHARS", "1000")],
+            );
             tx.send(server).expect("hand over the server");
             loop {
                 std::thread::park();

@@ -24,11 +24,8 @@ fn read(rel: &str) -> Vec<Document> {
 
 fn check_golden(collection: &str, expected: &str) {
     let docs = read(collection);
-    let expected: Vec<Expected> = std::fs::read_to_string(data(expected))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let expected: Vec<Expected> =
+        std::fs::read_to_string(data(expected)).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let mut got: Vec<&Document> = docs.iter().collect();
     got.sort_by(|a, b| a.id.cmp(&b.id));
     let mut want: Vec<&Expected> = expected.iter().collect();
@@ -42,7 +39,10 @@ fn check_golden(collection: &str, expected: &str) {
 
 #[test]
 fn robust04_sgml_matches_the_reference_extraction() {
-    check_golden("trec-format-samples/robust04-style/collection", "trec-format-samples/robust04-style/expected_docs.jsonl");
+    check_golden(
+        "trec-format-samples/robust04-style/collection",
+        "trec-format-samples/robust04-style/expected_docs.jsonl",
+    );
 }
 
 #[test]

@@ -43,7 +43,8 @@ fn malformed_documents_are_reported_with_file_and_offset_then_skipped_or_abort()
 fn duplicates_are_reported_and_reruns_add_and_replace() {
     let dir = tempfile::tempdir().unwrap();
     let a = dir.path().join("a.trec");
-    std::fs::write(&a, format!("{}{}{}", trec_doc("D1", "apples"), trec_doc("D2", "pears"), trec_doc("D1", "plums"))).unwrap();
+    std::fs::write(&a, format!("{}{}{}", trec_doc("D1", "apples"), trec_doc("D2", "pears"), trec_doc("D1", "plums")))
+        .unwrap();
     let out = cli_ok(dir.path(), &["index", "--collection", "c", a.to_str().unwrap()]);
     assert!(out.contains("indexed 3 documents, skipped 0, duplicates 1"), "{out}");
     assert!(out.contains("2 documents in the collection"), "{out}");
@@ -120,7 +121,8 @@ fn killed_build_leaves_a_usable_index_and_a_rerun_completes() {
     assert_eq!(count(&data_dir, "c"), (files * per_file) as u64, "{out}");
     if !finished_before_kill {
         // part000 from the first state, plus at least part001 from the killed run's first commit.
-        let resumed: usize = out.split(" files already indexed").next().unwrap().rsplit(' ').next().unwrap().parse().unwrap();
+        let resumed: usize =
+            out.split(" files already indexed").next().unwrap().rsplit(' ').next().unwrap().parse().unwrap();
         assert!(resumed >= 2, "nothing was resumed: {out}");
     }
 }

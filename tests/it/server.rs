@@ -5,7 +5,10 @@ use crate::common::{data, fixture, get, post_json, request, TestServer};
 #[test]
 fn post_search_ranks_with_bm25() {
     let s = &fixture().server;
-    let r = post_json(&s.url("/search"), r#"{"query": "similarity laws aeroelastic models heated high speed aircraft", "collection": "cranfield", "k": 5}"#);
+    let r = post_json(
+        &s.url("/search"),
+        r#"{"query": "similarity laws aeroelastic models heated high speed aircraft", "collection": "cranfield", "k": 5}"#,
+    );
     assert_eq!(r.status, 200, "{}", r.body);
     let v = r.json();
     assert_eq!(v["pipeline"], "bm25");
@@ -48,7 +51,8 @@ fn documents_by_docid_with_ambiguity_and_not_found() {
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["title"], "ASIAN GANGS EXTEND REACH ACROSS PACIFIC");
     request("GET", &s.url("/documents/NOPE-1"), &[], None).assert_error(404, "unknown_document");
-    request("GET", &s.url("/documents/LA010590-0084?collection=nope"), &[], None).assert_error(404, "unknown_collection");
+    request("GET", &s.url("/documents/LA010590-0084?collection=nope"), &[], None)
+        .assert_error(404, "unknown_collection");
 }
 
 #[test]
@@ -78,7 +82,11 @@ fn health_metrics_and_request_ids() {
     let r = request("GET", &s.url("/metrics"), &[], None);
     assert_eq!(r.status, 200);
     assert!(r.content_type.unwrap().starts_with("text/plain"));
-    assert!(r.body.contains("longrank_http_requests_total{route=\"/search\",method=\"GET\",status=\"200\"}"), "{}", r.body);
+    assert!(
+        r.body.contains("longrank_http_requests_total{route=\"/search\",method=\"GET\",status=\"200\"}"),
+        "{}",
+        r.body
+    );
     assert!(r.body.contains("longrank_http_request_duration_seconds_bucket{route=\"/search\""));
     assert!(r.body.contains("longrank_collection_documents{collection=\"cranfield\"} 1400"));
     assert!(r.body.contains("longrank_collection_size_bytes{collection=\"time\"}"));
@@ -121,8 +129,10 @@ fn every_bad_request_gets_the_json_error_shape() {
     post_json(&search, r#"{"query": "x", "surprise": 1}"#).assert_error(400, "invalid_body");
     post_json(&search, r#"{"query": "   ", "collection": "cranfield"}"#).assert_error(400, "empty_query");
     post_json(&search, r#"{"query": "wing", "collection": "cranfield", "k": 0}"#).assert_error(400, "out_of_range");
-    post_json(&search, r#"{"query": "wing", "collection": "cranfield", "k": 100000}"#).assert_error(400, "out_of_range");
-    post_json(&search, r#"{"query": "wing", "collection": "cranfield", "depth": -1}"#).assert_error(400, "out_of_range");
+    post_json(&search, r#"{"query": "wing", "collection": "cranfield", "k": 100000}"#)
+        .assert_error(400, "out_of_range");
+    post_json(&search, r#"{"query": "wing", "collection": "cranfield", "depth": -1}"#)
+        .assert_error(400, "out_of_range");
     post_json(&search, r#"{"query": "wing", "collection": "cranfield", "bm25": {"k1": 1.0, "b": 3}}"#)
         .assert_error(400, "invalid_parameter");
     post_json(&search, &format!(r#"{{"query": "{}", "collection": "cranfield"}}"#, "w".repeat(2000)))
@@ -135,7 +145,8 @@ fn every_bad_request_gets_the_json_error_shape() {
     post_json(&search, &big).assert_error(413, "body_too_large");
     request("POST", &search, &[], Some(r#"{"query": "wing"}"#)).assert_error(415, "unsupported_media_type");
     request("GET", &s.url("/search?k=3"), &[], None).assert_error(400, "invalid_query_string");
-    request("GET", &s.url("/search?q=wing&k=many&collection=cranfield"), &[], None).assert_error(400, "invalid_query_string");
+    request("GET", &s.url("/search?q=wing&k=many&collection=cranfield"), &[], None)
+        .assert_error(400, "invalid_query_string");
     request("GET", &s.url("/no/such/route"), &[], None).assert_error(404, "not_found");
     request("DELETE", &s.url("/search"), &[], None).assert_error(405, "method_not_allowed");
 }
@@ -164,7 +175,10 @@ fn unready_server_answers_503_and_first_start_serves_the_demo() {
 #[test]
 fn demo_never_shadows_a_users_collection() {
     let dir = tempfile::tempdir().unwrap();
-    crate::common::cli_ok(dir.path(), &["index", "--collection", "mine", data("cranfield/docs.jsonl").to_str().unwrap()]);
+    crate::common::cli_ok(
+        dir.path(),
+        &["index", "--collection", "mine", data("cranfield/docs.jsonl").to_str().unwrap()],
+    );
     let server = TestServer::start(dir.path(), &[]).wait_ready();
     let (_, body) = get(&server.url("/collections"));
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();

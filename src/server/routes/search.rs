@@ -19,7 +19,10 @@ use crate::server::AppState;
         (status = 422, description = "unknown pipeline", body = ErrorBody),
         (status = 503, description = "not ready, or timed out", body = ErrorBody),
     ))]
-pub async fn post_search(State(state): State<AppState>, ApiJson(request): ApiJson<SearchRequest>) -> Result<Json<SearchResponse>, ApiError> {
+pub async fn post_search(
+    State(state): State<AppState>,
+    ApiJson(request): ApiJson<SearchRequest>,
+) -> Result<Json<SearchResponse>, ApiError> {
     state.run(move |engine| engine.search(request)).await.map(Json)
 }
 
@@ -44,7 +47,17 @@ pub struct SearchParams {
         (status = 404, body = ErrorBody),
         (status = 422, body = ErrorBody),
     ))]
-pub async fn get_search(State(state): State<AppState>, ApiQuery(p): ApiQuery<SearchParams>) -> Result<Json<SearchResponse>, ApiError> {
-    let request = SearchRequest { query: p.q, k: p.k, depth: p.depth, pipeline: p.pipeline, collection: p.collection, bm25: None };
+pub async fn get_search(
+    State(state): State<AppState>,
+    ApiQuery(p): ApiQuery<SearchParams>,
+) -> Result<Json<SearchResponse>, ApiError> {
+    let request = SearchRequest {
+        query: p.q,
+        k: p.k,
+        depth: p.depth,
+        pipeline: p.pipeline,
+        collection: p.collection,
+        bm25: None,
+    };
     state.run(move |engine| engine.search(request)).await.map(Json)
 }
