@@ -11,6 +11,7 @@ use anyhow::{bail, Context};
 use longrank::config::Config;
 use longrank::index::Catalog;
 use longrank::server::{self, AppState};
+use longrank::store::Store;
 
 pub struct SearchBench<'a> {
     pub config: Config,
@@ -48,11 +49,13 @@ pub fn search(b: SearchBench) -> anyhow::Result<()> {
     let mut config = b.config.clone();
     config.server.addr = "127.0.0.1:0".into();
     config.limits.max_k = config.limits.max_k.max(b.http_k);
-    let state = AppState::new(config, catalog);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
-        let served = runtime.block_on(server::serve(state, |addr| tx.send(addr).expect("address"), |_| Ok(())));
+        let served = runtime.block_on(async move {
+            let state = AppState::new(config.clone(), catalog, Store::open(&config.database_path()).await?);
+            server::serve(state, |addr| tx.send(addr).expect("address"), |_| Ok(())).await
+        });
         if let Err(e) = served {
             eprintln!("bench server failed: {e:#}");
         }

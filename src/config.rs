@@ -29,6 +29,7 @@ pub struct Config {
     pub limits: Limits,
     pub bm25: Bm25Params,
     pub index: IndexConfig,
+    pub batch: BatchConfig,
 }
 
 impl Default for Config {
@@ -40,7 +41,31 @@ impl Default for Config {
             limits: Limits::default(),
             bm25: Bm25Params::default(),
             index: IndexConfig::default(),
+            batch: BatchConfig::default(),
         }
+    }
+}
+
+impl Config {
+    /// The embedded SQLite database (jobs, runs, query log).
+    pub fn database_path(&self) -> PathBuf {
+        self.data_dir.join("longrank.db")
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BatchConfig {
+    /// Batch jobs running at once; the others wait in the queue.
+    pub max_concurrent_jobs: usize,
+    /// At start, resume the jobs a crash or restart cut off from their last finished topic (false: mark
+    /// them interrupted).
+    pub resume_interrupted: bool,
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        BatchConfig { max_concurrent_jobs: 1, resume_interrupted: true }
     }
 }
 

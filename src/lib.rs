@@ -5,6 +5,9 @@
 
 pub mod config;
 pub mod corpus;
+pub mod eval;
 pub mod index;
+pub mod jobs;
 pub mod rank;
 pub mod server;
+pub mod store;

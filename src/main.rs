@@ -11,9 +11,12 @@ mod bench;
 
 use longrank::config::Config;
 use longrank::corpus::{Corpus, Format, DEMO_JSONL};
+use longrank::eval::{self, EvalOptions, Measure, Qrels, TopicField};
 use longrank::index::{self, Catalog, OnError};
-use longrank::rank::{Engine, SearchRequest};
+use longrank::rank::batch::DEFAULT_BATCH_K;
+use longrank::rank::{BatchParams, Engine, SearchRequest};
 use longrank::server::{self, AppState};
+use longrank::store::Store;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -69,11 +72,96 @@ enum Command {
         #[arg(required = true)]
         query: Vec<String>,
     },
+    /// Run every topic of a topic file through a pipeline and write a TREC run (metrics when qrels are given).
+    Batch {
+        #[arg(long)]
+        collection: Option<String>,
+        /// Topic file: TREC `<top>`, web-track XML or `qid<TAB>text`.
+        #[arg(long)]
+        topics: PathBuf,
+        #[arg(long)]
+        qrels: Option<PathBuf>,
+        #[arg(long, value_enum, default_value_t = TopicField::Title)]
+        field: TopicField,
+        #[arg(long)]
+        pipeline: Option<String>,
+        #[arg(short, long, default_value_t = DEFAULT_BATCH_K)]
+        k: i64,
+        #[arg(long)]
+        depth: Option<i64>,
+        /// Run tag (default `longrank-PIPELINE`).
+        #[arg(long)]
+        tag: Option<String>,
+        /// Measures printed when qrels are given (trec_eval syntax; default: trec_eval's default set).
+        #[arg(short = 'm', long = "measure")]
+        measures: Vec<String>,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Evaluate a run against qrels, printing trec_eval's three columns.
+    Eval {
+        /// Measures in trec_eval's syntax (`-m map -m P.5,10 -m ndcg_cut.10`, `official`, `all_trec`).
+        #[arg(short = 'm', long = "measure")]
+        measures: Vec<String>,
+        #[command(flatten)]
+        options: EvalArgs,
+        /// Print every topic, not only `all`.
+        #[arg(short = 'q')]
+        per_topic: bool,
+        run: PathBuf,
+        qrels: PathBuf,
+    },
+    /// Compare two runs: per measure the means, delta, paired t-test p-value and wins/ties/losses.
+    Compare {
+        #[arg(short = 'm', long = "measure")]
+        measures: Vec<String>,
+        #[command(flatten)]
+        options: EvalArgs,
+        run_a: PathBuf,
+        run_b: PathBuf,
+        qrels: PathBuf,
+    },
+    /// Make seeded k-fold topic splits (`qid<TAB>fold`), or print an existing split's sizes.
+    Folds {
+        /// Topic file to split (any topic format).
+        #[arg(long, conflicts_with = "read")]
+        topics: Option<PathBuf>,
+        #[arg(short, long, default_value_t = 5)]
+        k: usize,
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Where to write the split (default: standard output).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// An existing `qid<TAB>fold` file to read and summarize.
+        #[arg(long)]
+        read: Option<PathBuf>,
+    },
     /// Benchmarks (not tests): BM25 query latency in process and over HTTP.
     Bench {
         #[command(subcommand)]
         what: BenchCommand,
     },
+}
+
+/// trec_eval's options.
+#[derive(clap::Args)]
+struct EvalArgs {
+    /// Average over every qrels topic, counting topics the run lacks as empty.
+    #[arg(short = 'c')]
+    complete: bool,
+    /// Lowest grade that counts as relevant (TREC DL uses 2).
+    #[arg(short = 'l', default_value_t = 1)]
+    relevance_level: i32,
+    /// Evaluate only the first N documents of each topic.
+    #[arg(short = 'M')]
+    max_docs: Option<usize>,
+}
+
+impl EvalArgs {
+    fn options(&self) -> EvalOptions {
+        EvalOptions { relevance_level: self.relevance_level, max_docs: self.max_docs, complete: self.complete }
+    }
 }
 
 #[derive(Subcommand)]
@@ -154,6 +242,91 @@ fn main() -> anyhow::Result<()> {
                 seconds,
             })
         }
+        Command::Batch { collection, topics, qrels, field, pipeline, k, depth, tag, measures, out } => {
+            let engine = open_engine(&config)?;
+            let measures = Measure::parse_all(&measures)?;
+            let qrels = qrels.map(|q| Qrels::read(&q)).transpose()?;
+            let params = BatchParams { collection, pipeline, k: Some(k), depth, field, tag, ..Default::default() };
+            let plan = engine.plan_batch(&params, eval::read_topics(&topics)?)?;
+            let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+                indicatif::ProgressBar::new(plan.topics.len() as u64)
+            } else {
+                indicatif::ProgressBar::hidden()
+            };
+            bar.set_style(indicatif::ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} topics, {per_sec}, ETA {eta}",
+            )?);
+            let mut run = eval::Run { tag: plan.tag.clone(), ..Default::default() };
+            for topic in &plan.topics {
+                run.topics.insert(topic.qid.clone(), plan.run_topic(&engine, topic)?);
+                bar.inc(1);
+            }
+            bar.finish_and_clear();
+            // Written whole to a temporary file and renamed, so an interrupted batch never leaves half a run.
+            let mut text = Vec::new();
+            run.write(&mut text)?;
+            let partial = out.with_extension("partial");
+            std::fs::write(&partial, &text).with_context(|| format!("writing {}", partial.display()))?;
+            std::fs::rename(&partial, &out).with_context(|| format!("writing {}", out.display()))?;
+            eprintln!("wrote {} topics to {}", run.topics.len(), out.display());
+            if let Some(qrels) = qrels {
+                for qid in qrels.topics.keys().filter(|q| !run.topics.contains_key(*q)) {
+                    eprintln!("warning: qrels topic {qid} is not in the run");
+                }
+                let served = eval::Run::parse(&String::from_utf8_lossy(&text), &out)?;
+                let evaluation = eval::evaluate(&served, &qrels, &measures, EvalOptions::default());
+                print!("{}", evaluation.to_trec_eval(false, &run.tag));
+            }
+            Ok(())
+        }
+        Command::Eval { measures, options, per_topic, run, qrels } => {
+            let measures = Measure::parse_all(&measures)?;
+            let run = read_run(&run)?;
+            let evaluation = eval::evaluate(&run, &Qrels::read(&qrels)?, &measures, options.options());
+            print!("{}", evaluation.to_trec_eval(per_topic, &run.tag));
+            Ok(())
+        }
+        Command::Compare { measures, options, run_a, run_b, qrels } => {
+            let measures = Measure::parse_all(&measures)?;
+            let qrels = Qrels::read(&qrels)?;
+            let a = eval::evaluate(&read_run(&run_a)?, &qrels, &measures, options.options());
+            let b = eval::evaluate(&read_run(&run_b)?, &qrels, &measures, options.options());
+            println!(
+                "{:<22}  {:>6}  {:>8}  {:>8}  {:>8}  {:>8}  {:>11}",
+                "measure", "topics", "A", "B", "B-A", "p", "win/tie/loss"
+            );
+            for c in eval::compare(&a, &b) {
+                let p = c.p_value.map_or("-".to_string(), |p| format!("{p:.4}"));
+                let wtl = format!("{}/{}/{}", c.wins, c.ties, c.losses);
+                println!(
+                    "{:<22}  {:>6}  {:>8.4}  {:>8.4}  {:>+8.4}  {:>8}  {:>11}",
+                    c.measure, c.topics, c.mean_a, c.mean_b, c.delta, p, wtl
+                );
+            }
+            Ok(())
+        }
+        Command::Folds { topics, k, seed, out, read } => {
+            if let Some(path) = read {
+                let folds = eval::read_folds(&path)?;
+                let mut sizes = std::collections::BTreeMap::new();
+                for fold in folds.values() {
+                    *sizes.entry(*fold).or_insert(0usize) += 1;
+                }
+                for (fold, n) in sizes {
+                    println!("fold {fold}\t{n} topics");
+                }
+                return Ok(());
+            }
+            let Some(topics) = topics else { bail!("give --topics FILE to make folds, or --read FILE") };
+            let qids: Vec<String> = eval::read_topics(&topics)?.into_iter().map(|t| t.qid).collect();
+            let folds = eval::make_folds(&qids, k, seed);
+            let text: String = folds.iter().map(|(q, f)| format!("{q}\t{f}\n")).collect();
+            match out {
+                Some(path) => write_file(&path, &text)?,
+                None => print!("{text}"),
+            }
+            Ok(())
+        }
         Command::Search { collection, k, pipeline, json, query } => {
             let engine = open_engine(&config)?;
             let request = SearchRequest { query: query.join(" "), k, collection, pipeline, ..Default::default() };
@@ -173,6 +346,15 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
+/// Reads a run, printing its warnings (duplicate docids) to stderr.
+fn read_run(path: &Path) -> anyhow::Result<eval::Run> {
+    let run = eval::Run::read(path)?;
+    for warning in &run.warnings {
+        eprintln!("warning: {warning}");
+    }
+    Ok(run)
+}
+
 fn open_engine(config: &Config) -> anyhow::Result<Engine> {
     let (catalog, failures) = Catalog::open(&config.data_dir)?;
     for failure in failures {
@@ -188,16 +370,17 @@ fn serve(config: Config) -> anyhow::Result<()> {
         tracing::warn!("collection not served: {failure}");
     }
     let catalog = Arc::new(catalog);
-    let state = AppState::new(config, catalog);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(server::serve(
-        state,
-        |addr| {
+    runtime.block_on(async move {
+        let database = config.database_path();
+        let store = Store::open(&database).await.with_context(|| format!("opening {}", database.display()))?;
+        let state = AppState::new(config, catalog, store);
+        let on_listening = |addr| {
             println!("longrank listening on http://{addr}");
             let _ = std::io::stdout().flush();
-        },
-        prepare,
-    ))
+        };
+        server::serve(state, on_listening, prepare).await
+    })
 }
 
 /// Indexes the demo collection on first start, when the data directory holds no collection at all (it

@@ -5,6 +5,7 @@ pub mod analyzer;
 pub mod bm25;
 mod build;
 mod porter;
+mod rm3;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,6 +22,7 @@ use tantivy::{DocAddress, DocSet, Index, IndexReader, ReloadPolicy, Searcher, Ta
 
 pub use bm25::{Bm25Params, CollectionStats};
 pub use build::{build, searchable_text, BuildOptions, BuildReport, OnError};
+pub use rm3::Rm3Params;
 
 #[derive(Debug, thiserror::Error)]
 pub enum IndexError {
@@ -137,6 +139,11 @@ impl Collection {
     /// Live documents.
     pub fn num_docs(&self) -> u64 {
         self.searcher().num_docs()
+    }
+
+    /// When the index was last committed.
+    pub fn built_at(&self) -> Option<std::time::SystemTime> {
+        self.path.join("meta.json").metadata().ok()?.modified().ok()
     }
 
     /// Bytes the index takes on disk.
@@ -283,6 +290,12 @@ impl Collection {
                 .map_err(|source| IndexError::Io { path: self.path.clone(), source })?;
         }
         Ok(hits)
+    }
+
+    /// The number of documents holding an analyzed term (replaced ones included until merged).
+    pub fn doc_freq(&self, term: &str) -> Result<u64, IndexError> {
+        let term = Term::from_field_text(self.fields.contents, term);
+        self.searcher().doc_freq(&term).map_err(|e| self.tantivy_err(e))
     }
 
     /// The stored document at an address.

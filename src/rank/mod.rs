@@ -2,6 +2,7 @@
 //! and shape the ranking (later stages re-rank and attach segment evidence here). The HTTP server and the
 //! CLI both call `Engine`, so validation and limits live only here.
 
+pub mod batch;
 mod snippet;
 
 use std::sync::Arc;
@@ -11,8 +12,9 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::config::Limits;
-use crate::index::{analyzer, Bm25Params, Catalog, Collection, IndexError};
+use crate::index::{analyzer, Bm25Params, Catalog, Collection, Hit, IndexError, Rm3Params};
 
+pub use batch::{BatchParams, BatchPlan};
 pub use snippet::snippet;
 
 #[derive(Debug, thiserror::Error)]
@@ -45,14 +47,18 @@ pub enum RankError {
 pub enum Pipeline {
     /// BM25 over the whole document, Anserini's parameters.
     Bm25,
+    /// BM25 with RM3 pseudo-relevance feedback (Anserini's defaults: 10 documents, 10 terms, weight 0.5).
+    #[serde(rename = "bm25+rm3")]
+    Bm25Rm3,
 }
 
 impl Pipeline {
-    pub const ALL: [Pipeline; 1] = [Pipeline::Bm25];
+    pub const ALL: [Pipeline; 2] = [Pipeline::Bm25, Pipeline::Bm25Rm3];
 
     pub fn name(self) -> &'static str {
         match self {
             Pipeline::Bm25 => "bm25",
+            Pipeline::Bm25Rm3 => "bm25+rm3",
         }
     }
 
@@ -85,6 +91,9 @@ pub struct SearchRequest {
     /// BM25 parameters for this request (default from configuration).
     #[serde(default)]
     pub bm25: Option<Bm25Params>,
+    /// RM3 parameters for `bm25+rm3` (default: Anserini's).
+    #[serde(default)]
+    pub rm3: Option<Rm3Params>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -137,6 +146,16 @@ pub struct CollectionInfo {
     pub bm25: Bm25Params,
 }
 
+/// Validated ranking options.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, ToSchema)]
+pub struct RankOptions {
+    pub k: usize,
+    pub depth: usize,
+    pub pipeline: Pipeline,
+    pub bm25: Bm25Params,
+    pub rm3: Rm3Params,
+}
+
 /// Runs requests against the catalog under the configured limits.
 pub struct Engine {
     catalog: Arc<Catalog>,
@@ -157,32 +176,15 @@ impl Engine {
 
     pub fn search(&self, request: SearchRequest) -> Result<SearchResponse, RankError> {
         let started = Instant::now();
-        let query = request.query.trim();
-        if query.is_empty() {
-            return Err(RankError::EmptyQuery);
-        }
-        let len = query.chars().count();
-        if len > self.limits.max_query_chars {
-            return Err(RankError::QueryTooLong { len, max: self.limits.max_query_chars });
-        }
-        let k = in_range("k", request.k, self.limits.default_k, self.limits.max_k)?;
-        let depth = in_range("depth", request.depth, self.limits.default_depth.max(k), self.limits.max_depth)?;
-        let pipeline = Pipeline::parse(request.pipeline.as_deref().unwrap_or("bm25"))?;
-        let bm25 = request.bm25.unwrap_or(self.bm25);
-        if !(bm25.k1 >= 0.0 && (0.0..=1.0).contains(&bm25.b)) {
-            return Err(RankError::InvalidParameter(format!(
-                "bm25 needs k1 >= 0 and 0 <= b <= 1, got k1={} b={}",
-                bm25.k1, bm25.b
-            )));
-        }
+        let query = self.check_query(&request.query)?;
+        let options = self.options(request.k, request.depth, request.pipeline.as_deref(), request.bm25, request.rm3)?;
         let collection = self.collection(request.collection.as_deref())?;
-
-        let hits = collection.search(query, depth.max(k), bm25)?;
+        let hits = self.retrieve(&collection, query, &options)?;
         let retrieve_ms = ms(started);
         let query_terms = analyzer::terms(query);
         let results = hits
             .into_iter()
-            .take(k)
+            .take(options.k)
             .enumerate()
             .map(|(i, hit)| {
                 let doc = collection.document(hit.address)?;
@@ -200,10 +202,60 @@ impl Engine {
         Ok(SearchResponse {
             query: request.query,
             collection: collection.name().to_string(),
-            pipeline,
+            pipeline: options.pipeline,
             took_ms: total_ms,
             timing: Timing { retrieve_ms, total_ms },
             results,
+        })
+    }
+
+    /// A query's text, trimmed, checked against the limits.
+    pub fn check_query<'q>(&self, query: &'q str) -> Result<&'q str, RankError> {
+        let query = query.trim();
+        if query.is_empty() {
+            return Err(RankError::EmptyQuery);
+        }
+        let len = query.chars().count();
+        if len > self.limits.max_query_chars {
+            return Err(RankError::QueryTooLong { len, max: self.limits.max_query_chars });
+        }
+        Ok(query)
+    }
+
+    /// Validates the ranking options of a request (or a batch) against the limits.
+    pub fn options(
+        &self,
+        k: Option<i64>,
+        depth: Option<i64>,
+        pipeline: Option<&str>,
+        bm25: Option<Bm25Params>,
+        rm3: Option<Rm3Params>,
+    ) -> Result<RankOptions, RankError> {
+        let k = in_range("k", k, self.limits.default_k, self.limits.max_k)?;
+        let depth = in_range("depth", depth, self.limits.default_depth.max(k), self.limits.max_depth)?;
+        let pipeline = Pipeline::parse(pipeline.unwrap_or("bm25"))?;
+        let bm25 = bm25.unwrap_or(self.bm25);
+        if !(bm25.k1 >= 0.0 && (0.0..=1.0).contains(&bm25.b)) {
+            return Err(RankError::InvalidParameter(format!(
+                "bm25 needs k1 >= 0 and 0 <= b <= 1, got k1={} b={}",
+                bm25.k1, bm25.b
+            )));
+        }
+        let rm3 = rm3.unwrap_or_default();
+        if rm3.fb_docs == 0 || rm3.fb_terms == 0 || !(0.0..=1.0).contains(&rm3.original_query_weight) {
+            return Err(RankError::InvalidParameter(format!(
+                "rm3 needs fb_docs >= 1, fb_terms >= 1 and 0 <= original_query_weight <= 1, got {rm3:?}"
+            )));
+        }
+        Ok(RankOptions { k, depth, pipeline, bm25, rm3 })
+    }
+
+    /// The first stage of a pipeline: at least `k` (and `depth`) hits, best first.
+    pub fn retrieve(&self, collection: &Collection, query: &str, options: &RankOptions) -> Result<Vec<Hit>, RankError> {
+        let n = options.depth.max(options.k);
+        Ok(match options.pipeline {
+            Pipeline::Bm25 => collection.search(query, n, options.bm25)?,
+            Pipeline::Bm25Rm3 => collection.search_rm3(query, n, options.bm25, options.rm3)?,
         })
     }
 
@@ -291,7 +343,8 @@ mod tests {
     #[test]
     fn pipelines_parse_by_name() {
         assert_eq!(Pipeline::parse("bm25").unwrap(), Pipeline::Bm25);
+        assert_eq!(Pipeline::parse("bm25+rm3").unwrap(), Pipeline::Bm25Rm3);
         let err = Pipeline::parse("magic").unwrap_err();
-        assert_eq!(err.to_string(), "unknown pipeline \"magic\"; available: bm25");
+        assert_eq!(err.to_string(), "unknown pipeline \"magic\"; available: bm25, bm25+rm3");
     }
 }

@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use crate::jobs::JobError;
 use crate::rank::RankError;
 
 #[derive(Debug)]
@@ -86,6 +87,18 @@ impl From<RankError> for ApiError {
             RankError::Index(_) => (S::INTERNAL_SERVER_ERROR, "index_error"),
         };
         ApiError::new(status, code, e.to_string())
+    }
+}
+
+impl From<JobError> for ApiError {
+    fn from(e: JobError) -> ApiError {
+        match e {
+            JobError::Rank(e) => e.into(),
+            JobError::Input(e) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "malformed_file", e.to_string()),
+            JobError::UnknownJob(_) => ApiError::new(StatusCode::NOT_FOUND, "unknown_job", e.to_string()),
+            JobError::Conflict { .. } => ApiError::new(StatusCode::CONFLICT, "job_conflict", e.to_string()),
+            JobError::Store(_) | JobError::Worker(_) => ApiError::internal(e.to_string()),
+        }
     }
 }
 

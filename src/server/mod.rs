@@ -22,7 +22,9 @@ pub use openapi::ApiDoc;
 
 use crate::config::Config;
 use crate::index::Catalog;
-use crate::rank::{Engine, RankError};
+use crate::jobs::Jobs;
+use crate::rank::{Engine, RankError, SearchRequest, SearchResponse};
+use crate::store::{QueryLogEntry, Store};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -31,16 +33,38 @@ pub struct AppState {
 
 struct Inner {
     config: Config,
-    engine: Engine,
+    engine: Arc<Engine>,
+    jobs: Arc<Jobs>,
     metrics: metrics::Metrics,
     ready: AtomicBool,
 }
 
 impl AppState {
-    pub fn new(config: Config, catalog: Arc<Catalog>) -> AppState {
-        let engine = Engine::new(catalog, config.limits.clone(), config.bm25, &config.default_collection);
-        let inner = Inner { config, engine, metrics: metrics::Metrics::default(), ready: AtomicBool::new(false) };
+    pub fn new(config: Config, catalog: Arc<Catalog>, store: Store) -> AppState {
+        let engine = Arc::new(Engine::new(catalog, config.limits.clone(), config.bm25, &config.default_collection));
+        let jobs = Jobs::new(engine.clone(), store, config.clone());
+        let inner = Inner { config, engine, jobs, metrics: metrics::Metrics::default(), ready: AtomicBool::new(false) };
         AppState { inner: Arc::new(inner) }
+    }
+
+    pub fn jobs(&self) -> &Arc<Jobs> {
+        &self.inner.jobs
+    }
+
+    /// Runs a search and records it in the query log (in the background: logging never slows a search).
+    async fn search(&self, request: SearchRequest) -> Result<SearchResponse, ApiError> {
+        let response = self.run(move |engine| engine.search(request)).await?;
+        let store = self.jobs().store().clone();
+        let (query, collection, pipeline) =
+            (response.query.clone(), response.collection.clone(), response.pipeline.name());
+        let (latency_ms, results) = (response.took_ms, response.results.len() as i64);
+        tokio::spawn(async move {
+            let entry = QueryLogEntry { query: &query, collection: Some(&collection), pipeline, latency_ms, results };
+            if let Err(e) = store.log_query(entry).await {
+                tracing::warn!("query log: {e}");
+            }
+        });
+        Ok(response)
     }
 
     pub fn config(&self) -> &Config {
@@ -81,6 +105,10 @@ pub fn router(state: AppState) -> Router {
         .route("/search", get(routes::search::get_search).post(routes::search::post_search))
         .route("/documents/{docid}", get(routes::documents::get_document))
         .route("/collections", get(routes::collections::list_collections))
+        .route("/batch", get(routes::batch::list).post(routes::batch::submit))
+        .route("/batch/compare", get(routes::batch::compare))
+        .route("/batch/{id}", get(routes::batch::get).delete(routes::batch::cancel))
+        .route("/batch/{id}/run", get(routes::batch::run_file))
         .route("/health", get(routes::system::health))
         .route("/metrics", get(routes::system::metrics))
         .route("/", get(routes::web::index))
@@ -106,9 +134,22 @@ pub async fn serve(
     on_listening(listener.local_addr()?);
     let app = router(state.clone());
     let preparing = state.clone();
-    tokio::task::spawn_blocking(move || match prepare(&preparing) {
-        Ok(()) => preparing.set_ready(),
-        Err(e) => tracing::error!("start-up failed, staying unready: {e:#}"),
+    tokio::spawn(async move {
+        let prepared = tokio::task::spawn_blocking({
+            let state = preparing.clone();
+            move || prepare(&state)
+        })
+        .await;
+        match prepared {
+            Ok(Ok(())) => {
+                preparing.set_ready();
+                if let Err(e) = preparing.jobs().recover().await {
+                    tracing::error!("recovering batch jobs: {e}");
+                }
+            }
+            Ok(Err(e)) => tracing::error!("start-up failed, staying unready: {e:#}"),
+            Err(e) => tracing::error!("start-up panicked, staying unready: {e}"),
+        }
     });
     axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await?;
     Ok(())

@@ -2,7 +2,7 @@
 
 use utoipa::OpenApi;
 
-use super::routes::{collections, documents, search, system};
+use super::routes::{batch, collections, documents, search, system};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -12,6 +12,12 @@ use super::routes::{collections, documents, search, system};
         search::get_search,
         documents::get_document,
         collections::list_collections,
+        batch::submit,
+        batch::list,
+        batch::get,
+        batch::run_file,
+        batch::cancel,
+        batch::compare,
         system::health,
         system::metrics,
     ),
@@ -20,6 +26,7 @@ use super::routes::{collections, documents, search, system};
         (name = "search", description = "Ranking"),
         (name = "documents", description = "Stored documents"),
         (name = "collections", description = "Indexed collections"),
+        (name = "batch", description = "Batch runs over TREC topic files, with trec_eval metrics"),
         (name = "system", description = "Health and metrics"),
     )
 )]

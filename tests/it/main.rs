@@ -2,6 +2,7 @@
 
 mod common;
 mod corpus;
+mod eval;
 mod indexing;
 mod scoring;
 mod server;

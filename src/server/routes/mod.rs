@@ -1,5 +1,6 @@
 //! One thin handler file per API: parse, call the engine once, map the result.
 
+pub mod batch;
 pub mod collections;
 pub mod documents;
 pub mod search;

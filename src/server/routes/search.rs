@@ -23,7 +23,7 @@ pub async fn post_search(
     State(state): State<AppState>,
     ApiJson(request): ApiJson<SearchRequest>,
 ) -> Result<Json<SearchResponse>, ApiError> {
-    state.run(move |engine| engine.search(request)).await.map(Json)
+    state.search(request).await.map(Json)
 }
 
 /// Query-string form of a search.
@@ -57,7 +57,7 @@ pub async fn get_search(
         depth: p.depth,
         pipeline: p.pipeline,
         collection: p.collection,
-        bm25: None,
+        ..Default::default()
     };
-    state.run(move |engine| engine.search(request)).await.map(Json)
+    state.search(request).await.map(Json)
 }

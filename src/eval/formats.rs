@@ -1,0 +1,421 @@
+//! TREC evaluation files: topics (classic `<top>`, web-track XML, TSV), qrels and run files, gzip-aware,
+//! every error naming its file and line.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::EvalError;
+use crate::corpus::normalize_whitespace;
+
+/// One topic, with the fields its file had.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Topic {
+    pub qid: String,
+    pub title: String,
+    pub desc: String,
+    pub narr: String,
+}
+
+/// Which topic field becomes the query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum, utoipa::ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum TopicField {
+    #[default]
+    Title,
+    Desc,
+    #[value(name = "title+desc")]
+    #[serde(rename = "title+desc")]
+    TitleDesc,
+}
+
+impl Topic {
+    /// The query text for a field (falls back to the title when the field is empty, as for TSV topics).
+    pub fn query(&self, field: TopicField) -> String {
+        let text = match field {
+            TopicField::Title => self.title.clone(),
+            TopicField::Desc => self.desc.clone(),
+            TopicField::TitleDesc => format!("{} {}", self.title, self.desc),
+        };
+        let text = text.trim();
+        if text.is_empty() {
+            self.title.clone()
+        } else {
+            text.to_string()
+        }
+    }
+}
+
+fn read_text(path: &Path) -> Result<String, EvalError> {
+    let mut reader = crate::corpus::open_maybe_gz(path, None)
+        .map_err(|e| EvalError::Io { path: path.to_path_buf(), message: e.to_string() })?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut reader, &mut bytes)
+        .map_err(|e| EvalError::Io { path: path.to_path_buf(), message: e.to_string() })?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// Reads a topic file, detecting its format from the content.
+pub fn read_topics(path: &Path) -> Result<Vec<Topic>, EvalError> {
+    parse_topics(&read_text(path)?, path)
+}
+
+/// Parses topics in any of the three formats; `path` names the source in errors.
+pub fn parse_topics(text: &str, path: &Path) -> Result<Vec<Topic>, EvalError> {
+    let head = text.trim_start();
+    let topics = if head.starts_with("<top") && !head.starts_with("<topics") || text.contains("<num>") {
+        parse_trec_topics(text, path)?
+    } else if text.contains("<topic ") || text.contains("<topic>") {
+        parse_xml_topics(text, path)?
+    } else {
+        parse_tsv_topics(text, path)?
+    };
+    if topics.is_empty() {
+        return Err(EvalError::parse(
+            path,
+            1,
+            "no topics found (expected TREC <top>, web-track <topic> or qid<TAB>text)",
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (qid, line) in topics.iter().map(|(t, l)| (&t.qid, *l)) {
+        if !seen.insert(qid.clone()) {
+            return Err(EvalError::parse(path, line, &format!("duplicate topic {qid}")));
+        }
+    }
+    Ok(topics.into_iter().map(|(t, _)| t).collect())
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].bytes().filter(|b| *b == b'\n').count() + 1
+}
+
+/// Classic TREC topics: `<top> <num> Number: 301 <title> ... <desc> Description: ... <narr> Narrative: ... </top>`.
+fn parse_trec_topics(text: &str, path: &Path) -> Result<Vec<(Topic, usize)>, EvalError> {
+    let mut topics = Vec::new();
+    let mut pos = 0;
+    while let Some(start) = text[pos..].find("<top>").map(|i| i + pos) {
+        let line = line_of(text, start);
+        let end = text[start..]
+            .find("</top>")
+            .map(|i| i + start)
+            .ok_or_else(|| EvalError::parse(path, line, "<top> without </top>"))?;
+        let body = &text[start + 5..end];
+        let field = |tag: &str| -> Option<String> {
+            let open = body.find(tag)? + tag.len();
+            // A field runs to the next tag (TREC topic files do not close them).
+            let close = body[open..].find('<').map_or(body.len(), |i| i + open);
+            Some(normalize_whitespace(&body[open..close]))
+        };
+        let num = field("<num>").ok_or_else(|| EvalError::parse(path, line, "topic without <num>"))?;
+        let qid = num.trim_start_matches("Number:").trim().to_string();
+        if qid.is_empty() || qid.contains(char::is_whitespace) {
+            return Err(EvalError::parse(path, line, &format!("bad topic number {num:?}")));
+        }
+        let strip = |s: Option<String>, label: &str| {
+            let s = s.unwrap_or_default();
+            s.strip_prefix(label).map(|r| r.trim().to_string()).unwrap_or(s)
+        };
+        let title = strip(field("<title>"), "Topic:");
+        if title.is_empty() {
+            return Err(EvalError::parse(path, line, &format!("topic {qid} has no <title>")));
+        }
+        topics.push((
+            Topic {
+                qid,
+                title,
+                desc: strip(field("<desc>"), "Description:"),
+                narr: strip(field("<narr>"), "Narrative:"),
+            },
+            line,
+        ));
+        pos = end + 6;
+    }
+    Ok(topics)
+}
+
+/// Web-track XML: `<topic number="..."><query>..</query><description>..</description><narrative>..`.
+fn parse_xml_topics(text: &str, path: &Path) -> Result<Vec<(Topic, usize)>, EvalError> {
+    let mut topics = Vec::new();
+    let mut pos = 0;
+    while let Some(start) = text[pos..].find("<topic").map(|i| i + pos) {
+        let line = line_of(text, start);
+        let open_end = text[start..]
+            .find('>')
+            .map(|i| i + start + 1)
+            .ok_or_else(|| EvalError::parse(path, line, "unclosed <topic"))?;
+        let end = text[open_end..]
+            .find("</topic>")
+            .map(|i| i + open_end)
+            .ok_or_else(|| EvalError::parse(path, line, "<topic> without </topic>"))?;
+        let attrs = &text[start..open_end];
+        let qid = attrs
+            .split("number=")
+            .nth(1)
+            .and_then(|r| r.trim_start_matches(['"', '\'']).split(['"', '\'']).next())
+            .map(str::to_string)
+            .ok_or_else(|| EvalError::parse(path, line, "<topic> without number=\"...\""))?;
+        let body = &text[open_end..end];
+        let element = |name: &str| -> String {
+            let open = format!("<{name}>");
+            body.find(&open)
+                .and_then(|s| {
+                    let s = s + open.len();
+                    body[s..].find(&format!("</{name}>")).map(|e| normalize_whitespace(&body[s..s + e]))
+                })
+                .unwrap_or_default()
+        };
+        let title = element("query");
+        if title.is_empty() {
+            return Err(EvalError::parse(path, line, &format!("topic {qid} has no <query>")));
+        }
+        topics.push((Topic { qid, title, desc: element("description"), narr: element("narrative") }, line));
+        pos = end + 8;
+    }
+    Ok(topics)
+}
+
+/// `qid<TAB>text` lines.
+fn parse_tsv_topics(text: &str, path: &Path) -> Result<Vec<(Topic, usize)>, EvalError> {
+    let mut topics = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let (qid, query) =
+            line.split_once('\t').ok_or_else(|| EvalError::parse(path, i + 1, "expected qid<TAB>query text"))?;
+        let (qid, query) = (qid.trim(), query.trim());
+        if qid.is_empty() || query.is_empty() {
+            return Err(EvalError::parse(path, i + 1, "empty qid or query"));
+        }
+        let topic = Topic { qid: qid.into(), title: query.into(), desc: String::new(), narr: String::new() };
+        topics.push((topic, i + 1));
+    }
+    Ok(topics)
+}
+
+/// Relevance judgments: qid -> docid -> grade.
+#[derive(Debug, Clone, Default)]
+pub struct Qrels {
+    pub topics: BTreeMap<String, HashMap<String, i32>>,
+}
+
+impl Qrels {
+    pub fn read(path: &Path) -> Result<Qrels, EvalError> {
+        Qrels::parse(&read_text(path)?, path)
+    }
+
+    /// `qid iter docid grade` per line (whitespace separated). A docid judged twice keeps the last grade.
+    pub fn parse(text: &str, path: &Path) -> Result<Qrels, EvalError> {
+        let mut qrels = Qrels::default();
+        for (i, line) in text.lines().enumerate() {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            if cols.is_empty() {
+                continue;
+            }
+            let [qid, _, docid, grade] = cols[..] else {
+                return Err(EvalError::parse(
+                    path,
+                    i + 1,
+                    &format!("expected 4 columns (qid 0 docid grade), found {}", cols.len()),
+                ));
+            };
+            let grade: i32 = grade
+                .parse()
+                .map_err(|_| EvalError::parse(path, i + 1, &format!("grade {grade:?} is not an integer")))?;
+            qrels.topics.entry(qid.to_string()).or_default().insert(docid.to_string(), grade);
+        }
+        if qrels.topics.is_empty() {
+            return Err(EvalError::parse(path, 1, "no judgments"));
+        }
+        Ok(qrels)
+    }
+}
+
+/// One retrieved document of a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scored {
+    pub docid: String,
+    pub score: f64,
+}
+
+/// A run: qid -> retrieved documents (in file order), plus the problems found reading it.
+#[derive(Debug, Clone, Default)]
+pub struct Run {
+    pub topics: BTreeMap<String, Vec<Scored>>,
+    pub tag: String,
+    pub warnings: Vec<String>,
+}
+
+impl Run {
+    pub fn read(path: &Path) -> Result<Run, EvalError> {
+        Run::parse(&read_text(path)?, path)
+    }
+
+    /// `qid Q0 docid rank score tag` per line. The rank column is ignored (as trec_eval does); a docid
+    /// repeated within a topic is reported and its first occurrence kept.
+    pub fn parse(text: &str, path: &Path) -> Result<Run, EvalError> {
+        let mut run = Run::default();
+        let mut seen: HashMap<String, std::collections::HashSet<String>> = HashMap::new();
+        for (i, line) in text.lines().enumerate() {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            if cols.is_empty() {
+                continue;
+            }
+            let [qid, _, docid, _rank, score, tag] = cols[..] else {
+                return Err(EvalError::parse(
+                    path,
+                    i + 1,
+                    &format!("expected 6 columns (qid Q0 docid rank score tag), found {}", cols.len()),
+                ));
+            };
+            let score: f64 = score
+                .parse()
+                .map_err(|_| EvalError::parse(path, i + 1, &format!("score {score:?} is not a number")))?;
+            if !seen.entry(qid.to_string()).or_default().insert(docid.to_string()) {
+                run.warnings.push(format!(
+                    "{}:{}: duplicate docid {docid} in topic {qid} (first kept)",
+                    path.display(),
+                    i + 1
+                ));
+                continue;
+            }
+            run.tag = tag.to_string();
+            run.topics.entry(qid.to_string()).or_default().push(Scored { docid: docid.to_string(), score });
+        }
+        Ok(run)
+    }
+
+    /// Writes the run in TREC format, each topic ranked by score (ties by docid, as trec_eval orders them).
+    pub fn write(&self, out: &mut impl Write) -> std::io::Result<()> {
+        for (qid, docs) in &self.topics {
+            for (rank, doc) in super::measures::ranked(docs).into_iter().enumerate() {
+                writeln!(out, "{qid} Q0 {} {} {} {}", doc.docid, rank + 1, format_score(doc.score), self.tag)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The shortest text that reads back as the same score: single precision when the score is one (our
+/// BM25 scores are), so distinct scores never print as a tie and the order trec_eval sees is ours.
+fn format_score(score: f64) -> String {
+    let single = score as f32;
+    if single as f64 == score {
+        format!("{single}")
+    } else {
+        format!("{score}")
+    }
+}
+
+/// `qid<TAB>fold` lines.
+pub fn read_folds(path: &Path) -> Result<BTreeMap<String, usize>, EvalError> {
+    let text = read_text(path)?;
+    let mut folds = BTreeMap::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let (qid, fold) =
+            line.split_once('\t').ok_or_else(|| EvalError::parse(path, i + 1, "expected qid<TAB>fold"))?;
+        let fold = fold
+            .trim()
+            .parse()
+            .map_err(|_| EvalError::parse(path, i + 1, &format!("fold {fold:?} is not a number")))?;
+        folds.insert(qid.trim().to_string(), fold);
+    }
+    Ok(folds)
+}
+
+/// Seeded k-fold split: topics shuffled by a fixed generator, then dealt round-robin.
+pub fn make_folds(qids: &[String], k: usize, seed: u64) -> BTreeMap<String, usize> {
+    let mut order: Vec<&String> = qids.iter().collect();
+    order.sort();
+    // splitmix64: small, seeded, the same on every platform.
+    let mut state = seed;
+    let mut next = || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    for i in (1..order.len()).rev() {
+        let j = (next() % (i as u64 + 1)) as usize;
+        order.swap(i, j);
+    }
+    order.into_iter().enumerate().map(|(i, q)| (q.clone(), i % k.max(1))).collect()
+}
+
+/// A path for error messages of uploaded (in-memory) files.
+pub fn upload_path(field: &str) -> PathBuf {
+    PathBuf::from(format!("<{field}>"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p() -> PathBuf {
+        PathBuf::from("t")
+    }
+
+    #[test]
+    fn classic_trec_topics() {
+        let text = "<top>\n<num> Number: 301\n<title> International Organized Crime\n\n<desc> Description:\nIdentify organizations.\n\n<narr> Narrative:\nA relevant document must.\n</top>\n";
+        let t = parse_topics(text, &p()).unwrap();
+        assert_eq!(t[0].qid, "301");
+        assert_eq!(t[0].title, "International Organized Crime");
+        assert_eq!(t[0].desc, "Identify organizations.");
+        assert_eq!(t[0].narr, "A relevant document must.");
+        assert_eq!(t[0].query(TopicField::TitleDesc), "International Organized Crime Identify organizations.");
+    }
+
+    #[test]
+    fn web_track_xml_and_tsv_topics() {
+        let xml = "<webtrack2009>\n<topic number=\"1\" type=\"faceted\">\n  <query>obama family tree</query>\n  <description>Find information.</description>\n</topic>\n</webtrack2009>";
+        let t = parse_topics(xml, &p()).unwrap();
+        assert_eq!(
+            (t[0].qid.as_str(), t[0].title.as_str(), t[0].desc.as_str()),
+            ("1", "obama family tree", "Find information.")
+        );
+        let t = parse_topics("1\thello world\n2\tbye\n", &p()).unwrap();
+        assert_eq!(t.len(), 2);
+        let err = parse_topics("1\thello\nbroken line\n", &p()).unwrap_err();
+        assert_eq!(err.to_string(), "t:2: expected qid<TAB>query text");
+    }
+
+    #[test]
+    fn qrels_and_runs_report_file_and_line() {
+        let err = Qrels::parse("1 0 d1 1\n1 0 d2\n", &p()).unwrap_err();
+        assert_eq!(err.to_string(), "t:2: expected 4 columns (qid 0 docid grade), found 3");
+        let run = Run::parse("1 Q0 a 1 2.5 x\n1 Q0 a 2 1.0 x\n1 Q0 b 3 1.0 x\n", &p()).unwrap();
+        assert_eq!(run.topics["1"].len(), 2);
+        assert_eq!(run.warnings, ["t:2: duplicate docid a in topic 1 (first kept)"]);
+        let err = Run::parse("1 Q0 a 1 high x\n", &p()).unwrap_err();
+        assert_eq!(err.to_string(), "t:1: score \"high\" is not a number");
+    }
+
+    #[test]
+    fn run_written_in_trec_order() {
+        let run = Run::parse("1 Q0 a 9 1.5 t\n1 Q0 b 9 2.0 t\n1 Q0 c 9 1.5 t\n", &p()).unwrap();
+        let mut out = Vec::new();
+        run.write(&mut out).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "1 Q0 b 1 2 t\n1 Q0 c 2 1.5 t\n1 Q0 a 3 1.5 t\n");
+    }
+
+    #[test]
+    fn folds_are_seeded_and_balanced() {
+        let qids: Vec<String> = (0..23).map(|i| i.to_string()).collect();
+        let a = make_folds(&qids, 5, 7);
+        assert_eq!(a, make_folds(&qids, 5, 7));
+        assert_ne!(a, make_folds(&qids, 5, 8));
+        let mut sizes = [0; 5];
+        for f in a.values() {
+            sizes[*f] += 1;
+        }
+        assert!(sizes.iter().all(|s| *s == 4 || *s == 5), "{sizes:?}");
+    }
+}

@@ -1,0 +1,142 @@
+//! RM3 pseudo-relevance feedback as Anserini's `Rm3Reranker` does it: a relevance model from the top
+//! feedback documents' term vectors, interpolated with the query, then a new BM25 retrieval.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{analyzer, searchable_text, Bm25Params, Collection, Hit, IndexError};
+use crate::corpus::Document;
+
+/// RM3 parameters; the defaults are Anserini's.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct Rm3Params {
+    /// Feedback documents.
+    pub fb_docs: usize,
+    /// Expansion terms kept.
+    pub fb_terms: usize,
+    /// Weight of the original query in the interpolation.
+    pub original_query_weight: f32,
+}
+
+impl Default for Rm3Params {
+    fn default() -> Self {
+        Rm3Params { fb_docs: 10, fb_terms: 10, original_query_weight: 0.5 }
+    }
+}
+
+/// Anserini skips feedback terms found in more than this share of documents (its stop-word heuristic).
+const MAX_DF_RATIO: f32 = 0.1;
+
+impl Collection {
+    /// BM25 with RM3 expansion: retrieve, build the relevance model from the top `fb_docs`, search again
+    /// with the interpolated weighted query.
+    pub fn search_rm3(&self, query: &str, k: usize, bm25: Bm25Params, rm3: Rm3Params) -> Result<Vec<Hit>, IndexError> {
+        let first = self.search(query, rm3.fb_docs.max(1), bm25)?;
+        let expanded = self.expand(query, &first, rm3)?;
+        self.search_weighted(&expanded, k, bm25)
+    }
+
+    /// The interpolated query: `w * P(t|q) + (1 - w) * P(t|R)`, terms sorted by weight.
+    fn expand(&self, query: &str, feedback: &[Hit], rm3: Rm3Params) -> Result<Vec<(String, f32)>, IndexError> {
+        let num_docs = self.num_docs() as f32;
+        let mut df_cache: HashMap<String, bool> = HashMap::new();
+        let mut vectors: Vec<(HashMap<String, f32>, f32)> = Vec::new();
+        for hit in feedback.iter().take(rm3.fb_docs) {
+            let stored = self.document(hit.address)?;
+            let doc = Document { id: stored.docid, title: stored.title, text: stored.text };
+            let mut tf: HashMap<String, f32> = HashMap::new();
+            for term in analyzer::terms(&searchable_text(&doc)) {
+                if !feedback_term(&term) {
+                    continue;
+                }
+                let common = match df_cache.get(&term) {
+                    Some(c) => *c,
+                    None => {
+                        let c = self.doc_freq(&term)? as f32 / num_docs > MAX_DF_RATIO;
+                        df_cache.insert(term.clone(), c);
+                        c
+                    }
+                };
+                if !common {
+                    *tf.entry(term).or_insert(0.0) += 1.0;
+                }
+            }
+            let tf = prune(tf, rm3.fb_terms);
+            vectors.push((tf, hit.score));
+        }
+        let mut model: HashMap<String, f32> = HashMap::new();
+        for (vector, score) in &vectors {
+            let norm: f32 = vector.values().sum();
+            if norm <= 0.001 {
+                continue;
+            }
+            for (term, weight) in vector {
+                *model.entry(term.clone()).or_insert(0.0) += weight / norm * score;
+            }
+        }
+        let model = unit_l1(prune(model, rm3.fb_terms));
+        let mut original: HashMap<String, f32> = HashMap::new();
+        for term in analyzer::terms(query) {
+            *original.entry(term).or_insert(0.0) += 1.0;
+        }
+        let original = unit_l1(original);
+        let w = rm3.original_query_weight;
+        let mut terms: HashMap<String, f32> = HashMap::new();
+        for (t, v) in &original {
+            *terms.entry(t.clone()).or_insert(0.0) += w * v;
+        }
+        for (t, v) in &model {
+            *terms.entry(t.clone()).or_insert(0.0) += (1.0 - w) * v;
+        }
+        let mut terms: Vec<(String, f32)> = terms.into_iter().collect();
+        terms.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        Ok(terms)
+    }
+}
+
+/// Anserini keeps feedback terms of 2 to 20 characters from `[a-z0-9]`.
+fn feedback_term(term: &str) -> bool {
+    (2..=20).contains(&term.len()) && term.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+}
+
+/// The `n` heaviest terms (ties by term, for determinism).
+fn prune(vector: HashMap<String, f32>, n: usize) -> HashMap<String, f32> {
+    let mut terms: Vec<(String, f32)> = vector.into_iter().collect();
+    terms.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    terms.truncate(n);
+    terms.into_iter().collect()
+}
+
+fn unit_l1(vector: HashMap<String, f32>) -> HashMap<String, f32> {
+    let norm: f32 = vector.values().sum();
+    if norm <= 0.0 {
+        return vector;
+    }
+    vector.into_iter().map(|(t, v)| (t, v / norm)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn feedback_terms_follow_anserini_filters() {
+        assert!(feedback_term("wing"));
+        assert!(feedback_term("1859"));
+        assert!(!feedback_term("a"));
+        assert!(!feedback_term("u.s"));
+        assert!(!feedback_term("évian"));
+        assert!(!feedback_term(&"x".repeat(21)));
+    }
+
+    #[test]
+    fn prune_and_normalize() {
+        let v: HashMap<String, f32> =
+            [("a", 3.0), ("b", 1.0), ("c", 2.0)].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        let p = unit_l1(prune(v, 2));
+        assert_eq!(p.len(), 2);
+        assert!((p["a"] - 0.6).abs() < 1e-6 && (p["c"] - 0.4).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,339 @@
+//! Batch jobs over HTTP: submitted runs wait in a queue bounded by `batch.max_concurrent_jobs`, run topic by
+//! topic through the same `BatchPlan` as `longrank batch`, and persist every finished topic, so a job cut
+//! off by a crash or restart resumes from its last finished topic (or is marked interrupted).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{watch, Semaphore};
+use utoipa::ToSchema;
+
+use crate::config::Config;
+use crate::eval::{self, Comparison, EvalError, EvalOptions, Measure, Qrels, Run};
+use crate::rank::{BatchParams, BatchPlan, Engine, RankError};
+use crate::store::{JobRow, JobStatus, NewJob, Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error(transparent)]
+    Rank(#[from] RankError),
+    #[error(transparent)]
+    Input(#[from] EvalError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("no batch job {0:?}")]
+    UnknownJob(String),
+    #[error("job {id} is {status}: {message}")]
+    Conflict { id: String, status: &'static str, message: String },
+    #[error("batch worker failed: {0}")]
+    Worker(String),
+}
+
+/// A batch submission: the parameters and the files' contents.
+#[derive(Debug, Clone, Default)]
+pub struct Submission {
+    pub params: BatchParams,
+    pub topics: String,
+    pub qrels: Option<String>,
+}
+
+/// A job as clients see it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct JobView {
+    pub id: String,
+    pub status: JobStatus,
+    pub created_at: String,
+    pub updated_at: String,
+    pub progress: Progress,
+    /// The batch parameters as submitted.
+    #[schema(value_type = Object)]
+    pub params: serde_json::Value,
+    /// Effective configuration, index, model and version the run was made with.
+    #[schema(value_type = Object)]
+    pub provenance: serde_json::Value,
+    /// Present when qrels were given and the job is done.
+    pub metrics: Option<Metrics>,
+    pub warnings: Vec<String>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Progress {
+    pub done: i64,
+    pub total: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Metrics {
+    pub all: BTreeMap<String, f64>,
+    pub per_topic: BTreeMap<String, BTreeMap<String, f64>>,
+}
+
+/// The job queue and its workers.
+pub struct Jobs {
+    engine: Arc<Engine>,
+    store: Store,
+    config: Config,
+    permits: Arc<Semaphore>,
+    /// Cancellation flags and completion signals of jobs queued or running in this process.
+    live: Mutex<HashMap<String, Live>>,
+}
+
+#[derive(Clone)]
+struct Live {
+    cancel: Arc<AtomicBool>,
+    finished: watch::Receiver<bool>,
+}
+
+impl Jobs {
+    pub fn new(engine: Arc<Engine>, store: Store, config: Config) -> Arc<Jobs> {
+        let permits = Arc::new(Semaphore::new(config.batch.max_concurrent_jobs.max(1)));
+        Arc::new(Jobs { engine, store, config, permits, live: Mutex::new(HashMap::new()) })
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Validates and queues a job; returns its id at once.
+    pub async fn submit(self: &Arc<Self>, submission: Submission) -> Result<String, JobError> {
+        let topics = eval::formats::parse_topics(&submission.topics, &eval::formats::upload_path("topics"))?;
+        if let Some(qrels) = &submission.qrels {
+            Qrels::parse(qrels, &eval::formats::upload_path("qrels"))?;
+        }
+        let total = topics.len() as i64;
+        let plan = self.engine.plan_batch(&submission.params, topics)?;
+        let id = new_job_id();
+        let params = serde_json::to_string(&submission.params).unwrap_or_default();
+        let provenance = self.provenance(&plan).to_string();
+        let job = NewJob {
+            id: &id,
+            params: &params,
+            topics: &submission.topics,
+            qrels: submission.qrels.as_deref(),
+            provenance: &provenance,
+            total,
+        };
+        self.store.create_job(job).await?;
+        self.spawn(id.clone(), plan, submission.qrels);
+        Ok(id)
+    }
+
+    /// Resumes (or marks interrupted) the jobs a previous process left queued or running.
+    pub async fn recover(self: &Arc<Self>) -> Result<(), JobError> {
+        for row in self.store.unfinished_jobs().await? {
+            if !self.config.batch.resume_interrupted {
+                self.store
+                    .set_status(&row.id, JobStatus::Interrupted, Some("the server stopped while the job ran"))
+                    .await?;
+                continue;
+            }
+            let plan = serde_json::from_str::<BatchParams>(&row.params).map_err(|e| e.to_string()).and_then(|params| {
+                let topics = eval::formats::parse_topics(&row.topics, &eval::formats::upload_path("topics"))
+                    .map_err(|e| e.to_string())?;
+                self.engine.plan_batch(&params, topics).map_err(|e| e.to_string())
+            });
+            match plan {
+                Ok(plan) => {
+                    tracing::info!(job = %row.id, done = row.done, total = row.total, "resuming batch job");
+                    self.spawn(row.id.clone(), plan, row.qrels.clone());
+                }
+                Err(e) => {
+                    let message = format!("could not resume after a restart: {e}");
+                    self.store.set_status(&row.id, JobStatus::Interrupted, Some(&message)).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn spawn(self: &Arc<Self>, id: String, plan: BatchPlan, qrels: Option<String>) {
+        let cancel = Arc::new(AtomicBool::new(false));
+        let (done_tx, done_rx) = watch::channel(false);
+        self.live_map().insert(id.clone(), Live { cancel: cancel.clone(), finished: done_rx });
+        let jobs = self.clone();
+        tokio::spawn(async move {
+            let result = jobs.run(&id, Arc::new(plan), qrels, &cancel).await;
+            if let Err(e) = result {
+                tracing::error!(job = %id, "batch job failed: {e}");
+                let _ = jobs.store.set_status(&id, JobStatus::Failed, Some(&e.to_string())).await;
+            }
+            jobs.live_map().remove(&id);
+            let _ = done_tx.send(true);
+        });
+    }
+
+    async fn run(
+        &self,
+        id: &str,
+        plan: Arc<BatchPlan>,
+        qrels: Option<String>,
+        cancel: &AtomicBool,
+    ) -> Result<(), JobError> {
+        let _permit = self.permits.clone().acquire_owned().await.map_err(|e| JobError::Worker(e.to_string()))?;
+        if cancel.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.store.set_status(id, JobStatus::Running, None).await?;
+        let finished: std::collections::HashSet<i64> = self.store.finished_topics(id).await?.into_iter().collect();
+        for seq in 0..plan.topics.len() {
+            if finished.contains(&(seq as i64)) {
+                continue;
+            }
+            if cancel.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            let (engine, plan_ref) = (self.engine.clone(), plan.clone());
+            let ranked = tokio::task::spawn_blocking(move || plan_ref.run_topic(&engine, &plan_ref.topics[seq]))
+                .await
+                .map_err(|e| JobError::Worker(e.to_string()))??;
+            let qid = &plan.topics[seq].qid;
+            let mut run = Run { tag: plan.tag.clone(), ..Default::default() };
+            run.topics.insert(qid.clone(), ranked);
+            let mut text = Vec::new();
+            run.write(&mut text).expect("writing to memory");
+            self.store.add_topic(id, seq as i64, qid, &String::from_utf8_lossy(&text)).await?;
+        }
+        let (metrics, warnings) = self.evaluate(id, qrels.as_deref()).await?;
+        let metrics = metrics.map(|m| serde_json::to_string(&m).unwrap_or_default());
+        let warnings = serde_json::to_string(&warnings).unwrap_or_default();
+        self.store.finish(id, JobStatus::Done, metrics.as_deref(), &warnings).await?;
+        Ok(())
+    }
+
+    /// Metrics of the run exactly as `GET /batch/{id}/run` serves it.
+    async fn evaluate(&self, id: &str, qrels: Option<&str>) -> Result<(Option<Metrics>, Vec<String>), JobError> {
+        let Some(qrels) = qrels else { return Ok((None, Vec::new())) };
+        let run = Run::parse(&self.store.run_text(id).await?, &eval::formats::upload_path("run"))?;
+        let qrels = Qrels::parse(qrels, &eval::formats::upload_path("qrels"))?;
+        let mut warnings = run.warnings.clone();
+        for qid in qrels.topics.keys().filter(|q| !run.topics.contains_key(*q)) {
+            warnings.push(format!("qrels topic {qid} is not in the run (left out of the means)"));
+        }
+        let evaluation = eval::evaluate(&run, &qrels, &Measure::all(), EvalOptions::default());
+        let per_topic = evaluation.per_topic.iter().map(|(q, v)| (q.clone(), v.iter().cloned().collect())).collect();
+        Ok((Some(Metrics { all: evaluation.all_map(), per_topic }), warnings))
+    }
+
+    pub async fn get(&self, id: &str) -> Result<JobView, JobError> {
+        let row = self.store.job(id).await?.ok_or_else(|| JobError::UnknownJob(id.to_string()))?;
+        Ok(view(row))
+    }
+
+    /// Every job, newest first.
+    pub async fn list(&self) -> Result<Vec<JobView>, JobError> {
+        Ok(self.store.jobs().await?.into_iter().map(view).collect())
+    }
+
+    /// Waits until a job of this process finishes (immediately for others).
+    pub async fn wait(&self, id: &str) -> Result<JobView, JobError> {
+        let live = self.live_map().get(id).cloned();
+        if let Some(mut live) = live {
+            let _ = live.finished.wait_for(|done| *done).await;
+        }
+        self.get(id).await
+    }
+
+    /// The TREC run of a finished job.
+    pub async fn run_file(&self, id: &str) -> Result<String, JobError> {
+        let row = self.store.job(id).await?.ok_or_else(|| JobError::UnknownJob(id.to_string()))?;
+        if row.status != JobStatus::Done {
+            return Err(JobError::Conflict {
+                id: row.id,
+                status: row.status.as_str(),
+                message: "the run is complete only when the job is done".into(),
+            });
+        }
+        Ok(self.store.run_text(id).await?)
+    }
+
+    /// Cancels a queued or running job.
+    pub async fn cancel(&self, id: &str) -> Result<JobView, JobError> {
+        let row = self.store.job(id).await?.ok_or_else(|| JobError::UnknownJob(id.to_string()))?;
+        if row.status.is_finished() {
+            return Err(JobError::Conflict {
+                id: row.id,
+                status: row.status.as_str(),
+                message: "only queued or running jobs can be cancelled".into(),
+            });
+        }
+        if let Some(live) = self.live_map().get(id) {
+            live.cancel.store(true, Ordering::Release);
+        }
+        self.store.set_status(id, JobStatus::Cancelled, None).await?;
+        self.get(id).await
+    }
+
+    /// What `longrank compare` gives for two finished jobs with qrels (the first job's qrels judge both).
+    pub async fn compare(&self, a: &str, b: &str) -> Result<Vec<Comparison>, JobError> {
+        let mut evaluations = Vec::new();
+        let qrels_a = self.store.job(a).await?.ok_or_else(|| JobError::UnknownJob(a.to_string()))?.qrels;
+        for id in [a, b] {
+            let row = self.store.job(id).await?.ok_or_else(|| JobError::UnknownJob(id.to_string()))?;
+            if row.status != JobStatus::Done {
+                return Err(JobError::Conflict {
+                    id: row.id,
+                    status: row.status.as_str(),
+                    message: "compare needs finished jobs".into(),
+                });
+            }
+            let Some(qrels) = &qrels_a else {
+                return Err(JobError::Conflict {
+                    id: a.to_string(),
+                    status: "done",
+                    message: "compare needs qrels; this job had none".into(),
+                });
+            };
+            let qrels = Qrels::parse(qrels, &eval::formats::upload_path("qrels"))?;
+            let run = Run::parse(&self.store.run_text(id).await?, &eval::formats::upload_path("run"))?;
+            evaluations.push(eval::evaluate(&run, &qrels, &Measure::all(), EvalOptions::default()));
+        }
+        Ok(eval::compare(&evaluations[0], &evaluations[1]))
+    }
+
+    fn provenance(&self, plan: &BatchPlan) -> serde_json::Value {
+        serde_json::json!({
+            "longrank_version": env!("CARGO_PKG_VERSION"),
+            "configuration": self.config,
+            "options": plan.options,
+            "field": plan.field,
+            "tag": plan.tag,
+            "collection": {
+                "name": plan.collection.name(),
+                "documents": plan.collection.num_docs(),
+                "built_at": plan.collection.built_at().map(crate::store::format_time),
+            },
+            "model": serde_json::Value::Null,
+        })
+    }
+
+    fn live_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn view(row: JobRow) -> JobView {
+    let json = |s: &str| serde_json::from_str(s).unwrap_or(serde_json::Value::Null);
+    JobView {
+        progress: Progress { done: row.done, total: row.total },
+        params: json(&row.params),
+        provenance: json(&row.provenance),
+        metrics: row.metrics.as_deref().and_then(|m| serde_json::from_str(m).ok()),
+        warnings: serde_json::from_str(&row.warnings).unwrap_or_default(),
+        id: row.id,
+        status: row.status,
+        created_at: row.created_at,
+        updated_at: row.updated_at,
+        error: row.error,
+    }
+}
+
+/// Sortable, unique job ids: creation time in microseconds plus a process counter.
+fn new_job_id() -> String {
+    use std::sync::atomic::AtomicU64;
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let micros = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros());
+    format!("{micros:016x}{:04x}", COUNTER.fetch_add(1, Ordering::Relaxed) & 0xffff)
+}

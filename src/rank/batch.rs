@@ -1,0 +1,71 @@
+//! Batch runs: every topic of a topic file through the same pipeline as `/search`, as a TREC run. The CLI
+//! (`longrank batch`) and the HTTP jobs (`POST /batch`) both plan with `Engine::plan_batch` and run topics
+//! with `BatchPlan::run_topic`.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::{Engine, RankError, RankOptions};
+use crate::eval::{Scored, Topic, TopicField};
+use crate::index::{Bm25Params, Collection, Rm3Params};
+
+/// Results per topic when a batch names no k (trec_eval's customary depth).
+pub const DEFAULT_BATCH_K: i64 = 1000;
+
+/// How to run a batch (everything but the files).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchParams {
+    pub collection: Option<String>,
+    /// Pipeline name (default `bm25`).
+    pub pipeline: Option<String>,
+    /// Documents per topic (default 1000).
+    pub k: Option<i64>,
+    /// First-stage candidates per topic for re-ranking pipelines.
+    pub depth: Option<i64>,
+    /// Topic field used as the query (default `title`).
+    #[serde(default)]
+    pub field: TopicField,
+    /// Run tag, the run file's last column (default `longrank-PIPELINE`).
+    pub tag: Option<String>,
+    pub bm25: Option<Bm25Params>,
+    pub rm3: Option<Rm3Params>,
+}
+
+/// A validated batch: the collection, the topics and the ranking options.
+pub struct BatchPlan {
+    pub collection: Arc<Collection>,
+    pub topics: Vec<Topic>,
+    pub field: TopicField,
+    pub options: RankOptions,
+    pub tag: String,
+}
+
+impl Engine {
+    /// Validates a batch before it runs, so a bad request fails at once rather than at its first topic.
+    pub fn plan_batch(&self, params: &BatchParams, topics: Vec<Topic>) -> Result<BatchPlan, RankError> {
+        let k = Some(params.k.unwrap_or(DEFAULT_BATCH_K));
+        let options = self.options(k, params.depth, params.pipeline.as_deref(), params.bm25, params.rm3)?;
+        let collection = self.collection(params.collection.as_deref())?;
+        for topic in &topics {
+            self.check_query(&topic.query(params.field))
+                .map_err(|e| RankError::InvalidParameter(format!("topic {}: {e}", topic.qid)))?;
+        }
+        let tag = params.tag.clone().unwrap_or_else(|| format!("longrank-{}", options.pipeline.name()));
+        if tag.is_empty() || tag.contains(char::is_whitespace) {
+            return Err(RankError::InvalidParameter(format!("run tag {tag:?} must be one word")));
+        }
+        Ok(BatchPlan { collection, topics, field: params.field, options, tag })
+    }
+}
+
+impl BatchPlan {
+    /// The ranked documents of one topic.
+    pub fn run_topic(&self, engine: &Engine, topic: &Topic) -> Result<Vec<Scored>, RankError> {
+        let query = topic.query(self.field);
+        let hits = engine.retrieve(&self.collection, engine.check_query(&query)?, &self.options)?;
+        Ok(hits.into_iter().take(self.options.k).map(|h| Scored { docid: h.docid, score: h.score as f64 }).collect())
+    }
+}

@@ -1,0 +1,180 @@
+//! `/batch`: TREC topic files in, runs and metrics out, as queued jobs.
+
+use std::collections::HashMap;
+
+use axum::extract::{FromRequest, Multipart, Request, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use utoipa::{IntoParams, ToSchema};
+
+use crate::eval::{Comparison, TopicField};
+use crate::index::{Bm25Params, Rm3Params};
+use crate::jobs::{JobView, Submission};
+use crate::rank::BatchParams;
+use crate::server::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody};
+use crate::server::AppState;
+
+/// A batch request: the topic file's content, optional qrels, and how to run it. As JSON, or as a multipart
+/// upload with the same field names (`bm25` and `rm3` then hold JSON objects).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchRequest {
+    /// The topic file: TREC `<top>`, web-track XML or `qid<TAB>text`.
+    pub topics: String,
+    /// TREC qrels (`qid 0 docid grade`); metrics are computed when given.
+    pub qrels: Option<String>,
+    pub collection: Option<String>,
+    pub pipeline: Option<String>,
+    /// Documents per topic (default 1000).
+    pub k: Option<i64>,
+    pub depth: Option<i64>,
+    #[serde(default)]
+    pub field: TopicField,
+    pub tag: Option<String>,
+    pub bm25: Option<Bm25Params>,
+    pub rm3: Option<Rm3Params>,
+}
+
+impl From<BatchRequest> for Submission {
+    fn from(r: BatchRequest) -> Submission {
+        let params = BatchParams {
+            collection: r.collection,
+            pipeline: r.pipeline,
+            k: r.k,
+            depth: r.depth,
+            field: r.field,
+            tag: r.tag,
+            bm25: r.bm25,
+            rm3: r.rm3,
+        };
+        Submission { params, topics: r.topics, qrels: r.qrels }
+    }
+}
+
+/// JSON or multipart, into one `BatchRequest`.
+pub struct BatchUpload(BatchRequest);
+
+impl<S: Send + Sync> FromRequest<S> for BatchUpload {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+        let multipart = request
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("multipart/form-data"));
+        if !multipart {
+            let ApiJson(body) = ApiJson::<BatchRequest>::from_request(request, state).await?;
+            return Ok(BatchUpload(body));
+        }
+        let invalid = |e: axum::extract::multipart::MultipartError| {
+            let status = e.status();
+            let code = if status == StatusCode::PAYLOAD_TOO_LARGE { "body_too_large" } else { "invalid_body" };
+            ApiError::new(status, code, e.body_text())
+        };
+        let mut form = Multipart::from_request(request, state)
+            .await
+            .map_err(|e| ApiError::new(e.status(), "invalid_body", e.body_text()))?;
+        let mut fields = HashMap::new();
+        while let Some(field) = form.next_field().await.map_err(invalid)? {
+            let name = field.name().unwrap_or_default().to_string();
+            let text = field.text().await.map_err(invalid)?;
+            fields.insert(name, text);
+        }
+        let mut object = serde_json::Map::new();
+        for (name, text) in fields {
+            let value = match name.as_str() {
+                "k" | "depth" | "bm25" | "rm3" => {
+                    serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))
+                }
+                _ => serde_json::Value::String(text),
+            };
+            object.insert(name, value);
+        }
+        serde_json::from_value(serde_json::Value::Object(object))
+            .map(BatchUpload)
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", format!("invalid multipart form: {e}")))
+    }
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct WaitParams {
+    /// Answer when the job has finished (for small topic files).
+    wait: Option<bool>,
+}
+
+/// Start a batch run.
+#[utoipa::path(post, path = "/batch", tag = "batch", request_body(content = BatchRequest, content_type = "application/json"),
+    params(WaitParams),
+    responses(
+        (status = 202, description = "queued; the body holds the job id", body = JobView),
+        (status = 200, description = "finished (with ?wait=true)", body = JobView),
+        (status = 400, body = ErrorBody),
+        (status = 404, description = "unknown collection", body = ErrorBody),
+        (status = 413, body = ErrorBody),
+        (status = 422, description = "malformed topic or qrels file (the message names the line), unknown pipeline", body = ErrorBody),
+    ))]
+pub async fn submit(
+    State(state): State<AppState>,
+    ApiQuery(params): ApiQuery<WaitParams>,
+    BatchUpload(request): BatchUpload,
+) -> Result<Response, ApiError> {
+    let id = state.jobs().submit(request.into()).await?;
+    if params.wait.unwrap_or(false) {
+        return Ok(Json(state.jobs().wait(&id).await?).into_response());
+    }
+    Ok((StatusCode::ACCEPTED, Json(state.jobs().get(&id).await?)).into_response())
+}
+
+/// Every job, newest first.
+#[utoipa::path(get, path = "/batch", tag = "batch", responses((status = 200, body = Vec<JobView>)))]
+pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<JobView>>, ApiError> {
+    Ok(Json(state.jobs().list().await?))
+}
+
+/// A job: status, progress, metrics (when qrels were given), warnings, parameters and provenance.
+#[utoipa::path(get, path = "/batch/{id}", tag = "batch", params(("id" = String, Path)),
+    responses((status = 200, body = JobView), (status = 404, body = ErrorBody)))]
+pub async fn get(State(state): State<AppState>, ApiPath(id): ApiPath<String>) -> Result<Json<JobView>, ApiError> {
+    Ok(Json(state.jobs().get(&id).await?))
+}
+
+/// The TREC run file of a finished job.
+#[utoipa::path(get, path = "/batch/{id}/run", tag = "batch", params(("id" = String, Path)),
+    responses((status = 200, content_type = "text/plain", body = String), (status = 404, body = ErrorBody), (status = 409, description = "not done", body = ErrorBody)))]
+pub async fn run_file(State(state): State<AppState>, ApiPath(id): ApiPath<String>) -> Result<Response, ApiError> {
+    let text = state.jobs().run_file(&id).await?;
+    let disposition = format!("attachment; filename=\"{id}.run\"");
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8".to_string()), (header::CONTENT_DISPOSITION, disposition)],
+        text,
+    )
+        .into_response())
+}
+
+/// Cancel a queued or running job.
+#[utoipa::path(delete, path = "/batch/{id}", tag = "batch", params(("id" = String, Path)),
+    responses((status = 200, body = JobView), (status = 404, body = ErrorBody), (status = 409, description = "already finished", body = ErrorBody)))]
+pub async fn cancel(State(state): State<AppState>, ApiPath(id): ApiPath<String>) -> Result<Json<JobView>, ApiError> {
+    Ok(Json(state.jobs().cancel(&id).await?))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct CompareParams {
+    a: String,
+    b: String,
+}
+
+/// Compare two finished jobs: per measure the means, delta, paired t-test p-value, wins/ties/losses.
+#[utoipa::path(get, path = "/batch/compare", tag = "batch", params(CompareParams),
+    responses((status = 200, body = Vec<Comparison>), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn compare(
+    State(state): State<AppState>,
+    ApiQuery(p): ApiQuery<CompareParams>,
+) -> Result<Json<Vec<Comparison>>, ApiError> {
+    Ok(Json(state.jobs().compare(&p.a, &p.b).await?))
+}

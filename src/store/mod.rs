@@ -1,0 +1,337 @@
+//! The embedded SQLite database (WAL) through sqlx: batch jobs, their runs topic by topic, and the query
+//! log. The schema lives in `migrations/`, applied at start. Queries are checked at run time (sqlx's
+//! compile-time macros would need a database at build time).
+
+use std::path::Path;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Row, SqlitePool};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database: {0}")]
+    Sqlx(#[from] sqlx::Error),
+    #[error("database migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+/// A job's lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum JobStatus {
+    Queued,
+    Running,
+    Done,
+    Failed,
+    Cancelled,
+    Interrupted,
+}
+
+impl JobStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Queued => "queued",
+            JobStatus::Running => "running",
+            JobStatus::Done => "done",
+            JobStatus::Failed => "failed",
+            JobStatus::Cancelled => "cancelled",
+            JobStatus::Interrupted => "interrupted",
+        }
+    }
+
+    fn parse(s: &str) -> JobStatus {
+        match s {
+            "queued" => JobStatus::Queued,
+            "running" => JobStatus::Running,
+            "done" => JobStatus::Done,
+            "failed" => JobStatus::Failed,
+            "cancelled" => JobStatus::Cancelled,
+            _ => JobStatus::Interrupted,
+        }
+    }
+
+    pub fn is_finished(self) -> bool {
+        matches!(self, JobStatus::Done | JobStatus::Failed | JobStatus::Cancelled | JobStatus::Interrupted)
+    }
+}
+
+/// A job as stored.
+#[derive(Debug, Clone)]
+pub struct JobRow {
+    pub id: String,
+    pub status: JobStatus,
+    pub created_at: String,
+    pub updated_at: String,
+    pub params: String,
+    pub topics: String,
+    pub qrels: Option<String>,
+    pub provenance: String,
+    pub total: i64,
+    pub done: i64,
+    pub warnings: String,
+    pub metrics: Option<String>,
+    pub error: Option<String>,
+}
+
+/// What a new job starts with.
+pub struct NewJob<'a> {
+    pub id: &'a str,
+    pub params: &'a str,
+    pub topics: &'a str,
+    pub qrels: Option<&'a str>,
+    pub provenance: &'a str,
+    pub total: i64,
+}
+
+/// One search, for the query log.
+pub struct QueryLogEntry<'a> {
+    pub query: &'a str,
+    pub collection: Option<&'a str>,
+    pub pipeline: &'a str,
+    pub latency_ms: f64,
+    pub results: i64,
+}
+
+#[derive(Clone)]
+pub struct Store {
+    pool: SqlitePool,
+}
+
+const JOB_COLUMNS: &str = "id, status, created_at, updated_at, params, topics, qrels, provenance, total, warnings, \
+    metrics, error, (SELECT COUNT(*) FROM job_topics t WHERE t.job_id = jobs.id) AS done";
+
+impl Store {
+    /// Opens (creating if needed) the database and applies the migrations.
+    pub async fn open(path: &Path) -> Result<Store, StoreError> {
+        if let Some(parent) = path.parent() {
+            let _ = std::fs::create_dir_all(parent);
+        }
+        let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            // With WAL, NORMAL survives a process crash (kill -9); only power loss can drop the last commits.
+            .synchronous(SqliteSynchronous::Normal)
+            .foreign_keys(true)
+            .busy_timeout(std::time::Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
+        sqlx::migrate!("./migrations").run(&pool).await?;
+        Ok(Store { pool })
+    }
+
+    pub async fn create_job(&self, job: NewJob<'_>) -> Result<(), StoreError> {
+        let now = now_rfc3339();
+        sqlx::query(
+            "INSERT INTO jobs (id, status, created_at, updated_at, params, topics, qrels, provenance, total) \
+             VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(job.id)
+        .bind(&now)
+        .bind(&now)
+        .bind(job.params)
+        .bind(job.topics)
+        .bind(job.qrels)
+        .bind(job.provenance)
+        .bind(job.total)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Moves a job that is not finished to `status` (a cancelled or failed job stays so).
+    pub async fn set_status(&self, id: &str, status: JobStatus, error: Option<&str>) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE jobs SET status = ?, error = COALESCE(?, error), updated_at = ? \
+             WHERE id = ? AND status IN ('queued', 'running')",
+        )
+        .bind(status.as_str())
+        .bind(error)
+        .bind(now_rfc3339())
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Records a finished topic; a topic already recorded (a resumed job) is left as it was.
+    pub async fn add_topic(&self, id: &str, seq: i64, qid: &str, run: &str) -> Result<(), StoreError> {
+        sqlx::query("INSERT OR IGNORE INTO job_topics (job_id, seq, qid, run) VALUES (?, ?, ?, ?)")
+            .bind(id)
+            .bind(seq)
+            .bind(qid)
+            .bind(run)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Positions of the topics already finished.
+    pub async fn finished_topics(&self, id: &str) -> Result<Vec<i64>, StoreError> {
+        let rows = sqlx::query("SELECT seq FROM job_topics WHERE job_id = ? ORDER BY seq")
+            .bind(id)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(|r| r.try_get::<i64, _>("seq").map_err(StoreError::from)).collect()
+    }
+
+    /// Completes a running job (unless it was cancelled meanwhile).
+    pub async fn finish(
+        &self,
+        id: &str,
+        status: JobStatus,
+        metrics: Option<&str>,
+        warnings: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE jobs SET status = ?, metrics = ?, warnings = ?, updated_at = ? WHERE id = ? AND status = 'running'",
+        )
+        .bind(status.as_str())
+        .bind(metrics)
+        .bind(warnings)
+        .bind(now_rfc3339())
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn job(&self, id: &str) -> Result<Option<JobRow>, StoreError> {
+        let row = sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| job_row(&r)).transpose()
+    }
+
+    /// Every job, newest first.
+    pub async fn jobs(&self) -> Result<Vec<JobRow>, StoreError> {
+        let rows = sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs ORDER BY created_at DESC, id DESC"))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(job_row).collect()
+    }
+
+    /// Jobs a crash or restart cut off.
+    pub async fn unfinished_jobs(&self) -> Result<Vec<JobRow>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE status IN ('queued', 'running') ORDER BY created_at, id"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(job_row).collect()
+    }
+
+    /// The job's TREC run, topics in topic-file order.
+    pub async fn run_text(&self, id: &str) -> Result<String, StoreError> {
+        let rows = sqlx::query("SELECT run FROM job_topics WHERE job_id = ? ORDER BY seq")
+            .bind(id)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut text = String::new();
+        for row in rows {
+            text.push_str(row.try_get::<&str, _>("run")?);
+        }
+        Ok(text)
+    }
+
+    pub async fn log_query(&self, entry: QueryLogEntry<'_>) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO query_log (at, query, collection, pipeline, latency_ms, results) VALUES (?, ?, ?, ?, ?, ?)",
+        )
+        .bind(now_rfc3339())
+        .bind(entry.query)
+        .bind(entry.collection)
+        .bind(entry.pipeline)
+        .bind(entry.latency_ms)
+        .bind(entry.results)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// `PRAGMA integrity_check`: "ok" when the database is sound.
+    pub async fn integrity_check(&self) -> Result<String, StoreError> {
+        Ok(sqlx::query("PRAGMA integrity_check").fetch_one(&self.pool).await?.try_get::<String, _>(0)?)
+    }
+}
+
+fn job_row(r: &sqlx::sqlite::SqliteRow) -> Result<JobRow, StoreError> {
+    Ok(JobRow {
+        id: r.try_get("id")?,
+        status: JobStatus::parse(r.try_get("status")?),
+        created_at: r.try_get("created_at")?,
+        updated_at: r.try_get("updated_at")?,
+        params: r.try_get("params")?,
+        topics: r.try_get("topics")?,
+        qrels: r.try_get("qrels")?,
+        provenance: r.try_get("provenance")?,
+        total: r.try_get("total")?,
+        done: r.try_get("done")?,
+        warnings: r.try_get("warnings")?,
+        metrics: r.try_get("metrics")?,
+        error: r.try_get("error")?,
+    })
+}
+
+/// The current UTC time as RFC 3339 with milliseconds (sortable as text).
+pub fn now_rfc3339() -> String {
+    format_time(std::time::SystemTime::now())
+}
+
+/// A time as RFC 3339 UTC with milliseconds.
+pub fn format_time(t: std::time::SystemTime) -> String {
+    let since = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    rfc3339(since.as_secs() as i64, since.subsec_millis())
+}
+
+fn rfc3339(secs: i64, millis: u32) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + (month <= 2) as i64;
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(1_795_996_800 + 3_723, 45), "2026-11-30T01:02:03.045Z");
+        assert_eq!(rfc3339(951_782_400, 0), "2000-02-29T00:00:00.000Z");
+    }
+
+    #[tokio::test]
+    async fn jobs_round_trip_and_resume_points() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db.sqlite")).await.unwrap();
+        let job = NewJob { id: "j1", params: "{}", topics: "1\tx\n", qrels: None, provenance: "{}", total: 2 };
+        store.create_job(job).await.unwrap();
+        store.add_topic("j1", 1, "2", "2 Q0 d 1 1 t\n").await.unwrap();
+        store.add_topic("j1", 0, "1", "1 Q0 d 1 1 t\n").await.unwrap();
+        store.add_topic("j1", 0, "1", "ignored\n").await.unwrap();
+        assert_eq!(store.finished_topics("j1").await.unwrap(), vec![0, 1]);
+        assert_eq!(store.run_text("j1").await.unwrap(), "1 Q0 d 1 1 t\n2 Q0 d 1 1 t\n");
+        let row = store.job("j1").await.unwrap().unwrap();
+        assert_eq!((row.status, row.done, row.total), (JobStatus::Queued, 2, 2));
+        assert_eq!(store.unfinished_jobs().await.unwrap().len(), 1);
+        store.set_status("j1", JobStatus::Running, None).await.unwrap();
+        store.finish("j1", JobStatus::Done, Some("{}"), "[]").await.unwrap();
+        assert_eq!(store.job("j1").await.unwrap().unwrap().status, JobStatus::Done);
+        store.set_status("j1", JobStatus::Cancelled, None).await.unwrap();
+        assert_eq!(store.job("j1").await.unwrap().unwrap().status, JobStatus::Done, "finished jobs stay finished");
+        assert!(store.unfinished_jobs().await.unwrap().is_empty());
+        assert_eq!(store.integrity_check().await.unwrap(), "ok");
+    }
+}

@@ -1,0 +1,117 @@
+//! Evaluation against trec_eval's own numbers, and the real TREC topic files.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use longrank::eval::{self, EvalOptions, Measure, Qrels, Run, TopicField};
+
+use crate::common::{cli_ok, data, shared};
+
+/// Every row of ../shared/reference/trec_eval/X.expected.tsv, recomputed, agrees to 1e-6.
+fn check_reference(name: &str, qrels: &str) {
+    let dir = shared().join("reference/trec_eval");
+    let run = Run::read(&dir.join(format!("{name}.run"))).unwrap();
+    let qrels = Qrels::read(&data(qrels)).unwrap();
+    let expected = std::fs::read_to_string(dir.join(format!("{name}.expected.tsv"))).unwrap();
+    let mut lines = expected.lines();
+    let header: Vec<&str> = lines.next().unwrap().split('\t').collect();
+    let measures = Measure::parse_all(&header[1..].iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+    let evaluation = eval::evaluate(&run, &qrels, &measures, EvalOptions::default());
+    let mut rows = 0;
+    for line in lines {
+        let cols: Vec<&str> = line.split('\t').collect();
+        let got: BTreeMap<String, f64> = if cols[0] == "all" {
+            evaluation.all_map()
+        } else {
+            evaluation
+                .per_topic
+                .get(cols[0])
+                .unwrap_or_else(|| panic!("{name}: topic {} not evaluated", cols[0]))
+                .iter()
+                .cloned()
+                .collect()
+        };
+        for (measure, value) in header[1..].iter().zip(&cols[1..]) {
+            let want: f64 = value.parse().unwrap();
+            let have = got[*measure];
+            assert!((have - want).abs() <= 1e-6, "{name} {} {measure}: {have} vs trec_eval {want}", cols[0]);
+        }
+        rows += 1;
+    }
+    assert_eq!(rows, evaluation.per_topic.len() + 1, "{name}: every evaluated topic has a reference row");
+}
+
+#[test]
+fn cranfield_graded_qrels_match_trec_eval() {
+    check_reference("cranfield.bm25", "cranfield/qrels.txt");
+}
+
+#[test]
+fn medline_matches_trec_eval() {
+    check_reference("medline.bm25", "medline/qrels.txt");
+}
+
+#[test]
+fn robust04_ties_and_unjudged_documents_match_trec_eval() {
+    check_reference("robust04.random-ties", "robust04-topics-qrels/qrels.txt");
+}
+
+fn titles(rel: &str) -> Vec<(String, String)> {
+    std::fs::read_to_string(data(rel))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (q, t) = l.split_once('\t').unwrap();
+            (q.to_string(), t.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn real_topic_files_parse_with_the_right_ids_and_texts() {
+    let robust = eval::read_topics(&data("robust04-topics-qrels/raw/topics.robust04.txt.gz")).unwrap();
+    assert_eq!(robust.len(), 250);
+    let want = titles("robust04-topics-qrels/topics.tsv");
+    for (topic, (qid, title)) in robust.iter().zip(&want) {
+        assert_eq!((&topic.qid, &topic.title), (qid, title));
+    }
+    let desc = titles("robust04-topics-qrels/topics.desc.tsv");
+    assert_eq!(robust[0].query(TopicField::Desc), desc[0].1);
+
+    let mut gov2 = Vec::new();
+    for f in
+        ["topics.terabyte04.701-750.txt.gz", "topics.terabyte05.751-800.txt.gz", "topics.terabyte06.801-850.txt.gz"]
+    {
+        gov2.extend(eval::read_topics(&data(&format!("gov2-terabyte-topics-qrels/raw/{f}"))).unwrap());
+    }
+    assert_eq!(gov2.len(), 150);
+    let want = titles("gov2-terabyte-topics-qrels/topics.tsv");
+    for (topic, (qid, title)) in gov2.iter().zip(&want) {
+        assert_eq!((&topic.qid, &topic.title), (qid, title));
+    }
+
+    let dl = eval::read_topics(&data("msmarco-doc-dl19-topics-qrels/raw/topics.dl19-doc.txt.gz")).unwrap();
+    assert_eq!(dl.len(), 43);
+    assert_eq!((dl[0].qid.as_str(), dl[0].title.as_str()), ("156493", "do goldfish grow"));
+}
+
+#[test]
+fn eval_cli_prints_trec_eval_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = shared().join("reference/trec_eval");
+    let run: PathBuf = reference.join("cranfield.bm25.run");
+    let qrels = data("cranfield/qrels.txt");
+    let out = cli_ok(dir.path(), &["eval", run.to_str().unwrap(), qrels.to_str().unwrap()]);
+    assert!(out.contains("runid                 \tall\trefbm25\n"), "{out}");
+    assert!(out.contains("num_q                 \tall\t225\n"), "{out}");
+    assert!(out.contains("map                   \tall\t0.2693\n"), "{out}");
+    assert!(out.contains("iprec_at_recall_0.50"), "{out}");
+    assert!(out.contains("P_1000"), "{out}");
+    let out = cli_ok(
+        dir.path(),
+        &["eval", "-q", "-m", "ndcg_cut.10", "-m", "P.5", run.to_str().unwrap(), qrels.to_str().unwrap()],
+    );
+    assert!(out.contains("ndcg_cut_10           \t1\t0.4126\n"), "{out}");
+    assert!(out.contains("P_5                   \tall\t0.3040\n"), "{out}");
+    assert!(!out.contains("map"), "{out}");
+}
