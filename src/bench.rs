@@ -61,6 +61,14 @@ pub fn search(b: SearchBench) -> anyhow::Result<()> {
         }
     });
     let addr = rx.recv_timeout(Duration::from_secs(30)).context("bench server did not start")?;
+    let health = format!("http://{addr}/health");
+    let ready = Instant::now() + Duration::from_secs(30);
+    while ureq::get(&health).call().is_err() {
+        if Instant::now() > ready {
+            bail!("bench server never became ready");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let url = format!("http://{addr}/search");
     for &clients in b.clients {
         let deadline = Instant::now() + Duration::from_secs_f64(b.seconds);

@@ -107,7 +107,7 @@ impl Jobs {
         let plan = self.engine.plan_batch(&submission.params, topics)?;
         let id = new_job_id();
         let params = serde_json::to_string(&submission.params).unwrap_or_default();
-        let provenance = self.provenance(&plan).to_string();
+        let provenance = self.provenance(&plan);
         let job = NewJob {
             id: &id,
             params: &params,
@@ -293,20 +293,39 @@ impl Jobs {
         Ok(eval::compare(&evaluations[0], &evaluations[1]))
     }
 
-    fn provenance(&self, plan: &BatchPlan) -> serde_json::Value {
-        serde_json::json!({
-            "longrank_version": env!("CARGO_PKG_VERSION"),
-            "configuration": self.config,
-            "options": plan.options,
-            "field": plan.field,
-            "tag": plan.tag,
-            "collection": {
-                "name": plan.collection.name(),
-                "documents": plan.collection.num_docs(),
-                "built_at": plan.collection.built_at().map(crate::store::format_time),
+    /// Serialized directly (not through `serde_json::Value`, which would print f32 settings as f64).
+    fn provenance(&self, plan: &BatchPlan) -> String {
+        #[derive(Serialize)]
+        struct Provenance<'a> {
+            longrank_version: &'static str,
+            configuration: &'a Config,
+            options: &'a crate::rank::RankOptions,
+            field: &'a eval::TopicField,
+            tag: &'a str,
+            collection: CollectionProvenance<'a>,
+            /// Name and weights hash of the model; null for first-stage pipelines.
+            model: Option<()>,
+        }
+        #[derive(Serialize)]
+        struct CollectionProvenance<'a> {
+            name: &'a str,
+            documents: u64,
+            built_at: Option<String>,
+        }
+        let provenance = Provenance {
+            longrank_version: env!("CARGO_PKG_VERSION"),
+            configuration: &self.config,
+            options: &plan.options,
+            field: &plan.field,
+            tag: &plan.tag,
+            collection: CollectionProvenance {
+                name: plan.collection.name(),
+                documents: plan.collection.num_docs(),
+                built_at: plan.collection.built_at().map(crate::store::format_time),
             },
-            "model": serde_json::Value::Null,
-        })
+            model: None,
+        };
+        serde_json::to_string(&provenance).unwrap_or_default()
     }
 
     fn live_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {

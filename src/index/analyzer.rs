@@ -27,18 +27,10 @@ pub struct Token {
 
 /// Analyzes text into terms with their byte offsets.
 pub fn tokens(text: &str) -> Vec<Token> {
-    let mut out = Vec::new();
-    for (start, word) in text.unicode_word_indices() {
-        let word = strip_possessive(word);
-        let mut pieces = word.char_indices().step_by(MAX_TOKEN_CHARS).map(|(i, _)| i).peekable();
-        while let Some(from) = pieces.next() {
-            let to = pieces.peek().copied().unwrap_or(word.len());
-            if let Some(term) = term(&word[from..to]) {
-                out.push(Token { term, span: start + from..start + to });
-            }
-        }
-    }
-    out
+    Pieces::new(text)
+        .filter(|(_, piece)| !is_stop(piece))
+        .map(|(span, piece)| Token { term: cached_stem(piece.to_lowercase()), span })
+        .collect()
 }
 
 /// Analyzes text into terms only.
@@ -46,12 +38,102 @@ pub fn terms(text: &str) -> Vec<String> {
     tokens(text).into_iter().map(|t| t.term).collect()
 }
 
-fn term(word: &str) -> Option<String> {
-    let lower = word.to_lowercase();
-    if STOP_WORDS.contains(&lower.as_str()) {
-        return None;
+/// How many terms `tokens` would give, without stemming or allocating (the exact document length BM25
+/// uses, computed before tantivy's indexing threads analyze the text).
+pub fn count_terms(text: &str) -> usize {
+    Pieces::new(text).filter(|(_, piece)| !is_stop(piece)).count()
+}
+
+/// A stop word, compared without allocating (the list is ASCII; no non-ASCII letter lower-cases into it).
+fn is_stop(piece: &str) -> bool {
+    piece.len() <= 5 && STOP_WORDS.iter().any(|s| s.eq_ignore_ascii_case(piece))
+}
+
+/// Word pieces before the stop list: UAX #29 words, possessive removed, cut every `MAX_TOKEN_CHARS`.
+struct Pieces<'a> {
+    words: unicode_segmentation::UnicodeWordIndices<'a>,
+    /// The rest of a word longer than `MAX_TOKEN_CHARS`, with its offset.
+    rest: Option<(usize, &'a str)>,
+}
+
+impl<'a> Pieces<'a> {
+    fn new(text: &'a str) -> Self {
+        Pieces { words: text.unicode_word_indices(), rest: None }
     }
-    Some(cached_stem(lower))
+}
+
+impl<'a> Iterator for Pieces<'a> {
+    type Item = (Range<usize>, &'a str);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (start, word) = match self.rest.take() {
+            Some(rest) => rest,
+            None => {
+                let (start, word) = self.words.next()?;
+                (start, strip_possessive(word))
+            }
+        };
+        let cut = if word.len() <= MAX_TOKEN_CHARS {
+            word.len()
+        } else {
+            word.char_indices().nth(MAX_TOKEN_CHARS).map_or(word.len(), |(i, _)| i)
+        };
+        if cut < word.len() {
+            self.rest = Some((start + cut, &word[cut..]));
+        }
+        Some((start..start + cut, &word[..cut]))
+    }
+}
+
+/// Our analyzer as a tantivy tokenizer, so that documents are analyzed in tantivy's indexing threads.
+#[derive(Clone, Default)]
+pub struct TantivyAnalyzer;
+
+/// The name the schema gives the analyzer.
+pub const TANTIVY_TOKENIZER: &str = "longrank_en";
+
+impl tantivy::tokenizer::Tokenizer for TantivyAnalyzer {
+    type TokenStream<'a> = AnalyzedStream;
+
+    fn token_stream<'a>(&'a mut self, text: &'a str) -> AnalyzedStream {
+        let tokens = tokens(text)
+            .into_iter()
+            .enumerate()
+            .map(|(position, t)| tantivy::tokenizer::Token {
+                offset_from: t.span.start,
+                offset_to: t.span.end,
+                position,
+                text: t.term,
+                position_length: 1,
+            })
+            .collect();
+        AnalyzedStream { tokens, next: 0 }
+    }
+}
+
+pub struct AnalyzedStream {
+    tokens: Vec<tantivy::tokenizer::Token>,
+    /// One past the current token.
+    next: usize,
+}
+
+impl tantivy::tokenizer::TokenStream for AnalyzedStream {
+    fn advance(&mut self) -> bool {
+        if self.next < self.tokens.len() {
+            self.next += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn token(&self) -> &tantivy::tokenizer::Token {
+        &self.tokens[self.next - 1]
+    }
+
+    fn token_mut(&mut self) -> &mut tantivy::tokenizer::Token {
+        &mut self.tokens[self.next - 1]
+    }
 }
 
 /// Stems through a per-thread cache: word frequencies are Zipfian, so most tokens are cache hits, and the
@@ -95,6 +177,16 @@ mod tests {
             terms("The Aerodynamics of Wings, in a slip-stream: Drake's 1859 well (U.S.) -dash AND/OR"),
             ["aerodynam", "wing", "slip", "stream", "drake", "1859", "well", "u.", "dash"]
         );
+    }
+
+    #[test]
+    fn counting_agrees_with_analysis() {
+        let long = "x".repeat(600);
+        for text in ["The Wings of THE bird", "Drake's AND the U.S. It's", long.as_str(), "", "ünïcödé wörds Straße"]
+        {
+            assert_eq!(count_terms(text), tokens(text).len(), "{text}");
+        }
+        assert_eq!(tokens(&long).len(), 3);
     }
 
     #[test]

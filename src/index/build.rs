@@ -13,7 +13,6 @@ use std::sync::atomic::Ordering;
 use std::time::{Instant, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
-use tantivy::tokenizer::{PreTokenizedString, Token};
 use tantivy::{Index, IndexWriter, TantivyDocument, Term};
 
 use super::{analyzer, schema, validate_name, CollectionMeta, Fields, IndexError, ANALYZER_VERSION, META_FILE};
@@ -125,6 +124,7 @@ pub fn build(data_dir: &Path, name: &str, corpus: &Corpus, opts: &BuildOptions) 
         super::Collection::open(&work_dir)?; // refuses an incompatible analyzer
         Index::open_in_dir(&work_dir).map_err(tantivy_err)?
     };
+    index.tokenizers().register(analyzer::TANTIVY_TOKENIZER, analyzer::TantivyAnalyzer);
     let mut payload: Payload = if opts.replace {
         Payload::default()
     } else {
@@ -164,7 +164,6 @@ pub fn build(data_dir: &Path, name: &str, corpus: &Corpus, opts: &BuildOptions) 
                 continue;
             }
         };
-        let mut batch = Batch::default();
         for doc in docs {
             match doc {
                 Ok(doc) => {
@@ -177,22 +176,18 @@ pub fn build(data_dir: &Path, name: &str, corpus: &Corpus, opts: &BuildOptions) 
                             file.display()
                         ));
                     }
-                    batch.push(doc, replace_existing || !first_time);
+                    add_document(&writer, fields, &doc, replace_existing || !first_time).map_err(tantivy_err)?;
+                    report.indexed += 1;
                 }
                 Err(e) => report.problem(&e, opts.on_error)?,
             }
-            if batch.is_full() {
-                report.indexed += batch.flush(&writer, fields).map_err(tantivy_err)?;
-                progress.update(bytes_read.load(Ordering::Relaxed), report.indexed);
-            }
+            progress.update(bytes_read.load(Ordering::Relaxed), report.indexed);
             if report.indexed - committed_at >= opts.commit_every {
                 commit(&mut writer, &payload).map_err(tantivy_err)?;
                 committed_at = report.indexed;
                 replace_existing = true;
             }
         }
-        report.indexed += batch.flush(&writer, fields).map_err(tantivy_err)?;
-        progress.update(bytes_read.load(Ordering::Relaxed), report.indexed);
         if let Some(stamp) = stamp {
             payload.files.push(stamp);
         }
@@ -229,67 +224,21 @@ impl BuildReport {
     }
 }
 
-/// Documents waiting to be analyzed (in parallel) and added (in order, so that a later duplicate's delete
-/// follows the earlier add).
-#[derive(Default)]
-struct Batch {
-    docs: Vec<(Document, bool)>,
-    bytes: usize,
-}
-
-impl Batch {
-    const MAX_DOCS: usize = 512;
-    const MAX_BYTES: usize = 32 << 20;
-
-    /// `delete_first` removes any document with the same docid before this one is added.
-    fn push(&mut self, doc: Document, delete_first: bool) {
-        self.bytes += doc.text.len() + doc.title.len();
-        self.docs.push((doc, delete_first));
+/// Adds a document; `delete_first` removes any document with the same docid first. The text is analyzed
+/// in tantivy's indexing threads; only its length is counted here.
+fn add_document(writer: &IndexWriter, fields: Fields, doc: &Document, delete_first: bool) -> tantivy::Result<()> {
+    if delete_first {
+        writer.delete_term(Term::from_field_text(fields.docid, &doc.id));
     }
-
-    fn is_full(&self) -> bool {
-        self.docs.len() >= Self::MAX_DOCS || self.bytes >= Self::MAX_BYTES
-    }
-
-    /// Analyzes and adds every document; returns how many.
-    fn flush(&mut self, writer: &IndexWriter, fields: Fields) -> tantivy::Result<u64> {
-        use rayon::prelude::*;
-        let analyzed: Vec<TantivyDocument> =
-            self.docs.par_iter().map(|(doc, _)| tantivy_document(doc, fields)).collect();
-        for ((doc, delete_first), analyzed) in self.docs.iter().zip(analyzed) {
-            if *delete_first {
-                writer.delete_term(Term::from_field_text(fields.docid, &doc.id));
-            }
-            writer.add_document(analyzed)?;
-        }
-        let n = self.docs.len() as u64;
-        self.docs.clear();
-        self.bytes = 0;
-        Ok(n)
-    }
-}
-
-/// The indexed form of a document: stored fields, analyzed contents and the exact length.
-fn tantivy_document(doc: &Document, fields: Fields) -> TantivyDocument {
     let contents = searchable_text(doc);
-    let tokens: Vec<Token> = analyzer::tokens(&contents)
-        .into_iter()
-        .enumerate()
-        .map(|(position, t)| Token {
-            offset_from: t.span.start,
-            offset_to: t.span.end,
-            position,
-            text: t.term,
-            position_length: 1,
-        })
-        .collect();
     let mut d = TantivyDocument::default();
     d.add_text(fields.docid, &doc.id);
     d.add_text(fields.title, &doc.title);
     d.add_text(fields.text, &doc.text);
-    d.add_u64(fields.len, tokens.len() as u64);
-    d.add_pre_tokenized_text(fields.contents, PreTokenizedString { text: String::new(), tokens });
-    d
+    d.add_u64(fields.len, analyzer::count_terms(&contents) as u64);
+    d.add_text(fields.contents, &contents);
+    writer.add_document(d)?;
+    Ok(())
 }
 
 /// What BM25 sees: the text, with the title in front unless the text already starts with it (TREC and

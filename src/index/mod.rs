@@ -7,7 +7,7 @@ mod build;
 mod porter;
 mod rm3;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -43,7 +43,7 @@ pub enum IndexError {
 }
 
 /// Names the analysis so that an index built with another one is refused instead of silently mis-scored.
-const ANALYZER_VERSION: &str = "lucene-english-porter-v1";
+const ANALYZER_VERSION: &str = "lucene-english-porter-v2";
 const META_FILE: &str = "longrank.json";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -70,9 +70,9 @@ fn schema() -> (Schema, Fields) {
     let docid = b.add_text_field(DOCID_FIELD, STRING | STORED | FAST);
     let title = b.add_text_field("title", STORED);
     let text = b.add_text_field("text", STORED);
-    // Terms come pre-analyzed (see analyzer.rs); lengths live in `len`, so tantivy's lossy norms are off.
+    // Analyzed by our analyzer (see analyzer.rs); lengths live in `len`, so tantivy's lossy norms are off.
     let indexing = TextFieldIndexing::default()
-        .set_tokenizer("raw")
+        .set_tokenizer(analyzer::TANTIVY_TOKENIZER)
         .set_index_option(IndexRecordOption::WithFreqs)
         .set_fieldnorms(false);
     let contents = b.add_text_field("contents", TextOptions::default().set_indexing_options(indexing));
@@ -103,7 +103,14 @@ pub struct Collection {
     reader: IndexReader,
     fields: Fields,
     stats: Mutex<Option<(u64, CollectionStats)>>,
+    norms: Mutex<HashMap<NormKey, Arc<Vec<f32>>>>,
 }
+
+/// Length normalizations depend on the segment, k1, b and avgdl (which changes with every commit).
+type NormKey = (tantivy::index::SegmentId, u32, u32, u64);
+
+/// Cached normalization vectors (4 bytes per document each) kept per collection.
+const MAX_CACHED_NORMS: usize = 64;
 
 impl Collection {
     pub fn open(path: &Path) -> Result<Collection, IndexError> {
@@ -121,7 +128,14 @@ impl Collection {
         let (_, fields) = schema();
         let reader =
             index.reader_builder().reload_policy(ReloadPolicy::OnCommitWithDelay).try_into().map_err(tantivy_err)?;
-        Ok(Collection { name, path: path.to_path_buf(), reader, fields, stats: Mutex::new(None) })
+        Ok(Collection {
+            name,
+            path: path.to_path_buf(),
+            reader,
+            fields,
+            stats: Mutex::new(None),
+            norms: Mutex::default(),
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -216,7 +230,7 @@ impl Collection {
         let mut top: Vec<(f32, DocAddress)> = Vec::new();
         let mut floor = f32::NEG_INFINITY;
         for (ord, segment) in searcher.segment_readers().iter().enumerate() {
-            let lens = segment.fast_fields().u64(LEN_FIELD).map_err(|e| self.tantivy_err(e))?;
+            let norms = self.norms(segment, params, stats.avg_len)?;
             let inverted = segment.inverted_index(self.fields.contents).map_err(|e| self.tantivy_err(e))?;
             let mut acc = vec![0f32; segment.max_doc() as usize];
             let mut touched = Vec::new();
@@ -228,7 +242,7 @@ impl Collection {
                 };
                 let mut doc = postings.doc();
                 while doc != TERMINATED {
-                    let norm = bm25::length_norm(params, lens.values.get_val(doc), stats.avg_len);
+                    let norm = norms[doc as usize];
                     let slot = &mut acc[doc as usize];
                     if *slot == 0.0 {
                         touched.push(doc);
@@ -254,6 +268,30 @@ impl Collection {
         let mut hits = self.resolve_docids(&searcher, top)?;
         hits.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.docid.cmp(&b.docid)));
         Ok(hits)
+    }
+
+    /// `k1 * (1 - b + b * dl / avgdl)` for every document of a segment, computed once per parameters and
+    /// commit: scoring then reads one float per posting instead of decoding a length and dividing.
+    fn norms(
+        &self,
+        segment: &tantivy::SegmentReader,
+        params: Bm25Params,
+        avg_len: f64,
+    ) -> Result<Arc<Vec<f32>>, IndexError> {
+        let key = (segment.segment_id(), params.k1.to_bits(), params.b.to_bits(), avg_len.to_bits());
+        if let Some(norms) = self.norms.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(norms.clone());
+        }
+        let lens = segment.fast_fields().u64(LEN_FIELD).map_err(|e| self.tantivy_err(e))?;
+        let norms: Arc<Vec<f32>> = Arc::new(
+            (0..segment.max_doc()).map(|doc| bm25::length_norm(params, lens.values.get_val(doc), avg_len)).collect(),
+        );
+        let mut cache = self.norms.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= MAX_CACHED_NORMS {
+            cache.clear();
+        }
+        cache.insert(key, norms.clone());
+        Ok(norms)
     }
 
     /// Looks up the docids of scored addresses: per segment, one sorted pass over the docid dictionary

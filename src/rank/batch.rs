@@ -18,6 +18,7 @@ pub const DEFAULT_BATCH_K: i64 = 1000;
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchParams {
+    /// Collection name; optional when there is one collection or a default is configured.
     pub collection: Option<String>,
     /// Pipeline name (default `bm25`).
     pub pipeline: Option<String>,

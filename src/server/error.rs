@@ -59,7 +59,7 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if self.status.is_server_error() {
+        if self.status == StatusCode::INTERNAL_SERVER_ERROR {
             tracing::error!(code = self.code, "{}", self.message);
         }
         let body = ErrorBody { error: ErrorDetail { code: self.code.to_string(), message: self.message } };

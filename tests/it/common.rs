@@ -132,7 +132,9 @@ fn reply(result: Result<ureq::Response, ureq::Error>) -> Reply {
     let status = response.status();
     let request_id = response.header("x-request-id").map(String::from);
     let content_type = response.header("content-type").map(String::from);
-    let body = response.into_string().unwrap_or_default();
+    // Not into_string(): it stops at 10 MB, and runs are larger.
+    let mut body = String::new();
+    std::io::Read::read_to_string(&mut response.into_reader(), &mut body).expect("read the body");
     Reply { status, body, request_id, content_type }
 }
 

@@ -115,3 +115,32 @@ fn eval_cli_prints_trec_eval_columns() {
     assert!(out.contains("P_5                   \tall\t0.3040\n"), "{out}");
     assert!(!out.contains("map"), "{out}");
 }
+
+#[test]
+fn compare_and_folds_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = shared().join("reference/trec_eval");
+    let run = reference.join("cranfield.bm25.run");
+    let run = run.to_str().unwrap();
+    let qrels = data("cranfield/qrels.txt");
+    // A run compared with itself: no difference, every topic a tie, p = 1.
+    let out = cli_ok(dir.path(), &["compare", "-m", "map", run, run, qrels.to_str().unwrap()]);
+    let row = out.lines().find(|l| l.starts_with("map ")).unwrap_or_else(|| panic!("{out}"));
+    assert!(row.contains("+0.0000") && row.contains("1.0000") && row.ends_with("0/225/0"), "{row}");
+
+    let folds = dir.path().join("folds.tsv");
+    let topics = data("cranfield/topics.tsv");
+    cli_ok(
+        dir.path(),
+        &["folds", "--topics", topics.to_str().unwrap(), "-k", "5", "--seed", "7", "--out", folds.to_str().unwrap()],
+    );
+    let made = eval::read_folds(&folds).unwrap();
+    assert_eq!(made.len(), 225);
+    assert!(made.values().all(|f| *f < 5));
+    let out = cli_ok(dir.path(), &["folds", "--read", folds.to_str().unwrap()]);
+    assert_eq!(out.lines().count(), 5, "{out}");
+    assert!(out.contains("fold 0\t45 topics"), "{out}");
+    // The shared SQuAD folds read as they are.
+    let squad = eval::read_folds(&data("squad-v1.1-dev-articles/folds.tsv")).unwrap();
+    assert!(squad.len() > 10_000);
+}

@@ -1,5 +1,6 @@
 //! Integration tests: one binary, one shared harness (`common`).
 
+mod batch;
 mod common;
 mod corpus;
 mod eval;

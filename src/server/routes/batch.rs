@@ -9,8 +9,7 @@ use axum::Json;
 use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
 
-use crate::eval::{Comparison, TopicField};
-use crate::index::{Bm25Params, Rm3Params};
+use crate::eval::Comparison;
 use crate::jobs::{JobView, Submission};
 use crate::rank::BatchParams;
 use crate::server::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody};
@@ -19,37 +18,22 @@ use crate::server::AppState;
 /// A batch request: the topic file's content, optional qrels, and how to run it. As JSON, or as a multipart
 /// upload with the same field names (`bm25` and `rm3` then hold JSON objects).
 #[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
 pub struct BatchRequest {
     /// The topic file: TREC `<top>`, web-track XML or `qid<TAB>text`.
     pub topics: String,
     /// TREC qrels (`qid 0 docid grade`); metrics are computed when given.
     pub qrels: Option<String>,
-    pub collection: Option<String>,
-    pub pipeline: Option<String>,
-    /// Documents per topic (default 1000).
-    pub k: Option<i64>,
-    pub depth: Option<i64>,
-    #[serde(default)]
-    pub field: TopicField,
-    pub tag: Option<String>,
-    pub bm25: Option<Bm25Params>,
-    pub rm3: Option<Rm3Params>,
+    #[serde(flatten)]
+    pub params: BatchParams,
+    /// Whatever else the client sent: refused (serde cannot deny unknown fields through `flatten`).
+    #[serde(flatten)]
+    #[schema(ignore)]
+    pub unknown: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 impl From<BatchRequest> for Submission {
     fn from(r: BatchRequest) -> Submission {
-        let params = BatchParams {
-            collection: r.collection,
-            pipeline: r.pipeline,
-            k: r.k,
-            depth: r.depth,
-            field: r.field,
-            tag: r.tag,
-            bm25: r.bm25,
-            rm3: r.rm3,
-        };
-        Submission { params, topics: r.topics, qrels: r.qrels }
+        Submission { params: r.params, topics: r.topics, qrels: r.qrels }
     }
 }
 
@@ -67,7 +51,7 @@ impl<S: Send + Sync> FromRequest<S> for BatchUpload {
             .is_some_and(|v| v.starts_with("multipart/form-data"));
         if !multipart {
             let ApiJson(body) = ApiJson::<BatchRequest>::from_request(request, state).await?;
-            return Ok(BatchUpload(body));
+            return BatchUpload::checked(body);
         }
         let invalid = |e: axum::extract::multipart::MultipartError| {
             let status = e.status();
@@ -93,9 +77,21 @@ impl<S: Send + Sync> FromRequest<S> for BatchUpload {
             };
             object.insert(name, value);
         }
-        serde_json::from_value(serde_json::Value::Object(object))
-            .map(BatchUpload)
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", format!("invalid multipart form: {e}")))
+        let body = serde_json::from_value(serde_json::Value::Object(object)).map_err(|e| {
+            ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", format!("invalid multipart form: {e}"))
+        })?;
+        BatchUpload::checked(body)
+    }
+}
+
+impl BatchUpload {
+    fn checked(body: BatchRequest) -> Result<BatchUpload, ApiError> {
+        match body.unknown.keys().next() {
+            Some(field) => {
+                Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", format!("unknown field `{field}`")))
+            }
+            None => Ok(BatchUpload(body)),
+        }
     }
 }
 
