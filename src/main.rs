@@ -296,7 +296,11 @@ fn main() -> anyhow::Result<()> {
                 "measure", "topics", "A", "B", "B-A", "p", "win/tie/loss"
             );
             for c in eval::compare(&a, &b) {
-                let p = c.p_value.map_or("-".to_string(), |p| format!("{p:.4}"));
+                let p = match c.p_value {
+                    None => "-".to_string(),
+                    Some(p) if p < 1e-4 => "<0.0001".to_string(),
+                    Some(p) => format!("{p:.4}"),
+                };
                 let wtl = format!("{}/{}/{}", c.wins, c.ties, c.losses);
                 println!(
                     "{:<22}  {:>6}  {:>8.4}  {:>8.4}  {:>+8.4}  {:>8}  {:>11}",

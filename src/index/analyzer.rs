@@ -139,7 +139,7 @@ impl tantivy::tokenizer::TokenStream for AnalyzedStream {
 /// Stems through a per-thread cache: word frequencies are Zipfian, so most tokens are cache hits, and the
 /// stemmer is a pure function.
 fn cached_stem(word: String) -> String {
-    const MAX_ENTRIES: usize = 200_000;
+    const MAX_ENTRIES: usize = 50_000;
     thread_local! {
         static CACHE: std::cell::RefCell<std::collections::HashMap<String, String>> = Default::default();
     }

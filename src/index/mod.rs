@@ -104,6 +104,27 @@ pub struct Collection {
     fields: Fields,
     stats: Mutex<Option<(u64, CollectionStats)>>,
     norms: Mutex<HashMap<NormKey, Arc<Vec<f32>>>>,
+    docids: Mutex<HashMap<tantivy::index::SegmentId, Arc<DocidTable>>>,
+}
+
+/// Strings packed in one buffer, addressed by position (a segment's docids by document number).
+#[derive(Default)]
+struct DocidTable {
+    bytes: String,
+    ends: Vec<u32>,
+}
+
+impl DocidTable {
+    fn push(&mut self, s: &str) {
+        self.bytes.push_str(s);
+        self.ends.push(self.bytes.len() as u32);
+    }
+
+    fn get(&self, i: u32) -> &str {
+        let i = i as usize;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        self.ends.get(i).map_or("", |end| &self.bytes[start..*end as usize])
+    }
 }
 
 /// Length normalizations depend on the segment, k1, b and avgdl (which changes with every commit).
@@ -135,6 +156,7 @@ impl Collection {
             fields,
             stats: Mutex::new(None),
             norms: Mutex::default(),
+            docids: Mutex::default(),
         })
     }
 
@@ -294,40 +316,45 @@ impl Collection {
         Ok(norms)
     }
 
-    /// Looks up the docids of scored addresses: per segment, one sorted pass over the docid dictionary
-    /// (a lookup per hit would rescan a dictionary block each time).
+    /// Looks up the docids of scored addresses through each segment's docid table.
     fn resolve_docids(&self, searcher: &Searcher, top: Vec<(f32, DocAddress)>) -> Result<Vec<Hit>, IndexError> {
-        let mut hits: Vec<Hit> =
-            top.into_iter().map(|(score, address)| Hit { address, docid: String::new(), score }).collect();
-        hits.sort_by_key(|h| h.address);
-        let mut start = 0;
-        while start < hits.len() {
-            let segment_ord = hits[start].address.segment_ord;
-            let end = start + hits[start..].iter().take_while(|h| h.address.segment_ord == segment_ord).count();
-            let group = &mut hits[start..end];
-            start = end;
-            let segment = searcher.segment_reader(segment_ord);
-            let Some(column) = segment.fast_fields().str(DOCID_FIELD).map_err(|e| self.tantivy_err(e))? else {
-                continue;
-            };
-            let mut by_ord: Vec<(u64, usize)> = group
-                .iter()
-                .enumerate()
-                .filter_map(|(i, h)| column.term_ords(h.address.doc_id).next().map(|ord| (ord, i)))
-                .collect();
-            by_ord.sort_unstable();
-            let mut next = by_ord.iter().map(|(_, i)| *i);
-            column
-                .dictionary()
-                .sorted_ords_to_term_cb(by_ord.iter().map(|(ord, _)| *ord), |bytes| {
-                    if let Some(i) = next.next() {
-                        group[i].docid = String::from_utf8_lossy(bytes).into_owned();
-                    }
-                    Ok(())
-                })
-                .map_err(|source| IndexError::Io { path: self.path.clone(), source })?;
+        top.into_iter()
+            .map(|(score, address)| {
+                let table = self.docid_table(searcher.segment_reader(address.segment_ord))?;
+                Ok(Hit { address, docid: table.get(address.doc_id).to_string(), score })
+            })
+            .collect()
+    }
+
+    /// A segment's docids in memory, built once per segment by streaming its docid dictionary: looking a
+    /// docid up in the dictionary decompresses a zstd block each time, which cost more than scoring.
+    fn docid_table(&self, segment: &tantivy::SegmentReader) -> Result<Arc<DocidTable>, IndexError> {
+        let id = segment.segment_id();
+        if let Some(table) = self.docids.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
+            return Ok(table.clone());
         }
-        Ok(hits)
+        let io_err = |source| IndexError::Io { path: self.path.clone(), source };
+        let column = segment.fast_fields().str(DOCID_FIELD).map_err(|e| self.tantivy_err(e))?;
+        let mut terms = DocidTable::default();
+        if let Some(column) = &column {
+            let mut stream = column.dictionary().stream().map_err(io_err)?;
+            while stream.advance() {
+                terms.push(&String::from_utf8_lossy(stream.key()));
+            }
+        }
+        let mut table = DocidTable::default();
+        for doc in 0..segment.max_doc() {
+            let ord = column.as_ref().and_then(|c| c.term_ords(doc).next());
+            table.push(ord.map_or("", |o| terms.get(o as u32)));
+        }
+        let table = Arc::new(table);
+        let mut cache = self.docids.lock().unwrap_or_else(|e| e.into_inner());
+        // Segments come and go with merges: keep the cache to the live ones.
+        let live: std::collections::HashSet<_> =
+            self.searcher().segment_readers().iter().map(|s| s.segment_id()).collect();
+        cache.retain(|id, _| live.contains(id));
+        cache.insert(id, table.clone());
+        Ok(table)
     }
 
     /// The number of documents holding an analyzed term (replaced ones included until merged).
