@@ -148,8 +148,9 @@ pub fn build(data_dir: &Path, name: &str, corpus: &Corpus, opts: &BuildOptions) 
     let mut report = BuildReport { collection: name.to_string(), ..Default::default() };
     let mut seen: HashSet<u64> = HashSet::new();
     let mut committed_at = 0u64;
-    // Once committed documents may share docids with new ones, every add first deletes its docid.
-    let mut replace_existing = had_documents;
+    // Documents of an earlier run may share docids with new ones: then every add first deletes its docid.
+    // Within this run, `seen` finds duplicates (a delete per document would cost memory until each commit).
+    let replace_existing = had_documents;
 
     for file in corpus.files() {
         let stamp = FileStamp::of(file);
@@ -185,7 +186,6 @@ pub fn build(data_dir: &Path, name: &str, corpus: &Corpus, opts: &BuildOptions) 
             if report.indexed - committed_at >= opts.commit_every {
                 commit(&mut writer, &payload).map_err(tantivy_err)?;
                 committed_at = report.indexed;
-                replace_existing = true;
             }
         }
         if let Some(stamp) = stamp {
