@@ -9,5 +9,6 @@ pub mod eval;
 pub mod index;
 pub mod jobs;
 pub mod rank;
+pub mod segment;
 pub mod server;
 pub mod store;

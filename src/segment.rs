@@ -1,0 +1,186 @@
+//! Documents into segments for models that read a few hundred tokens at a time. Segments are UTF-8 byte
+//! ranges of the stored `text` (never of a repeated title), so they do not depend on the query and a client
+//! can highlight them.
+
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+use unicode_segmentation::UnicodeSegmentation;
+
+/// One segment: its position in the document and its byte range in the text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Segment {
+    pub index: usize,
+    pub start: usize,
+    pub end: usize,
+}
+
+impl Segment {
+    pub fn text<'a>(&self, text: &'a str) -> &'a str {
+        &text[self.start..self.end]
+    }
+}
+
+/// Counts tokens the way the model will (its tokenizer, without special tokens).
+pub trait TokenCounter {
+    fn count(&self, text: &str) -> usize;
+}
+
+/// How to cut documents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Strategy {
+    /// Whole sentences packed into segments of at most `max_tokens` tokens (the BeST paper's segments); a
+    /// sentence longer than that is cut between words.
+    Sentences { max_tokens: usize },
+    /// Windows of `words` whitespace-separated words every `stride` words (Co-BERT and Dai & Callan use
+    /// 150 / 75; `stride == words` gives non-overlapping windows).
+    Windows { words: usize, stride: usize },
+}
+
+/// Cuts `text` into segments, at most `max_segments` of them (all by default).
+pub fn segment(
+    text: &str,
+    strategy: Strategy,
+    counter: &dyn TokenCounter,
+    max_segments: Option<usize>,
+) -> Vec<Segment> {
+    let ranges = match strategy {
+        Strategy::Sentences { max_tokens } => sentence_segments(text, max_tokens.max(1), counter),
+        Strategy::Windows { words, stride } => windows(text, words.max(1), stride.max(1)),
+    };
+    ranges
+        .into_iter()
+        .take(max_segments.unwrap_or(usize::MAX))
+        .enumerate()
+        .map(|(index, r)| Segment { index, start: r.start, end: r.end })
+        .collect()
+}
+
+fn sentence_segments(text: &str, max_tokens: usize, counter: &dyn TokenCounter) -> Vec<Range<usize>> {
+    let mut out: Vec<Range<usize>> = Vec::new();
+    let mut current: Option<Range<usize>> = None;
+    for piece in sentences(text, max_tokens, counter) {
+        current = match current {
+            // The joined text is counted (not the sum of the parts), as the model's tokenizer will see it.
+            Some(range) if counter.count(&text[range.start..piece.end]) <= max_tokens => Some(range.start..piece.end),
+            Some(range) => {
+                out.push(range);
+                Some(piece)
+            }
+            None => Some(piece),
+        };
+    }
+    out.extend(current);
+    out
+}
+
+/// Sentence ranges (trimmed of surrounding whitespace); a sentence over the budget comes back as pieces
+/// that fit, cut between words.
+fn sentences(text: &str, max_tokens: usize, counter: &dyn TokenCounter) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    for (start, sentence) in text.split_sentence_bound_indices() {
+        let Some(range) = trimmed(text, start..start + sentence.len()) else { continue };
+        if counter.count(&text[range.clone()]) <= max_tokens {
+            out.push(range);
+            continue;
+        }
+        let mut piece: Option<Range<usize>> = None;
+        for word in word_ranges(&text[range.clone()]).map(|w| w.start + range.start..w.end + range.start) {
+            piece = match piece {
+                Some(p) if counter.count(&text[p.start..word.end]) <= max_tokens => Some(p.start..word.end),
+                Some(p) => {
+                    out.push(p);
+                    Some(word)
+                }
+                None => Some(word),
+            };
+        }
+        out.extend(piece);
+    }
+    out
+}
+
+fn trimmed(text: &str, range: Range<usize>) -> Option<Range<usize>> {
+    let s = &text[range.clone()];
+    let start = range.start + (s.len() - s.trim_start().len());
+    let end = range.end - (s.len() - s.trim_end().len());
+    (start < end).then_some(start..end)
+}
+
+/// Byte ranges of whitespace-separated words.
+fn word_ranges(text: &str) -> impl Iterator<Item = Range<usize>> + '_ {
+    text.split_whitespace().map(move |w| {
+        let start = w.as_ptr() as usize - text.as_ptr() as usize;
+        start..start + w.len()
+    })
+}
+
+fn windows(text: &str, size: usize, stride: usize) -> Vec<Range<usize>> {
+    let words: Vec<Range<usize>> = word_ranges(text).collect();
+    let mut out = Vec::new();
+    let mut first = 0;
+    while first < words.len() {
+        let last = (first + size).min(words.len()) - 1;
+        out.push(words[first].start..words[last].end);
+        if last + 1 == words.len() {
+            break;
+        }
+        first += stride;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One token per whitespace-separated word.
+    struct Words;
+
+    impl TokenCounter for Words {
+        fn count(&self, text: &str) -> usize {
+            text.split_whitespace().count()
+        }
+    }
+
+    fn texts<'a>(text: &'a str, segments: &[Segment]) -> Vec<&'a str> {
+        segments.iter().map(|s| s.text(text)).collect()
+    }
+
+    #[test]
+    fn sentences_are_packed_up_to_the_budget() {
+        let text = "One two three. Four five. Six seven eight nine.\n\nTen eleven.";
+        let segs = segment(text, Strategy::Sentences { max_tokens: 5 }, &Words, None);
+        assert_eq!(texts(text, &segs), ["One two three. Four five.", "Six seven eight nine.", "Ten eleven."]);
+        assert_eq!(segs.iter().map(|s| s.index).collect::<Vec<_>>(), [0, 1, 2]);
+    }
+
+    #[test]
+    fn long_sentences_are_cut_between_words() {
+        let text = "a b c d e f g h.";
+        let segs = segment(text, Strategy::Sentences { max_tokens: 3 }, &Words, None);
+        assert_eq!(texts(text, &segs), ["a b c", "d e f", "g h."]);
+    }
+
+    #[test]
+    fn windows_with_stride_and_without_overlap() {
+        let text = "w1 w2 w3 w4 w5 w6 w7";
+        let segs = segment(text, Strategy::Windows { words: 4, stride: 2 }, &Words, None);
+        assert_eq!(texts(text, &segs), ["w1 w2 w3 w4", "w3 w4 w5 w6", "w5 w6 w7"]);
+        let segs = segment(text, Strategy::Windows { words: 3, stride: 3 }, &Words, Some(2));
+        assert_eq!(texts(text, &segs), ["w1 w2 w3", "w4 w5 w6"]);
+    }
+
+    #[test]
+    fn offsets_are_char_boundaries_of_the_text() {
+        let text = "Ünïcödé façade — naïve café. Straße 東京 ok. «Quoted» words here.";
+        for strategy in [Strategy::Sentences { max_tokens: 2 }, Strategy::Windows { words: 2, stride: 1 }] {
+            for s in segment(text, strategy, &Words, None) {
+                assert!(text.is_char_boundary(s.start) && text.is_char_boundary(s.end));
+                assert!(!s.text(text).trim().is_empty());
+            }
+        }
+        assert!(segment("", Strategy::Sentences { max_tokens: 5 }, &Words, None).is_empty());
+    }
+}
