@@ -400,6 +400,23 @@ mod tests {
     }
 
     #[test]
+    fn relevance_level_cutoff_and_complete() {
+        let run = Run::parse("1 Q0 a 1 3 t\n1 Q0 b 2 2 t\n1 Q0 c 3 1 t\n", Path::new("r")).unwrap();
+        let qrels = Qrels::parse("1 0 a 1\n1 0 c 2\n2 0 x 1\n", Path::new("q")).unwrap();
+        let m = Measure::parse_all(&["map".into(), "num_ret".into()]).unwrap();
+        let v = |o: EvalOptions| evaluate(&run, &qrels, &m, o).all_map();
+        // -l 2: only c is relevant (rank 3).
+        assert!((v(EvalOptions { relevance_level: 2, ..Default::default() })["map"] - 1.0 / 3.0).abs() < 1e-12);
+        // -M 1: only a is evaluated; half of the relevant documents found at rank 1.
+        let cut = v(EvalOptions { max_docs: Some(1), ..Default::default() });
+        assert_eq!((cut["map"], cut["num_ret"]), (0.5, 1.0));
+        // -c: topic 2 (no results) counts, halving the mean.
+        let all = v(EvalOptions { complete: true, ..Default::default() });
+        let plain = v(EvalOptions::default());
+        assert!((all["map"] - plain["map"] / 2.0).abs() < 1e-12);
+    }
+
+    #[test]
     fn measure_syntax() {
         assert_eq!(Measure::parse("P.5,10").unwrap(), vec![Measure::P(vec![5, 10])]);
         assert_eq!(Measure::parse_all(&["ndcg_cut_20".into()]).unwrap(), vec![Measure::NdcgCut(vec![20])]);

@@ -280,3 +280,23 @@ fn cli_batch_writes_a_run_and_prints_metrics() {
     assert!(run.lines().count() > 100_000);
     assert!(run.lines().all(|l| l.split(' ').count() == 6 && l.ends_with(" longrank-bm25")));
 }
+
+#[test]
+fn restart_without_resume_marks_the_job_interrupted() {
+    let dir = tempfile::tempdir().unwrap();
+    cli_ok(dir.path(), &["index", "--collection", "cranfield", data("cranfield/docs.jsonl").to_str().unwrap()]);
+    let env = [("LONGRANK_BATCH_RESUME_INTERRUPTED", "false")];
+    let mut server = TestServer::start(dir.path(), &env).wait_ready();
+    let body = json!({"collection": "cranfield", "topics": many_topics(1500), "pipeline": "bm25+rm3"});
+    let id = post_json(&server.url("/batch"), &body.to_string()).json()["id"].as_str().unwrap().to_string();
+    wait_for(&server, &id, |v| v["progress"]["done"].as_i64().unwrap() >= 5);
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    drop(server);
+
+    let server = TestServer::start(dir.path(), &env).wait_ready();
+    let job = wait_for(&server, &id, |v| v["status"] != "running");
+    assert_eq!(job["status"], "interrupted", "{job}");
+    assert!(job["progress"]["done"].as_i64().unwrap() >= 5, "finished topics are kept: {job}");
+    request("GET", &server.url(&format!("/batch/{id}/run")), &[], None).assert_error(409, "job_conflict");
+}
