@@ -8,6 +8,7 @@ pub mod corpus;
 pub mod eval;
 pub mod index;
 pub mod jobs;
+pub mod model;
 pub mod rank;
 pub mod segment;
 pub mod server;

@@ -5,5 +5,6 @@ mod common;
 mod corpus;
 mod eval;
 mod indexing;
+mod model;
 mod scoring;
 mod server;
