@@ -30,6 +30,7 @@ pub struct Config {
     pub bm25: Bm25Params,
     pub index: IndexConfig,
     pub batch: BatchConfig,
+    pub model: ModelConfig,
 }
 
 impl Default for Config {
@@ -42,6 +43,7 @@ impl Default for Config {
             bm25: Bm25Params::default(),
             index: IndexConfig::default(),
             batch: BatchConfig::default(),
+            model: ModelConfig::default(),
         }
     }
 }
@@ -50,6 +52,26 @@ impl Config {
     /// The embedded SQLite database (jobs, runs, query log).
     pub fn database_path(&self) -> PathBuf {
         self.data_dir.join("longrank.db")
+    }
+}
+
+/// The model the re-ranking pipelines (firstp, maxp, sump, avgp) use.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelConfig {
+    /// A Hugging Face model directory; empty: no model, only first-stage pipelines.
+    pub path: String,
+    /// Longest model input in word pieces (query, segment and special tokens).
+    pub max_length: usize,
+    /// Queries are cut to this many word pieces; segments get the rest of `max_length`.
+    pub max_query_tokens: usize,
+    /// Pairs (or texts) per forward pass.
+    pub batch_size: usize,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig { path: String::new(), max_length: 512, max_query_tokens: 64, batch_size: 16 }
     }
 }
 

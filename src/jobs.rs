@@ -303,8 +303,14 @@ impl Jobs {
             field: &'a eval::TopicField,
             tag: &'a str,
             collection: CollectionProvenance<'a>,
-            /// Name and weights hash of the model; null for first-stage pipelines.
-            model: Option<()>,
+            /// Source and weights hash of the model; null for first-stage pipelines.
+            model: Option<ModelProvenance<'a>>,
+        }
+        #[derive(Serialize)]
+        struct ModelProvenance<'a> {
+            source: &'a str,
+            kind: &'static str,
+            weights_fnv1a64: &'a str,
         }
         #[derive(Serialize)]
         struct CollectionProvenance<'a> {
@@ -323,7 +329,11 @@ impl Jobs {
                 documents: plan.collection.num_docs(),
                 built_at: plan.collection.built_at().map(crate::store::format_time),
             },
-            model: None,
+            model: self.engine.model().filter(|_| plan.options.pipeline.needs_model()).map(|m| ModelProvenance {
+                source: &m.source,
+                kind: m.reranker.kind(),
+                weights_fnv1a64: &m.weights_hash,
+            }),
         };
         serde_json::to_string(&provenance).unwrap_or_default()
     }

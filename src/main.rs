@@ -30,6 +30,9 @@ struct Cli {
     /// Data directory (overrides `data_dir`).
     #[arg(long, global = true)]
     data_dir: Option<PathBuf>,
+    /// Re-ranking model: a Hugging Face directory (overrides `model.path`).
+    #[arg(long, global = true)]
+    model: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -200,6 +203,9 @@ fn main() -> anyhow::Result<()> {
     if let Some(dir) = cli.data_dir {
         config.data_dir = dir;
     }
+    if let Some(model) = cli.model {
+        config.model.path = model;
+    }
     match cli.command {
         Command::Serve { addr } => {
             if let Some(addr) = addr {
@@ -364,7 +370,11 @@ fn open_engine(config: &Config) -> anyhow::Result<Engine> {
     for failure in failures {
         tracing::warn!("{failure}");
     }
-    Ok(Engine::new(Arc::new(catalog), config.limits.clone(), config.bm25, &config.default_collection))
+    let engine = Engine::new(Arc::new(catalog), config);
+    if !config.model.path.is_empty() {
+        engine.load_model(Path::new(&config.model.path))?;
+    }
+    Ok(engine)
 }
 
 fn serve(config: Config) -> anyhow::Result<()> {
@@ -387,10 +397,14 @@ fn serve(config: Config) -> anyhow::Result<()> {
     })
 }
 
-/// Indexes the demo collection on first start, when the data directory holds no collection at all (it
-/// never shadows a user's collections).
+/// Loads the model, and indexes the demo collection on first start when the data directory holds no
+/// collection at all (it never shadows a user's collections).
 fn prepare(state: &AppState) -> anyhow::Result<()> {
     let config = state.config();
+    if !config.model.path.is_empty() {
+        tracing::info!("loading the re-ranking model from {}", config.model.path);
+        state.engine().load_model(Path::new(&config.model.path))?;
+    }
     let catalog = state.engine().catalog();
     if !config.server.demo_when_empty || !catalog.is_empty() {
         return Ok(());

@@ -71,14 +71,36 @@ impl Backbone {
     }
 }
 
-/// Every `*.safetensors` file of the directory (sharded checkpoints too), else `pytorch_model.bin`.
-fn weights(dir: &Path, device: &Device) -> Result<VarBuilder<'static>, ModelError> {
+/// The weight files of a directory: every `*.safetensors` (sharded checkpoints too) in name order, else
+/// `pytorch_model.bin`.
+fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| load_err(dir, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
         .collect();
     files.sort();
+    if files.is_empty() && dir.join("pytorch_model.bin").exists() {
+        files.push(dir.join("pytorch_model.bin"));
+    }
+    Ok(files)
+}
+
+/// A stable fingerprint of the weights: 64-bit FNV-1a over the weight files' bytes, in hex.
+pub fn weights_hash(dir: &Path) -> Result<String, ModelError> {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for file in weight_files(dir)? {
+        let bytes = std::fs::read(&file).map_err(|e| load_err(&file, e))?;
+        for b in bytes {
+            hash = (hash ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    Ok(format!("{hash:016x}"))
+}
+
+fn weights(dir: &Path, device: &Device) -> Result<VarBuilder<'static>, ModelError> {
+    let files: Vec<PathBuf> =
+        weight_files(dir)?.into_iter().filter(|p| p.extension().is_some_and(|x| x == "safetensors")).collect();
     if !files.is_empty() {
         // SAFETY: the files are memory-mapped read-only; a file changed while mapped is the caller's problem,
         // as with every mmap-based loader.
@@ -207,6 +229,10 @@ impl BiEncoder {
         self.backbone.pieces.single(text, self.max_seq_length)
     }
 
+    pub fn count_tokens(&self, text: &str) -> Result<usize, ModelError> {
+        self.backbone.pieces.count(text)
+    }
+
     /// Embeddings of a batch of encoded texts.
     pub fn embed(&self, batch: &[Encoded]) -> Result<Vec<Vec<f32>>, ModelError> {
         if batch.is_empty() {
@@ -229,6 +255,102 @@ impl BiEncoder {
         };
         Ok(pooled.to_vec2::<f32>()?)
     }
+}
+
+/// How pairs are built and batched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScoreOptions {
+    pub max_length: usize,
+    pub max_query_tokens: usize,
+    pub batch_size: usize,
+}
+
+/// A loaded model of either kind, scoring (query, segment) pairs: a cross-encoder's logit, or the cosine
+/// of a bi-encoder's query and segment embeddings.
+pub enum Reranker {
+    Cross(CrossEncoder),
+    Bi(BiEncoder),
+}
+
+impl Reranker {
+    /// Loads a directory: sentence-transformers (`modules.json`) as a bi-encoder, anything else as a
+    /// cross-encoder.
+    pub fn load(dir: &Path, device: &Device) -> Result<Reranker, ModelError> {
+        if dir.join("modules.json").exists() {
+            Ok(Reranker::Bi(BiEncoder::load(dir, device)?))
+        } else {
+            Ok(Reranker::Cross(CrossEncoder::load(dir, device)?))
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Reranker::Cross(_) => "cross-encoder",
+            Reranker::Bi(_) => "bi-encoder",
+        }
+    }
+
+    pub fn count_tokens(&self, text: &str) -> Result<usize, ModelError> {
+        match self {
+            Reranker::Cross(m) => m.count_tokens(text),
+            Reranker::Bi(m) => m.count_tokens(text),
+        }
+    }
+
+    /// The most word pieces a segment may have so that it is never cut: what is left of the input after the
+    /// query budget and the special tokens (cross-encoder), or the input less `[CLS]`/`[SEP]` (bi-encoder).
+    pub fn segment_budget(&self, options: &ScoreOptions) -> usize {
+        match self {
+            Reranker::Cross(m) => {
+                options.max_length.min(m.backbone.pieces.max_len).saturating_sub(options.max_query_tokens + 3)
+            }
+            Reranker::Bi(m) => m.max_seq_length.saturating_sub(2),
+        }
+        .max(1)
+    }
+
+    /// Scores every segment against the query, in batches of inputs of similar length (less padding).
+    pub fn score(&self, query: &str, segments: &[&str], options: &ScoreOptions) -> Result<Vec<f32>, ModelError> {
+        let inputs: Vec<Encoded> = match self {
+            Reranker::Cross(m) => segments
+                .iter()
+                .map(|s| m.encode(query, s, options.max_length, options.max_query_tokens))
+                .collect::<Result<_, _>>()?,
+            Reranker::Bi(m) => segments.iter().map(|s| m.encode(s)).collect::<Result<_, _>>()?,
+        };
+        let mut order: Vec<usize> = (0..inputs.len()).collect();
+        order.sort_by_key(|&i| inputs[i].ids.len());
+        let query_embedding = match self {
+            Reranker::Bi(m) => Some(m.embed(&[m.encode(query)?])?.remove(0)),
+            Reranker::Cross(_) => None,
+        };
+        let mut scores = vec![0f32; inputs.len()];
+        for chunk in order.chunks(options.batch_size.max(1)) {
+            let batch: Vec<Encoded> = chunk.iter().map(|&i| inputs[i].clone()).collect();
+            let chunk_scores = match (self, &query_embedding) {
+                (Reranker::Cross(m), _) => m.score(&batch)?,
+                (Reranker::Bi(m), Some(q)) => m.embed(&batch)?.iter().map(|e| cosine(q, e)).collect(),
+                (Reranker::Bi(_), None) => unreachable!("bi-encoders embed the query first"),
+            };
+            for (&i, score) in chunk.iter().zip(chunk_scores) {
+                scores[i] = score;
+            }
+        }
+        Ok(scores)
+    }
+}
+
+impl crate::segment::TokenCounter for Reranker {
+    fn count(&self, text: &str) -> usize {
+        // A tokenizer error on valid UTF-8 would be a bug in the tokenizer file; words are a fair fallback.
+        self.count_tokens(text).unwrap_or_else(|_| text.split_whitespace().count())
+    }
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    dot / (norm(a) * norm(b)).max(1e-12)
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ModelError> {

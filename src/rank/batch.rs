@@ -66,7 +66,11 @@ impl BatchPlan {
     /// The ranked documents of one topic.
     pub fn run_topic(&self, engine: &Engine, topic: &Topic) -> Result<Vec<Scored>, RankError> {
         let query = topic.query(self.field);
-        let hits = engine.retrieve(&self.collection, engine.check_query(&query)?, &self.options)?;
-        Ok(hits.into_iter().take(self.options.k).map(|h| Scored { docid: h.docid, score: h.score as f64 }).collect())
+        let ranked = engine.rank(&self.collection, engine.check_query(&query)?, &self.options)?;
+        Ok(ranked
+            .into_iter()
+            .take(self.options.k)
+            .map(|r| Scored { docid: r.hit.docid, score: r.score as f64 })
+            .collect())
     }
 }

@@ -3,18 +3,21 @@
 //! CLI both call `Engine`, so validation and limits live only here.
 
 pub mod batch;
+mod rerank;
 mod snippet;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::config::Limits;
+use crate::config::{Config, Limits};
 use crate::index::{analyzer, Bm25Params, Catalog, Collection, Hit, IndexError, Rm3Params};
+use crate::model::{Reranker, ScoreOptions};
 
 pub use batch::{BatchParams, BatchPlan};
+pub use rerank::{aggregate, Evidence, ScoredSegment};
 pub use snippet::snippet;
 
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +40,10 @@ pub enum RankError {
     UnknownDocument { docid: String, collection: Option<String> },
     #[error("document {docid:?} exists in several collections ({}); name one with ?collection=", collections.join(", "))]
     AmbiguousDocument { docid: String, collections: Vec<String> },
+    #[error("pipeline {pipeline} re-ranks with a model, and none is loaded (set [model] path or --model)")]
+    ModelRequired { pipeline: &'static str },
+    #[error("model: {0}")]
+    Model(crate::model::ModelError),
     #[error(transparent)]
     Index(#[from] IndexError),
 }
@@ -50,16 +57,38 @@ pub enum Pipeline {
     /// BM25 with RM3 pseudo-relevance feedback (Anserini's defaults: 10 documents, 10 terms, weight 0.5).
     #[serde(rename = "bm25+rm3")]
     Bm25Rm3,
+    /// The model scores each BM25 candidate's first segment.
+    #[serde(rename = "firstp")]
+    FirstP,
+    /// The model scores every segment; a document scores its best segment's score.
+    #[serde(rename = "maxp")]
+    MaxP,
+    /// Every segment scored; a document scores the sum.
+    #[serde(rename = "sump")]
+    SumP,
+    /// Every segment scored; a document scores the mean.
+    #[serde(rename = "avgp")]
+    AvgP,
 }
 
 impl Pipeline {
-    pub const ALL: [Pipeline; 2] = [Pipeline::Bm25, Pipeline::Bm25Rm3];
+    pub const ALL: [Pipeline; 6] =
+        [Pipeline::Bm25, Pipeline::Bm25Rm3, Pipeline::FirstP, Pipeline::MaxP, Pipeline::SumP, Pipeline::AvgP];
 
     pub fn name(self) -> &'static str {
         match self {
             Pipeline::Bm25 => "bm25",
             Pipeline::Bm25Rm3 => "bm25+rm3",
+            Pipeline::FirstP => "firstp",
+            Pipeline::MaxP => "maxp",
+            Pipeline::SumP => "sump",
+            Pipeline::AvgP => "avgp",
         }
+    }
+
+    /// Whether the pipeline re-ranks BM25's candidates with the model.
+    pub fn needs_model(self) -> bool {
+        !matches!(self, Pipeline::Bm25 | Pipeline::Bm25Rm3)
     }
 
     pub fn parse(name: &str) -> Result<Pipeline, RankError> {
@@ -111,6 +140,9 @@ pub struct SearchResponse {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Timing {
     pub retrieve_ms: f64,
+    /// Segmenting and model scoring, for re-ranking pipelines.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rerank_ms: Option<f64>,
     pub total_ms: f64,
 }
 
@@ -124,8 +156,31 @@ pub struct SearchHit {
     /// BM25 score from the first stage.
     pub first_stage_score: f32,
     pub title: String,
-    /// A short passage of the document around the query terms.
+    /// A short passage: the best segment for re-ranked results, else the text around the query terms.
     pub snippet: String,
+    /// Re-ranked results: the segment that scored best, with its text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub best_segment: Option<BestSegment>,
+    /// Re-ranked results: every segment the model scored, in document order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub segments: Option<Vec<ScoredSegment>>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct BestSegment {
+    pub index: usize,
+    /// UTF-8 byte offsets into the document's text.
+    pub start: usize,
+    pub end: usize,
+    pub score: f32,
+    pub text: String,
+}
+
+/// A ranked document: the first-stage hit, the final score, and the evidence when a model re-ranked it.
+pub struct Ranked {
+    pub hit: Hit,
+    pub score: f32,
+    pub evidence: Option<Evidence>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -162,12 +217,45 @@ pub struct Engine {
     limits: Limits,
     bm25: Bm25Params,
     default_collection: Option<String>,
+    /// The re-ranking model, once loaded (start-up loads it off the request path).
+    model: OnceLock<LoadedModel>,
+    score_options: ScoreOptions,
+}
+
+/// The model and where it came from (for `/pipelines` and provenance).
+pub struct LoadedModel {
+    pub reranker: Reranker,
+    pub source: String,
+    /// FNV-1a (64-bit, hex) over the weight files, in name order: which weights a run was made with.
+    pub weights_hash: String,
 }
 
 impl Engine {
-    pub fn new(catalog: Arc<Catalog>, limits: Limits, bm25: Bm25Params, default_collection: &str) -> Engine {
-        let default_collection = (!default_collection.is_empty()).then(|| default_collection.to_string());
-        Engine { catalog, limits, bm25, default_collection }
+    pub fn new(catalog: Arc<Catalog>, config: &Config) -> Engine {
+        let default_collection = (!config.default_collection.is_empty()).then(|| config.default_collection.clone());
+        let m = &config.model;
+        let score_options =
+            ScoreOptions { max_length: m.max_length, max_query_tokens: m.max_query_tokens, batch_size: m.batch_size };
+        Engine {
+            catalog,
+            limits: config.limits.clone(),
+            bm25: config.bm25,
+            default_collection,
+            model: OnceLock::new(),
+            score_options,
+        }
+    }
+
+    /// Loads the re-ranking model from a Hugging Face directory (once).
+    pub fn load_model(&self, dir: &std::path::Path) -> Result<(), RankError> {
+        let reranker = Reranker::load(dir, &candle_core::Device::Cpu).map_err(RankError::Model)?;
+        let weights_hash = crate::model::weights_hash(dir).map_err(RankError::Model)?;
+        let _ = self.model.set(LoadedModel { reranker, source: dir.display().to_string(), weights_hash });
+        Ok(())
+    }
+
+    pub fn model(&self) -> Option<&LoadedModel> {
+        self.model.get()
     }
 
     pub fn catalog(&self) -> &Arc<Catalog> {
@@ -181,31 +269,84 @@ impl Engine {
         let collection = self.collection(request.collection.as_deref())?;
         let hits = self.retrieve(&collection, query, &options)?;
         let retrieve_ms = ms(started);
+        let ranked = self.rerank(&collection, query, &options, hits)?;
+        let rerank_ms = options.pipeline.needs_model().then(|| ms(started) - retrieve_ms);
         let query_terms = analyzer::terms(query);
-        let results = hits
+        let results = ranked
             .into_iter()
             .take(options.k)
             .enumerate()
-            .map(|(i, hit)| {
-                let doc = collection.document(hit.address)?;
-                Ok(SearchHit {
-                    rank: i + 1,
-                    snippet: snippet(&doc.text, &query_terms),
-                    docid: hit.docid,
-                    score: hit.score,
-                    first_stage_score: hit.score,
-                    title: doc.title,
-                })
-            })
-            .collect::<Result<Vec<_>, IndexError>>()?;
+            .map(|(i, ranked)| self.search_hit(i + 1, ranked, &collection, &query_terms))
+            .collect::<Result<Vec<_>, RankError>>()?;
         let total_ms = ms(started);
         Ok(SearchResponse {
             query: request.query,
             collection: collection.name().to_string(),
             pipeline: options.pipeline,
             took_ms: total_ms,
-            timing: Timing { retrieve_ms, total_ms },
+            timing: Timing { retrieve_ms, rerank_ms, total_ms },
             results,
+        })
+    }
+
+    /// First stage, then the model for re-ranking pipelines: the candidates, best first.
+    pub fn rank(&self, collection: &Collection, query: &str, options: &RankOptions) -> Result<Vec<Ranked>, RankError> {
+        let hits = self.retrieve(collection, query, options)?;
+        self.rerank(collection, query, options, hits)
+    }
+
+    fn rerank(
+        &self,
+        collection: &Collection,
+        query: &str,
+        options: &RankOptions,
+        hits: Vec<Hit>,
+    ) -> Result<Vec<Ranked>, RankError> {
+        if !options.pipeline.needs_model() {
+            return Ok(hits.into_iter().map(|hit| Ranked { score: hit.score, hit, evidence: None }).collect());
+        }
+        let model = self.model().ok_or(RankError::ModelRequired { pipeline: options.pipeline.name() })?;
+        let candidates: Vec<Hit> = hits.into_iter().take(options.depth).collect();
+        rerank::rerank(&model.reranker, &self.score_options, options.pipeline, collection, query, candidates)
+    }
+
+    fn search_hit(
+        &self,
+        rank: usize,
+        ranked: Ranked,
+        collection: &Collection,
+        query_terms: &[String],
+    ) -> Result<SearchHit, RankError> {
+        let Ranked { hit, score, evidence } = ranked;
+        let Some(evidence) = evidence else {
+            let doc = collection.document(hit.address)?;
+            return Ok(SearchHit {
+                rank,
+                snippet: snippet(&doc.text, query_terms),
+                docid: hit.docid,
+                score,
+                first_stage_score: hit.score,
+                title: doc.title,
+                best_segment: None,
+                segments: None,
+            });
+        };
+        let best = evidence.best().map(|b| BestSegment {
+            index: b.index,
+            start: b.start,
+            end: b.end,
+            score: b.score,
+            text: evidence.doc.text[b.start..b.end].to_string(),
+        });
+        Ok(SearchHit {
+            rank,
+            snippet: best.as_ref().map(|b| snippet(&b.text, query_terms)).unwrap_or_default(),
+            docid: hit.docid,
+            score,
+            first_stage_score: hit.score,
+            title: evidence.doc.title,
+            best_segment: best,
+            segments: Some(evidence.segments),
         })
     }
 
@@ -254,8 +395,8 @@ impl Engine {
     pub fn retrieve(&self, collection: &Collection, query: &str, options: &RankOptions) -> Result<Vec<Hit>, RankError> {
         let n = options.depth.max(options.k);
         Ok(match options.pipeline {
-            Pipeline::Bm25 => collection.search(query, n, options.bm25)?,
             Pipeline::Bm25Rm3 => collection.search_rm3(query, n, options.bm25, options.rm3)?,
+            _ => collection.search(query, n, options.bm25)?,
         })
     }
 
@@ -345,6 +486,6 @@ mod tests {
         assert_eq!(Pipeline::parse("bm25").unwrap(), Pipeline::Bm25);
         assert_eq!(Pipeline::parse("bm25+rm3").unwrap(), Pipeline::Bm25Rm3);
         let err = Pipeline::parse("magic").unwrap_err();
-        assert_eq!(err.to_string(), "unknown pipeline \"magic\"; available: bm25, bm25+rm3");
+        assert_eq!(err.to_string(), "unknown pipeline \"magic\"; available: bm25, bm25+rm3, firstp, maxp, sump, avgp");
     }
 }

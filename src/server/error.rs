@@ -84,6 +84,8 @@ impl From<RankError> for ApiError {
             RankError::UnknownCollection { .. } => (S::NOT_FOUND, "unknown_collection"),
             RankError::UnknownDocument { .. } => (S::NOT_FOUND, "unknown_document"),
             RankError::AmbiguousDocument { .. } => (S::CONFLICT, "ambiguous_document"),
+            RankError::ModelRequired { .. } => (S::UNPROCESSABLE_ENTITY, "model_required"),
+            RankError::Model(_) => (S::INTERNAL_SERVER_ERROR, "model_error"),
             RankError::Index(_) => (S::INTERNAL_SERVER_ERROR, "index_error"),
         };
         ApiError::new(status, code, e.to_string())

@@ -41,7 +41,7 @@ struct Inner {
 
 impl AppState {
     pub fn new(config: Config, catalog: Arc<Catalog>, store: Store) -> AppState {
-        let engine = Arc::new(Engine::new(catalog, config.limits.clone(), config.bm25, &config.default_collection));
+        let engine = Arc::new(Engine::new(catalog, &config));
         let jobs = Jobs::new(engine.clone(), store, config.clone());
         let inner = Inner { config, engine, jobs, metrics: metrics::Metrics::default(), ready: AtomicBool::new(false) };
         AppState { inner: Arc::new(inner) }
@@ -105,6 +105,7 @@ pub fn router(state: AppState) -> Router {
         .route("/search", get(routes::search::get_search).post(routes::search::post_search))
         .route("/documents/{docid}", get(routes::documents::get_document))
         .route("/collections", get(routes::collections::list_collections))
+        .route("/pipelines", get(routes::pipelines::list_pipelines))
         .route("/batch", get(routes::batch::list).post(routes::batch::submit))
         .route("/batch/compare", get(routes::batch::compare))
         .route("/batch/{id}", get(routes::batch::get).delete(routes::batch::cancel))

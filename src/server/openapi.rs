@@ -2,7 +2,7 @@
 
 use utoipa::OpenApi;
 
-use super::routes::{batch, collections, documents, search, system};
+use super::routes::{batch, collections, documents, pipelines, search, system};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -12,6 +12,7 @@ use super::routes::{batch, collections, documents, search, system};
         search::get_search,
         documents::get_document,
         collections::list_collections,
+        pipelines::list_pipelines,
         batch::submit,
         batch::list,
         batch::get,

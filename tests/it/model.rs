@@ -86,3 +86,92 @@ fn cross_encoder_reproduces_reference_logits_including_truncated_pairs() {
         }
     }
 }
+
+#[test]
+fn maxp_search_over_http_carries_segment_evidence() {
+    let dir = tempfile::tempdir().unwrap();
+    let gov2 = crate::common::data("trec-format-samples/gov2-style/GX000");
+    crate::common::cli_ok(dir.path(), &["index", "--collection", "gov2", gov2.to_str().unwrap()]);
+    let model = minilm();
+    let server =
+        crate::common::TestServer::start(dir.path(), &[("LONGRANK_MODEL_PATH", model.to_str().unwrap())]).wait_ready();
+
+    let (status, body) = crate::common::get(&server.url("/pipelines"));
+    assert_eq!(status, 200);
+    let pipelines: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(pipelines["model"]["kind"], "bi-encoder");
+    let maxp = pipelines["pipelines"].as_array().unwrap().iter().find(|p| p["name"] == "maxp").unwrap();
+    assert_eq!((maxp["needs_model"].as_bool(), maxp["available"].as_bool()), (Some(true), Some(true)));
+
+    let mut by_pipeline = HashMap::new();
+    for pipeline in ["maxp", "firstp", "sump", "avgp"] {
+        let request = format!(
+            r#"{{"query": "history of the oil industry in Texas", "k": 5, "depth": 5, "pipeline": "{pipeline}"}}"#
+        );
+        let r = crate::common::post_json(&server.url("/search"), &request);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        assert!(v["timing"]["rerank_ms"].as_f64().unwrap() > 0.0);
+        by_pipeline.insert(pipeline, v);
+    }
+    for (pipeline, v) in &by_pipeline {
+        let results = v["results"].as_array().unwrap();
+        assert!(!results.is_empty());
+        let scores: Vec<f64> = results.iter().map(|r| r["score"].as_f64().unwrap()).collect();
+        assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{pipeline}: {scores:?}");
+        for r in results {
+            let docid = r["docid"].as_str().unwrap();
+            let (_, doc) = crate::common::get(&server.url(&format!("/documents/{docid}?collection=gov2")));
+            let text = serde_json::from_str::<Value>(&doc).unwrap()["text"].as_str().unwrap().to_string();
+            let segments = r["segments"].as_array().unwrap();
+            let seg_scores: Vec<f64> = segments.iter().map(|s| s["score"].as_f64().unwrap()).collect();
+            for s in segments {
+                let (start, end) = (s["start"].as_u64().unwrap() as usize, s["end"].as_u64().unwrap() as usize);
+                assert!(
+                    start <= end && end <= text.len() && text.is_char_boundary(start) && text.is_char_boundary(end)
+                );
+            }
+            let best = &r["best_segment"];
+            let (start, end) = (best["start"].as_u64().unwrap() as usize, best["end"].as_u64().unwrap() as usize);
+            assert_eq!(best["text"].as_str().unwrap(), &text[start..end], "{pipeline} {docid}");
+            let score = r["score"].as_f64().unwrap();
+            let expected = match *pipeline {
+                "maxp" => seg_scores.iter().copied().fold(f64::MIN, f64::max),
+                "firstp" => seg_scores[0],
+                "sump" => seg_scores.iter().sum(),
+                _ => seg_scores.iter().sum::<f64>() / seg_scores.len() as f64,
+            };
+            assert!((score - expected).abs() < 1e-4, "{pipeline} {docid}: {score} vs {expected}");
+            if *pipeline == "firstp" {
+                assert_eq!(segments.len(), 1);
+            }
+        }
+    }
+    // The long page (1,708 words) is cut into several segments.
+    let maxp = &by_pipeline["maxp"]["results"];
+    let long = maxp
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["docid"] == "GX000-55-3407826")
+        .expect("the long page is a candidate");
+    assert!(long["segments"].as_array().unwrap().len() > 3);
+
+    // The same pipeline through /batch, with the model in the run's provenance.
+    let read =
+        |f: &str| std::fs::read_to_string(crate::common::data(&format!("trec-format-samples/gov2-style/{f}"))).unwrap();
+    let body = serde_json::json!({"topics": read("topics.701-702.txt"), "qrels": read("qrels.txt"), "pipeline": "maxp", "k": 5, "depth": 5});
+    let job = crate::common::post_json(&server.url("/batch?wait=true"), &body.to_string()).json();
+    assert_eq!(job["status"], "done", "{job}");
+    assert_eq!(job["provenance"]["model"]["kind"], "bi-encoder");
+    assert_eq!(job["provenance"]["model"]["weights_fnv1a64"].as_str().unwrap().len(), 16);
+    assert!(job["metrics"]["all"]["map"].as_f64().is_some());
+
+    // Without a model, re-ranking pipelines are refused with a clear error.
+    let shared = &crate::common::fixture().server;
+    crate::common::post_json(
+        &shared.url("/search"),
+        r#"{"query": "wing", "collection": "cranfield", "pipeline": "maxp"}"#,
+    )
+    .assert_error(422, "model_required");
+}

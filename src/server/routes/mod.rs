@@ -3,6 +3,7 @@
 pub mod batch;
 pub mod collections;
 pub mod documents;
+pub mod pipelines;
 pub mod search;
 pub mod system;
 pub mod web;

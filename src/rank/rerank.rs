@@ -1,0 +1,109 @@
+//! The re-ranking stage: each first-stage candidate is cut into segments, the model scores every (query,
+//! segment) pair, and the segment scores are aggregated into the document's score (FirstP, MaxP, SumP,
+//! AvgP), keeping every segment's score as evidence.
+
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::{Pipeline, RankError, Ranked};
+use crate::index::{Collection, Hit, StoredDoc};
+use crate::model::{Reranker, ScoreOptions};
+use crate::segment::{self, Segment, Strategy};
+
+/// One segment with the model's score.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ScoredSegment {
+    pub index: usize,
+    /// UTF-8 byte offsets into the document's text.
+    pub start: usize,
+    pub end: usize,
+    pub score: f32,
+}
+
+/// Why a re-ranked document scored what it did: its text and every segment's score.
+pub struct Evidence {
+    pub doc: StoredDoc,
+    pub segments: Vec<ScoredSegment>,
+}
+
+impl Evidence {
+    /// The highest-scoring segment (the first of equals).
+    pub fn best(&self) -> Option<&ScoredSegment> {
+        self.segments.iter().fold(None, |best: Option<&ScoredSegment>, s| match best {
+            Some(b) if b.score >= s.score => Some(b),
+            _ => Some(s),
+        })
+    }
+}
+
+/// The document score from its segment scores (in document order).
+pub fn aggregate(pipeline: Pipeline, scores: &[f32]) -> f32 {
+    if scores.is_empty() {
+        return f32::NEG_INFINITY;
+    }
+    match pipeline {
+        Pipeline::FirstP => scores[0],
+        Pipeline::MaxP => scores.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+        Pipeline::SumP => scores.iter().sum(),
+        Pipeline::AvgP => scores.iter().sum::<f32>() / scores.len() as f32,
+        Pipeline::Bm25 | Pipeline::Bm25Rm3 => unreachable!("first-stage pipelines are not aggregated"),
+    }
+}
+
+/// Re-scores the candidates with the model; best first (ties keep first-stage order).
+pub fn rerank(
+    model: &Reranker,
+    options: &ScoreOptions,
+    pipeline: Pipeline,
+    collection: &Collection,
+    query: &str,
+    hits: Vec<Hit>,
+) -> Result<Vec<Ranked>, RankError> {
+    let strategy = Strategy::Sentences { max_tokens: model.segment_budget(options) };
+    // FirstP needs only the first segment; the others score them all.
+    let cap = (pipeline == Pipeline::FirstP).then_some(1);
+    let mut docs = Vec::with_capacity(hits.len());
+    let mut pairs: Vec<(usize, Segment)> = Vec::new();
+    for (d, hit) in hits.into_iter().enumerate() {
+        let doc = collection.document(hit.address)?;
+        let mut segments = segment::segment(&doc.text, strategy, model, cap);
+        if segments.is_empty() {
+            // An empty text is still a document: score the empty passage rather than drop it.
+            segments.push(Segment { index: 0, start: 0, end: 0 });
+        }
+        pairs.extend(segments.into_iter().map(|s| (d, s)));
+        docs.push((hit, doc));
+    }
+    let texts: Vec<&str> = pairs.iter().map(|(d, s)| s.text(&docs[*d].1.text)).collect();
+    let scores = model.score(query, &texts, options).map_err(RankError::Model)?;
+    let mut per_doc: Vec<Vec<ScoredSegment>> = vec![Vec::new(); docs.len()];
+    for ((d, s), score) in pairs.into_iter().zip(scores) {
+        per_doc[d].push(ScoredSegment { index: s.index, start: s.start, end: s.end, score });
+    }
+    let mut out: Vec<Ranked> = docs
+        .into_iter()
+        .zip(per_doc)
+        .map(|((hit, doc), segments)| {
+            let score = aggregate(pipeline, &segments.iter().map(|s| s.score).collect::<Vec<_>>());
+            Ranked { hit, score, evidence: Some(Evidence { doc, segments }) }
+        })
+        .collect();
+    // A stable sort keeps the first-stage order among equal scores.
+    out.sort_by(|a, b| b.score.total_cmp(&a.score));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aggregations() {
+        let s = [1.0, 3.0, -2.0, 2.0];
+        assert_eq!(aggregate(Pipeline::FirstP, &s), 1.0);
+        assert_eq!(aggregate(Pipeline::MaxP, &s), 3.0);
+        assert_eq!(aggregate(Pipeline::SumP, &s), 4.0);
+        assert_eq!(aggregate(Pipeline::AvgP, &s), 1.0);
+        assert_eq!(aggregate(Pipeline::MaxP, &[]), f32::NEG_INFINITY);
+    }
+}
