@@ -67,10 +67,6 @@ impl BatchPlan {
     pub fn run_topic(&self, engine: &Engine, topic: &Topic) -> Result<Vec<Scored>, RankError> {
         let query = topic.query(self.field);
         let ranked = engine.rank(&self.collection, engine.check_query(&query)?, &self.options)?;
-        Ok(ranked
-            .into_iter()
-            .take(self.options.k)
-            .map(|r| Scored { docid: r.hit.docid, score: r.score as f64 })
-            .collect())
+        Ok(ranked.into_iter().take(self.options.k).map(|r| Scored { docid: r.docid, score: r.score as f64 }).collect())
     }
 }

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::config::{Config, Limits};
-use crate::index::{analyzer, Bm25Params, Catalog, Collection, Hit, IndexError, Rm3Params};
+use crate::index::{analyzer, Bm25Params, Catalog, Collection, Hit, IndexError, Rm3Params, StoredDoc};
 use crate::model::{Reranker, ScoreOptions};
 
 pub use batch::{BatchParams, BatchPlan};
@@ -153,8 +153,9 @@ pub struct SearchHit {
     pub docid: String,
     /// The pipeline's final score.
     pub score: f32,
-    /// BM25 score from the first stage.
-    pub first_stage_score: f32,
+    /// BM25 score from the first stage (absent for documents given to `/rerank` as text).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_stage_score: Option<f32>,
     pub title: String,
     /// A short passage: the best segment for re-ranked results, else the text around the query terms.
     pub snippet: String,
@@ -176,9 +177,12 @@ pub struct BestSegment {
     pub text: String,
 }
 
-/// A ranked document: the first-stage hit, the final score, and the evidence when a model re-ranked it.
+/// A ranked document: the final score, the first-stage score and address when it came from the index, and
+/// the evidence when a model re-ranked it.
 pub struct Ranked {
-    pub hit: Hit,
+    pub docid: String,
+    pub first_stage_score: Option<f32>,
+    pub address: Option<tantivy::DocAddress>,
     pub score: f32,
     pub evidence: Option<Evidence>,
 }
@@ -199,6 +203,46 @@ pub struct CollectionInfo {
     pub average_length: f64,
     pub size_bytes: u64,
     pub bm25: Bm25Params,
+}
+
+/// `POST /rerank`: the client's own candidates, re-ranked with evidence (text-embeddings-inference's
+/// `/rerank` for long documents). Give either `documents` (texts) or `docids` (stored documents).
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RerankRequest {
+    pub query: String,
+    #[serde(default)]
+    pub documents: Option<Vec<RerankDocument>>,
+    #[serde(default)]
+    pub docids: Option<Vec<String>>,
+    /// Where `docids` are looked up (default as for /search).
+    #[serde(default)]
+    pub collection: Option<String>,
+    /// A re-ranking pipeline (default `maxp`).
+    #[serde(default)]
+    pub pipeline: Option<String>,
+    /// Results to return (default: all).
+    #[serde(default)]
+    pub k: Option<i64>,
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RerankDocument {
+    /// Echoed as the result's docid (default: the document's position, from 0).
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub title: Option<String>,
+    pub text: String,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RerankResponse {
+    pub query: String,
+    pub pipeline: Pipeline,
+    pub took_ms: f64,
+    pub results: Vec<SearchHit>,
 }
 
 /// Validated ranking options.
@@ -278,7 +322,7 @@ impl Engine {
             .into_iter()
             .take(options.k)
             .enumerate()
-            .map(|(i, ranked)| self.search_hit(i + 1, ranked, &collection, &query_terms))
+            .map(|(i, ranked)| self.search_hit(i + 1, ranked, Some(&collection), &query_terms))
             .collect::<Result<Vec<_>, RankError>>()?;
         let total_ms = ms(started);
         Ok(SearchResponse {
@@ -289,6 +333,66 @@ impl Engine {
             timing: Timing { retrieve_ms, rerank_ms, total_ms },
             results,
         })
+    }
+
+    /// Re-ranks the client's documents (texts, or docids of a collection) with the model.
+    pub fn rerank_documents(&self, request: RerankRequest) -> Result<RerankResponse, RankError> {
+        let started = Instant::now();
+        let query = self.check_query(&request.query)?;
+        let pipeline = Pipeline::parse(request.pipeline.as_deref().unwrap_or("maxp"))?;
+        if !pipeline.needs_model() {
+            return Err(RankError::InvalidParameter(format!(
+                "/rerank needs a re-ranking pipeline, not {}",
+                pipeline.name()
+            )));
+        }
+        let model = self.model().ok_or(RankError::ModelRequired { pipeline: pipeline.name() })?;
+        let candidates: Vec<rerank::Candidate> = match (request.documents, request.docids) {
+            (Some(documents), None) => documents
+                .into_iter()
+                .enumerate()
+                .map(|(i, d)| rerank::Candidate {
+                    first_stage_score: None,
+                    doc: StoredDoc {
+                        docid: d.id.unwrap_or_else(|| i.to_string()),
+                        title: d.title.unwrap_or_default(),
+                        text: d.text,
+                    },
+                })
+                .collect(),
+            (None, Some(docids)) => {
+                let collection = self.collection(request.collection.as_deref())?;
+                docids
+                    .into_iter()
+                    .map(|docid| match collection.get(&docid)? {
+                        Some(doc) => Ok(rerank::Candidate { first_stage_score: None, doc }),
+                        None => {
+                            Err(RankError::UnknownDocument { docid, collection: Some(collection.name().to_string()) })
+                        }
+                    })
+                    .collect::<Result<_, RankError>>()?
+            }
+            _ => return Err(RankError::InvalidParameter("give either documents or docids".into())),
+        };
+        let count = candidates.len();
+        if count == 0 || count > self.limits.max_depth {
+            return Err(RankError::OutOfRange {
+                field: "documents",
+                value: count as i64,
+                min: 1,
+                max: self.limits.max_depth,
+            });
+        }
+        let k = in_range("k", request.k, count, self.limits.max_k)?;
+        let ranked = rerank::rerank(&model.reranker, &self.score_options, &self.segments, pipeline, query, candidates)?;
+        let query_terms = analyzer::terms(query);
+        let results = ranked
+            .into_iter()
+            .take(k)
+            .enumerate()
+            .map(|(i, r)| self.search_hit(i + 1, r, None, &query_terms))
+            .collect::<Result<Vec<_>, RankError>>()?;
+        Ok(RerankResponse { query: request.query, pipeline, took_ms: ms(started), results })
     }
 
     /// First stage, then the model for re-ranking pipelines: the candidates, best first.
@@ -305,37 +409,47 @@ impl Engine {
         hits: Vec<Hit>,
     ) -> Result<Vec<Ranked>, RankError> {
         if !options.pipeline.needs_model() {
-            return Ok(hits.into_iter().map(|hit| Ranked { score: hit.score, hit, evidence: None }).collect());
+            return Ok(hits
+                .into_iter()
+                .map(|hit| Ranked {
+                    first_stage_score: Some(hit.score),
+                    address: Some(hit.address),
+                    score: hit.score,
+                    docid: hit.docid,
+                    evidence: None,
+                })
+                .collect());
         }
         let model = self.model().ok_or(RankError::ModelRequired { pipeline: options.pipeline.name() })?;
-        let candidates: Vec<Hit> = hits.into_iter().take(options.depth).collect();
-        rerank::rerank(
-            &model.reranker,
-            &self.score_options,
-            &self.segments,
-            options.pipeline,
-            collection,
-            query,
-            candidates,
-        )
+        let candidates = hits
+            .into_iter()
+            .take(options.depth)
+            .map(|hit| {
+                Ok(rerank::Candidate { first_stage_score: Some(hit.score), doc: collection.document(hit.address)? })
+            })
+            .collect::<Result<Vec<_>, IndexError>>()?;
+        rerank::rerank(&model.reranker, &self.score_options, &self.segments, options.pipeline, query, candidates)
     }
 
     fn search_hit(
         &self,
         rank: usize,
         ranked: Ranked,
-        collection: &Collection,
+        collection: Option<&Collection>,
         query_terms: &[String],
     ) -> Result<SearchHit, RankError> {
-        let Ranked { hit, score, evidence } = ranked;
+        let Ranked { docid, first_stage_score, address, score, evidence } = ranked;
         let Some(evidence) = evidence else {
-            let doc = collection.document(hit.address)?;
+            let (Some(collection), Some(address)) = (collection, address) else {
+                unreachable!("first-stage results come from a collection");
+            };
+            let doc = collection.document(address)?;
             return Ok(SearchHit {
                 rank,
                 snippet: snippet(&doc.text, query_terms),
-                docid: hit.docid,
+                docid,
                 score,
-                first_stage_score: hit.score,
+                first_stage_score,
                 title: doc.title,
                 best_segment: None,
                 segments: None,
@@ -351,9 +465,9 @@ impl Engine {
         Ok(SearchHit {
             rank,
             snippet: best.as_ref().map(|b| snippet(&b.text, query_terms)).unwrap_or_default(),
-            docid: hit.docid,
+            docid,
             score,
-            first_stage_score: hit.score,
+            first_stage_score,
             title: evidence.doc.title,
             best_segment: best,
             segments: Some(evidence.segments),

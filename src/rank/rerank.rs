@@ -9,7 +9,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::{Pipeline, RankError, Ranked};
-use crate::index::{Collection, Hit, StoredDoc};
+use crate::index::StoredDoc;
 use crate::model::{Reranker, ScoreOptions};
 use crate::segment::{self, Segment, Strategy};
 
@@ -56,19 +56,32 @@ pub fn aggregate(pipeline: Pipeline, scores: &[f32]) -> f32 {
 /// Documents' segments, which depend on the document and the budget but not on the query: cut once.
 #[derive(Default)]
 pub struct SegmentCache {
-    entries: Mutex<HashMap<(String, String, usize), Arc<Vec<Segment>>>>,
+    entries: Mutex<HashMap<(u64, usize), Arc<Vec<Segment>>>>,
+}
+
+fn text_hash(text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
+}
+
+/// A document to re-rank: from the first stage, or given by the client.
+pub struct Candidate {
+    pub first_stage_score: Option<f32>,
+    pub doc: StoredDoc,
 }
 
 /// Cached segmentations (a few hundred bytes each).
 const MAX_CACHED_SEGMENTATIONS: usize = 100_000;
 
 impl SegmentCache {
-    fn get(&self, collection: &str, doc: &StoredDoc, max_tokens: usize, model: &Reranker) -> Arc<Vec<Segment>> {
-        let key = (collection.to_string(), doc.docid.clone(), max_tokens);
+    fn get(&self, text: &str, max_tokens: usize, model: &Reranker) -> Arc<Vec<Segment>> {
+        let key = (text_hash(text), max_tokens);
         if let Some(segments) = self.entries.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return segments.clone();
         }
-        let mut segments = segment::segment(&doc.text, Strategy::Sentences { max_tokens }, model, None);
+        let mut segments = segment::segment(text, Strategy::Sentences { max_tokens }, model, None);
         if segments.is_empty() {
             // An empty text is still a document: score the empty passage rather than drop it.
             segments.push(Segment { index: 0, start: 0, end: 0 });
@@ -83,28 +96,24 @@ impl SegmentCache {
     }
 }
 
-/// Re-scores the candidates with the model; best first (ties keep first-stage order).
+/// Re-scores the candidates with the model; best first (ties keep the given order).
 pub fn rerank(
     model: &Reranker,
     options: &ScoreOptions,
     cache: &SegmentCache,
     pipeline: Pipeline,
-    collection: &Collection,
     query: &str,
-    hits: Vec<Hit>,
+    docs: Vec<Candidate>,
 ) -> Result<Vec<Ranked>, RankError> {
     let max_tokens = model.segment_budget(options);
     // FirstP needs only the first segment; the others score them all.
     let cap = if pipeline == Pipeline::FirstP { 1 } else { usize::MAX };
-    let mut docs = Vec::with_capacity(hits.len());
     let mut pairs: Vec<(usize, Segment)> = Vec::new();
-    for (d, hit) in hits.into_iter().enumerate() {
-        let doc = collection.document(hit.address)?;
-        let segments = cache.get(collection.name(), &doc, max_tokens, model);
+    for (d, candidate) in docs.iter().enumerate() {
+        let segments = cache.get(&candidate.doc.text, max_tokens, model);
         pairs.extend(segments.iter().take(cap).map(|s| (d, *s)));
-        docs.push((hit, doc));
     }
-    let texts: Vec<&str> = pairs.iter().map(|(d, s)| s.text(&docs[*d].1.text)).collect();
+    let texts: Vec<&str> = pairs.iter().map(|(d, s)| s.text(&docs[*d].doc.text)).collect();
     let scores = model.score(query, &texts, options).map_err(RankError::Model)?;
     let mut per_doc: Vec<Vec<ScoredSegment>> = vec![Vec::new(); docs.len()];
     for ((d, s), score) in pairs.into_iter().zip(scores) {
@@ -113,9 +122,15 @@ pub fn rerank(
     let mut out: Vec<Ranked> = docs
         .into_iter()
         .zip(per_doc)
-        .map(|((hit, doc), segments)| {
+        .map(|(Candidate { first_stage_score, doc }, segments)| {
             let score = aggregate(pipeline, &segments.iter().map(|s| s.score).collect::<Vec<_>>());
-            Ranked { hit, score, evidence: Some(Evidence { doc, segments }) }
+            Ranked {
+                docid: doc.docid.clone(),
+                first_stage_score,
+                address: None,
+                score,
+                evidence: Some(Evidence { doc, segments }),
+            }
         })
         .collect();
     // A stable sort keeps the first-stage order among equal scores.

@@ -106,6 +106,7 @@ pub fn router(state: AppState) -> Router {
         .route("/documents/{docid}", get(routes::documents::get_document))
         .route("/collections", get(routes::collections::list_collections))
         .route("/pipelines", get(routes::pipelines::list_pipelines))
+        .route("/rerank", axum::routing::post(routes::rerank::rerank))
         .route("/batch", get(routes::batch::list).post(routes::batch::submit))
         .route("/batch/compare", get(routes::batch::compare))
         .route("/batch/{id}", get(routes::batch::get).delete(routes::batch::cancel))

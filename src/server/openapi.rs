@@ -2,7 +2,7 @@
 
 use utoipa::OpenApi;
 
-use super::routes::{batch, collections, documents, pipelines, search, system};
+use super::routes::{batch, collections, documents, pipelines, rerank, search, system};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -13,6 +13,7 @@ use super::routes::{batch, collections, documents, pipelines, search, system};
         documents::get_document,
         collections::list_collections,
         pipelines::list_pipelines,
+        rerank::rerank,
         batch::submit,
         batch::list,
         batch::get,

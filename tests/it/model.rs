@@ -167,6 +167,29 @@ fn maxp_search_over_http_carries_segment_evidence() {
     assert_eq!(job["provenance"]["model"]["weights_fnv1a64"].as_str().unwrap().len(), 16);
     assert!(job["metrics"]["all"]["map"].as_f64().is_some());
 
+    // The client's own candidates through /rerank: texts, or docids of a collection.
+    let url = server.url("/rerank");
+    let body = r#"{"query": "Which team won Super Bowl 50?", "documents": [
+        {"id": "bees", "text": "Foragers tell their sisters where food is with the waggle dance."},
+        {"id": "nfl", "text": "The Denver Broncos defeated the Carolina Panthers 24-10 to win Super Bowl 50."}]}"#;
+    let r = crate::common::post_json(&url, body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["pipeline"], "maxp");
+    assert_eq!(v["results"][0]["docid"], "nfl");
+    assert!(v["results"][0].get("first_stage_score").is_none());
+    assert!(v["results"][0]["best_segment"]["text"].as_str().unwrap().contains("Broncos"));
+    let body = r#"{"query": "cultured pearls in lagoons", "docids": ["GX000-43-8149041", "GX000-38-6348494"], "collection": "gov2", "k": 1}"#;
+    let v = crate::common::post_json(&url, body).json();
+    assert_eq!(v["results"].as_array().unwrap().len(), 1);
+    assert_eq!(v["results"][0]["docid"], "GX000-38-6348494");
+    crate::common::post_json(&url, r#"{"query": "x", "docids": ["nope"], "collection": "gov2"}"#)
+        .assert_error(404, "unknown_document");
+    crate::common::post_json(&url, r#"{"query": "x"}"#).assert_error(400, "invalid_parameter");
+    crate::common::post_json(&url, r#"{"query": "x", "documents": []}"#).assert_error(400, "out_of_range");
+    crate::common::post_json(&url, r#"{"query": "x", "documents": [{"text": "y"}], "pipeline": "bm25"}"#)
+        .assert_error(400, "invalid_parameter");
+
     // Without a model, re-ranking pipelines are refused with a clear error.
     let shared = &crate::common::fixture().server;
     crate::common::post_json(

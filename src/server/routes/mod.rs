@@ -4,6 +4,7 @@ pub mod batch;
 pub mod collections;
 pub mod documents;
 pub mod pipelines;
+pub mod rerank;
 pub mod search;
 pub mod system;
 pub mod web;
