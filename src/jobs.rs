@@ -37,6 +37,8 @@ pub struct Submission {
     pub params: BatchParams,
     pub topics: String,
     pub qrels: Option<String>,
+    /// A TREC run whose candidates are re-ranked instead of the first stage's.
+    pub rerank: Option<String>,
 }
 
 /// A job as clients see it.
@@ -104,7 +106,9 @@ impl Jobs {
             Qrels::parse(qrels, &eval::formats::upload_path("qrels"))?;
         }
         let total = topics.len() as i64;
-        let plan = self.engine.plan_batch(&submission.params, topics)?;
+        let rerank =
+            submission.rerank.as_deref().map(|r| Run::parse(r, &eval::formats::upload_path("rerank"))).transpose()?;
+        let plan = self.engine.plan_batch(&submission.params, topics, rerank)?;
         let id = new_job_id();
         let params = serde_json::to_string(&submission.params).unwrap_or_default();
         let provenance = self.provenance(&plan);
@@ -113,6 +117,7 @@ impl Jobs {
             params: &params,
             topics: &submission.topics,
             qrels: submission.qrels.as_deref(),
+            rerank: submission.rerank.as_deref(),
             provenance: &provenance,
             total,
         };
@@ -133,7 +138,13 @@ impl Jobs {
             let plan = serde_json::from_str::<BatchParams>(&row.params).map_err(|e| e.to_string()).and_then(|params| {
                 let topics = eval::formats::parse_topics(&row.topics, &eval::formats::upload_path("topics"))
                     .map_err(|e| e.to_string())?;
-                self.engine.plan_batch(&params, topics).map_err(|e| e.to_string())
+                let rerank = row
+                    .rerank
+                    .as_deref()
+                    .map(|r| Run::parse(r, &eval::formats::upload_path("rerank")))
+                    .transpose()
+                    .map_err(|e| e.to_string())?;
+                self.engine.plan_batch(&params, topics, rerank).map_err(|e| e.to_string())
             });
             match plan {
                 Ok(plan) => {

@@ -95,6 +95,9 @@ enum Command {
         /// Run tag (default `longrank-PIPELINE`).
         #[arg(long)]
         tag: Option<String>,
+        /// Re-rank the candidates of this TREC run (an Anserini run, say) instead of BM25's.
+        #[arg(long)]
+        rerank: Option<PathBuf>,
         /// Measures printed when qrels are given (trec_eval syntax; default: trec_eval's default set).
         #[arg(short = 'm', long = "measure")]
         measures: Vec<String>,
@@ -248,12 +251,13 @@ fn main() -> anyhow::Result<()> {
                 seconds,
             })
         }
-        Command::Batch { collection, topics, qrels, field, pipeline, k, depth, tag, measures, out } => {
+        Command::Batch { collection, topics, qrels, field, pipeline, k, depth, tag, rerank, measures, out } => {
             let engine = open_engine(&config)?;
             let measures = Measure::parse_all(&measures)?;
             let qrels = qrels.map(|q| Qrels::read(&q)).transpose()?;
             let params = BatchParams { collection, pipeline, k: Some(k), depth, field, tag, ..Default::default() };
-            let plan = engine.plan_batch(&params, eval::read_topics(&topics)?)?;
+            let rerank = rerank.map(|r| read_run(&r)).transpose()?;
+            let plan = engine.plan_batch(&params, eval::read_topics(&topics)?, rerank)?;
             let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
                 indicatif::ProgressBar::new(plan.topics.len() as u64)
             } else {

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::{Engine, RankError, RankOptions};
-use crate::eval::{Scored, Topic, TopicField};
+use crate::eval::{Run, Scored, Topic, TopicField};
 use crate::index::{Bm25Params, Collection, Rm3Params};
 
 /// Results per topic when a batch names no k (trec_eval's customary depth).
@@ -37,6 +37,8 @@ pub struct BatchParams {
 
 /// A validated batch: the collection, the topics and the ranking options.
 pub struct BatchPlan {
+    /// Candidates to re-rank instead of the first stage's (`--rerank RUN`, an Anserini run say).
+    pub rerank: Option<Run>,
     pub collection: Arc<Collection>,
     pub topics: Vec<Topic>,
     pub field: TopicField,
@@ -46,9 +48,18 @@ pub struct BatchPlan {
 
 impl Engine {
     /// Validates a batch before it runs, so a bad request fails at once rather than at its first topic.
-    pub fn plan_batch(&self, params: &BatchParams, topics: Vec<Topic>) -> Result<BatchPlan, RankError> {
+    pub fn plan_batch(
+        &self,
+        params: &BatchParams,
+        topics: Vec<Topic>,
+        rerank: Option<Run>,
+    ) -> Result<BatchPlan, RankError> {
         let k = Some(params.k.unwrap_or(DEFAULT_BATCH_K));
         let options = self.options(k, params.depth, params.pipeline.as_deref(), params.bm25, params.rm3)?;
+        if rerank.is_some() && !options.pipeline.needs_model() {
+            let message = format!("re-ranking a run needs a re-ranking pipeline, not {}", options.pipeline.name());
+            return Err(RankError::InvalidParameter(message));
+        }
         let collection = self.collection(params.collection.as_deref())?;
         for topic in &topics {
             self.check_query(&topic.query(params.field))
@@ -58,7 +69,7 @@ impl Engine {
         if tag.is_empty() || tag.contains(char::is_whitespace) {
             return Err(RankError::InvalidParameter(format!("run tag {tag:?} must be one word")));
         }
-        Ok(BatchPlan { collection, topics, field: params.field, options, tag })
+        Ok(BatchPlan { rerank, collection, topics, field: params.field, options, tag })
     }
 }
 
@@ -66,7 +77,14 @@ impl BatchPlan {
     /// The ranked documents of one topic.
     pub fn run_topic(&self, engine: &Engine, topic: &Topic) -> Result<Vec<Scored>, RankError> {
         let query = topic.query(self.field);
-        let ranked = engine.rank(&self.collection, engine.check_query(&query)?, &self.options)?;
+        let query = engine.check_query(&query)?;
+        let ranked = match &self.rerank {
+            Some(run) => {
+                let given = run.topics.get(&topic.qid).map_or(&[][..], |docs| &docs[..]);
+                engine.rerank_run(&self.collection, query, &self.options, given)?
+            }
+            None => engine.rank(&self.collection, query, &self.options)?,
+        };
         Ok(ranked.into_iter().take(self.options.k).map(|r| Scored { docid: r.docid, score: r.score as f64 }).collect())
     }
 }

@@ -395,6 +395,29 @@ impl Engine {
         Ok(RerankResponse { query: request.query, pipeline, took_ms: ms(started), results })
     }
 
+    /// Re-ranks a topic's documents of an existing run (its top `depth`, in trec_eval's order).
+    pub fn rerank_run(
+        &self,
+        collection: &Collection,
+        query: &str,
+        options: &RankOptions,
+        given: &[crate::eval::Scored],
+    ) -> Result<Vec<Ranked>, RankError> {
+        let model = self.model().ok_or(RankError::ModelRequired { pipeline: options.pipeline.name() })?;
+        let candidates = crate::eval::measures::ranked(given)
+            .into_iter()
+            .take(options.depth)
+            .map(|d| match collection.get(&d.docid)? {
+                Some(doc) => Ok(rerank::Candidate { first_stage_score: Some(d.score as f32), doc }),
+                None => Err(RankError::UnknownDocument {
+                    docid: d.docid.clone(),
+                    collection: Some(collection.name().to_string()),
+                }),
+            })
+            .collect::<Result<Vec<_>, RankError>>()?;
+        rerank::rerank(&model.reranker, &self.score_options, &self.segments, options.pipeline, query, candidates)
+    }
+
     /// First stage, then the model for re-ranking pipelines: the candidates, best first.
     pub fn rank(&self, collection: &Collection, query: &str, options: &RankOptions) -> Result<Vec<Ranked>, RankError> {
         let hits = self.retrieve(collection, query, options)?;

@@ -67,6 +67,7 @@ pub struct JobRow {
     pub params: String,
     pub topics: String,
     pub qrels: Option<String>,
+    pub rerank: Option<String>,
     pub provenance: String,
     pub total: i64,
     pub done: i64,
@@ -81,6 +82,7 @@ pub struct NewJob<'a> {
     pub params: &'a str,
     pub topics: &'a str,
     pub qrels: Option<&'a str>,
+    pub rerank: Option<&'a str>,
     pub provenance: &'a str,
     pub total: i64,
 }
@@ -99,7 +101,8 @@ pub struct Store {
     pool: SqlitePool,
 }
 
-const JOB_COLUMNS: &str = "id, status, created_at, updated_at, params, topics, qrels, provenance, total, warnings, \
+const JOB_COLUMNS: &str =
+    "id, status, created_at, updated_at, params, topics, qrels, rerank, provenance, total, warnings, \
     metrics, error, (SELECT COUNT(*) FROM job_topics t WHERE t.job_id = jobs.id) AS done";
 
 impl Store {
@@ -123,8 +126,8 @@ impl Store {
     pub async fn create_job(&self, job: NewJob<'_>) -> Result<(), StoreError> {
         let now = now_rfc3339();
         sqlx::query(
-            "INSERT INTO jobs (id, status, created_at, updated_at, params, topics, qrels, provenance, total) \
-             VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO jobs (id, status, created_at, updated_at, params, topics, qrels, rerank, provenance, total) \
+             VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(job.id)
         .bind(&now)
@@ -132,6 +135,7 @@ impl Store {
         .bind(job.params)
         .bind(job.topics)
         .bind(job.qrels)
+        .bind(job.rerank)
         .bind(job.provenance)
         .bind(job.total)
         .execute(&self.pool)
@@ -265,6 +269,7 @@ fn job_row(r: &sqlx::sqlite::SqliteRow) -> Result<JobRow, StoreError> {
         params: r.try_get("params")?,
         topics: r.try_get("topics")?,
         qrels: r.try_get("qrels")?,
+        rerank: r.try_get("rerank")?,
         provenance: r.try_get("provenance")?,
         total: r.try_get("total")?,
         done: r.try_get("done")?,
@@ -316,7 +321,8 @@ mod tests {
     async fn jobs_round_trip_and_resume_points() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("db.sqlite")).await.unwrap();
-        let job = NewJob { id: "j1", params: "{}", topics: "1\tx\n", qrels: None, provenance: "{}", total: 2 };
+        let job =
+            NewJob { id: "j1", params: "{}", topics: "1\tx\n", qrels: None, rerank: None, provenance: "{}", total: 2 };
         store.create_job(job).await.unwrap();
         store.add_topic("j1", 1, "2", "2 Q0 d 1 1 t\n").await.unwrap();
         store.add_topic("j1", 0, "1", "1 Q0 d 1 1 t\n").await.unwrap();

@@ -190,6 +190,55 @@ fn maxp_search_over_http_carries_segment_evidence() {
     crate::common::post_json(&url, r#"{"query": "x", "documents": [{"text": "y"}], "pipeline": "bm25"}"#)
         .assert_error(400, "invalid_parameter");
 
+    // Re-ranking the candidates of an existing run, from the CLI and through /batch.
+    let topics = crate::common::data("trec-format-samples/gov2-style/topics.701-702.txt");
+    let bm25_run = dir.path().join("bm25.run");
+    let maxp_run = dir.path().join("maxp.run");
+    let (t, b, m) = (topics.to_str().unwrap(), bm25_run.to_str().unwrap(), maxp_run.to_str().unwrap());
+    crate::common::cli_ok(dir.path(), &["batch", "--collection", "gov2", "--topics", t, "-k", "5", "--out", b]);
+    let model_arg = model.to_str().unwrap();
+    crate::common::cli_ok(
+        dir.path(),
+        &[
+            "--model",
+            model_arg,
+            "batch",
+            "--collection",
+            "gov2",
+            "--topics",
+            t,
+            "--pipeline",
+            "maxp",
+            "--depth",
+            "2",
+            "--rerank",
+            b,
+            "--out",
+            m,
+        ],
+    );
+    let top2 = |run: &str, qid: &str| -> std::collections::BTreeSet<String> {
+        let lines: Vec<Vec<String>> = run.lines().map(|l| l.split(' ').map(String::from).collect()).collect();
+        lines.iter().filter(|c| c[0] == qid && c[3].parse::<usize>().unwrap() <= 2).map(|c| c[2].clone()).collect()
+    };
+    let (bm25_text, maxp_text) =
+        (std::fs::read_to_string(&bm25_run).unwrap(), std::fs::read_to_string(&maxp_run).unwrap());
+    for qid in ["701", "702"] {
+        assert_eq!(
+            top2(&maxp_text, qid),
+            top2(&bm25_text, qid),
+            "maxp re-ranks exactly the run's top 2 of topic {qid}"
+        );
+    }
+    let body =
+        serde_json::json!({"topics": read("topics.701-702.txt"), "rerank": bm25_text, "pipeline": "maxp", "depth": 2});
+    let job = crate::common::post_json(&server.url("/batch?wait=true"), &body.to_string()).json();
+    assert_eq!(job["status"], "done", "{job}");
+    let (_, served) = crate::common::get(&server.url(&format!("/batch/{}/run", job["id"].as_str().unwrap())));
+    assert_eq!(top2(&served, "701"), top2(&bm25_text, "701"));
+    let bad = serde_json::json!({"topics": read("topics.701-702.txt"), "rerank": bm25_text, "pipeline": "bm25"});
+    crate::common::post_json(&server.url("/batch"), &bad.to_string()).assert_error(400, "invalid_parameter");
+
     // Without a model, re-ranking pipelines are refused with a clear error.
     let shared = &crate::common::fixture().server;
     crate::common::post_json(

@@ -23,6 +23,8 @@ pub struct BatchRequest {
     pub topics: String,
     /// TREC qrels (`qid 0 docid grade`); metrics are computed when given.
     pub qrels: Option<String>,
+    /// A TREC run whose candidates a re-ranking pipeline re-ranks instead of BM25's.
+    pub rerank: Option<String>,
     #[serde(flatten)]
     pub params: BatchParams,
     /// Whatever else the client sent: refused (serde cannot deny unknown fields through `flatten`).
@@ -33,7 +35,7 @@ pub struct BatchRequest {
 
 impl From<BatchRequest> for Submission {
     fn from(r: BatchRequest) -> Submission {
-        Submission { params: r.params, topics: r.topics, qrels: r.qrels }
+        Submission { params: r.params, topics: r.topics, qrels: r.qrels, rerank: r.rerank }
     }
 }
 
