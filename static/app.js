@@ -17,6 +17,18 @@ async function api(path, options) {
   return body;
 }
 
+async function loadPipelines() {
+  try {
+    const { pipelines } = await api("/pipelines");
+    const select = $("pipeline");
+    select.replaceChildren(...pipelines.filter((p) => p.available).map((p) => new Option(p.name, p.name)));
+    const wanted = new URLSearchParams(location.search).get("pipeline");
+    if (wanted) select.value = wanted;
+  } catch (e) {
+    setStatus(`Could not list pipelines: ${e.message}`, true);
+  }
+}
+
 async function loadCollections() {
   try {
     const collections = await api("/collections");
@@ -47,7 +59,9 @@ function renderResults(response) {
     title.addEventListener("click", () => showDocument(hit.docid, response.collection));
     const meta = document.createElement("p");
     meta.className = "meta";
-    meta.textContent = `${hit.docid} · score ${hit.score.toFixed(3)} · BM25 ${hit.first_stage_score.toFixed(3)}`;
+    const bm25 = hit.first_stage_score === undefined ? "" : ` · BM25 ${hit.first_stage_score.toFixed(3)}`;
+    const best = hit.best_segment ? ` · best of ${hit.segments.length} segments: #${hit.best_segment.index + 1}` : "";
+    meta.textContent = `${hit.docid} · score ${hit.score.toFixed(3)}${bm25}${best}`;
     const snippet = document.createElement("p");
     snippet.className = "snippet";
     snippet.textContent = hit.snippet;
@@ -59,7 +73,13 @@ function renderResults(response) {
 async function search(pushState) {
   const q = $("q").value.trim();
   if (!q) return;
-  const params = new URLSearchParams({ q, k: $("k").value, collection: $("collection").value });
+  const params = new URLSearchParams({
+    q,
+    k: $("k").value,
+    depth: $("depth").value,
+    pipeline: $("pipeline").value,
+    collection: $("collection").value,
+  });
   if (pushState) history.pushState(null, "", `?${params}`);
   $("document").hidden = true;
   setStatus("Searching…");
@@ -96,8 +116,9 @@ function restore() {
   if (params.get("q")) {
     $("q").value = params.get("q");
     if (params.get("k")) $("k").value = params.get("k");
+    if (params.get("depth")) $("depth").value = params.get("depth");
     search(false);
   }
 }
 
-loadCollections().then(restore);
+Promise.all([loadCollections(), loadPipelines()]).then(restore);
