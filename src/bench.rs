@@ -24,7 +24,7 @@ pub struct SearchBench<'a> {
 }
 
 pub fn search(b: SearchBench) -> anyhow::Result<()> {
-    let queries = read_topics(b.topics)?;
+    let queries: Vec<String> = longrank::eval::read_topics(b.topics)?.into_iter().map(|t| t.title).collect();
     let (catalog, _) = Catalog::open(&b.config.data_dir)?;
     let catalog = Arc::new(catalog);
     let collection = catalog.get(b.collection)?;
@@ -119,16 +119,6 @@ fn report(what: &str, latencies: &mut [Duration], wall: Duration) {
         pct(0.99),
         latencies.len() as f64 / wall.as_secs_f64()
     );
-}
-
-/// `qid<TAB>query` lines.
-fn read_topics(path: &Path) -> anyhow::Result<Vec<String>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let queries: Vec<String> = text.lines().filter_map(|l| l.split_once('\t')).map(|(_, q)| q.to_string()).collect();
-    if queries.is_empty() {
-        bail!("{}: no qid<TAB>query lines", path.display());
-    }
-    Ok(queries)
 }
 
 /// The process's peak resident set size (VmHWM), in MB.

@@ -106,8 +106,7 @@ impl Jobs {
             Qrels::parse(qrels, &eval::formats::upload_path("qrels"))?;
         }
         let total = topics.len() as i64;
-        let rerank =
-            submission.rerank.as_deref().map(|r| Run::parse(r, &eval::formats::upload_path("rerank"))).transpose()?;
+        let rerank = parse_rerank(submission.rerank.as_deref())?;
         let plan = self.engine.plan_batch(&submission.params, topics, rerank)?;
         let id = new_job_id();
         let params = serde_json::to_string(&submission.params).unwrap_or_default();
@@ -138,12 +137,7 @@ impl Jobs {
             let plan = serde_json::from_str::<BatchParams>(&row.params).map_err(|e| e.to_string()).and_then(|params| {
                 let topics = eval::formats::parse_topics(&row.topics, &eval::formats::upload_path("topics"))
                     .map_err(|e| e.to_string())?;
-                let rerank = row
-                    .rerank
-                    .as_deref()
-                    .map(|r| Run::parse(r, &eval::formats::upload_path("rerank")))
-                    .transpose()
-                    .map_err(|e| e.to_string())?;
+                let rerank = parse_rerank(row.rerank.as_deref()).map_err(|e| e.to_string())?;
                 self.engine.plan_batch(&params, topics, rerank).map_err(|e| e.to_string())
             });
             match plan {
@@ -368,6 +362,11 @@ fn view(row: JobRow) -> JobView {
         updated_at: row.updated_at,
         error: row.error,
     }
+}
+
+/// The run a job re-ranks, as submitted or as stored.
+fn parse_rerank(text: Option<&str>) -> Result<Option<Run>, EvalError> {
+    text.map(|r| Run::parse(r, &eval::formats::upload_path("rerank"))).transpose()
 }
 
 /// Sortable, unique job ids: creation time in microseconds plus a process counter.
