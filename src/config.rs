@@ -2,11 +2,13 @@
 //! `LONGRANK_*` environment variables (`LONGRANK_DATA_DIR`, `LONGRANK_SERVER_ADDR`, `LONGRANK_BM25_K1`:
 //! the section and key in capitals), then command-line flags.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::index::{Bm25Params, BuildOptions, OnError};
+use crate::segment::SegmentOptions;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -55,23 +57,53 @@ impl Config {
     }
 }
 
-/// The model the re-ranking pipelines (firstp, maxp, sump, avgp) use.
+/// The models the re-ranking pipelines (firstp, maxp, sump, avgp) use, and how they are served.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelConfig {
-    /// A Hugging Face model directory; empty: no model, only first-stage pipelines.
+    /// The default model: a Hugging Face directory or hub id (a cross-encoder or a sentence-transformers
+    /// bi-encoder); empty: none, first-stage pipelines only.
     pub path: String,
+    /// More models a request may name (`"model": "NAME"`): NAME = directory or hub id.
+    pub named: BTreeMap<String, String>,
+    /// `cpu`, `cuda` or `cuda:N` (CUDA needs a build with `--features cuda`).
+    pub device: String,
+    /// `auto` (f16 on a GPU, f32 on the CPU), `f32`, `f16` or `bf16`.
+    pub dtype: String,
+    /// Read hub models from the cache only (also `HF_HUB_OFFLINE=1`).
+    pub offline: bool,
     /// Longest model input in word pieces (query, segment and special tokens).
     pub max_length: usize,
     /// Queries are cut to this many word pieces; segments get the rest of `max_length`.
     pub max_query_tokens: usize,
-    /// Pairs (or texts) per forward pass.
-    pub batch_size: usize,
+    /// Padded tokens per forward pass (inputs × longest input).
+    pub max_batch_tokens: usize,
+    /// Inputs waiting for a model beyond which requests are answered 429.
+    pub max_queued_inputs: usize,
+    /// Cached cross-encoder scores or bi-encoder embeddings per model (an embedding of 384 floats is 1.5 KB).
+    pub cache_entries: usize,
+    /// How documents are cut into segments, unless a request says otherwise.
+    pub segments: SegmentOptions,
 }
+
+/// The quick start's re-ranker: a real MS MARCO cross-encoder from the hub.
+pub const DEFAULT_MODEL: &str = "cross-encoder/ms-marco-MiniLM-L-6-v2";
 
 impl Default for ModelConfig {
     fn default() -> Self {
-        ModelConfig { path: String::new(), max_length: 512, max_query_tokens: 64, batch_size: 16 }
+        ModelConfig {
+            path: DEFAULT_MODEL.into(),
+            named: BTreeMap::new(),
+            device: "cpu".into(),
+            dtype: "auto".into(),
+            offline: false,
+            max_length: 512,
+            max_query_tokens: 64,
+            max_batch_tokens: 8192,
+            max_queued_inputs: 10_000,
+            cache_entries: 100_000,
+            segments: SegmentOptions::default(),
+        }
     }
 }
 

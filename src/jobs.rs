@@ -3,7 +3,7 @@
 //! off by a crash or restart resumes from its last finished topic (or is marked interrupted).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
@@ -12,6 +12,7 @@ use utoipa::ToSchema;
 
 use crate::config::Config;
 use crate::eval::{self, Comparison, EvalError, EvalOptions, Measure, Qrels, Run};
+use crate::model::Cancel;
 use crate::rank::{BatchParams, BatchPlan, Engine, RankError};
 use crate::store::{JobRow, JobStatus, NewJob, Store, StoreError};
 
@@ -85,7 +86,7 @@ pub struct Jobs {
 
 #[derive(Clone)]
 struct Live {
-    cancel: Arc<AtomicBool>,
+    cancel: Cancel,
     finished: watch::Receiver<bool>,
 }
 
@@ -155,7 +156,7 @@ impl Jobs {
     }
 
     fn spawn(self: &Arc<Self>, id: String, plan: BatchPlan, qrels: Option<String>) {
-        let cancel = Arc::new(AtomicBool::new(false));
+        let cancel = Cancel::default();
         let (done_tx, done_rx) = watch::channel(false);
         self.live_map().insert(id.clone(), Live { cancel: cancel.clone(), finished: done_rx });
         let jobs = self.clone();
@@ -175,10 +176,10 @@ impl Jobs {
         id: &str,
         plan: Arc<BatchPlan>,
         qrels: Option<String>,
-        cancel: &AtomicBool,
+        cancel: &Cancel,
     ) -> Result<(), JobError> {
         let _permit = self.permits.clone().acquire_owned().await.map_err(|e| JobError::Worker(e.to_string()))?;
-        if cancel.load(Ordering::Acquire) {
+        if cancel.is_cancelled() {
             return Ok(());
         }
         self.store.set_status(id, JobStatus::Running, None).await?;
@@ -187,13 +188,19 @@ impl Jobs {
             if finished.contains(&(seq as i64)) {
                 continue;
             }
-            if cancel.load(Ordering::Acquire) {
+            if cancel.is_cancelled() {
                 return Ok(());
             }
-            let (engine, plan_ref) = (self.engine.clone(), plan.clone());
-            let ranked = tokio::task::spawn_blocking(move || plan_ref.run_topic(&engine, &plan_ref.topics[seq]))
-                .await
-                .map_err(|e| JobError::Worker(e.to_string()))??;
+            let (engine, plan_ref, topic_cancel) = (self.engine.clone(), plan.clone(), cancel.clone());
+            let ranked =
+                tokio::task::spawn_blocking(move || plan_ref.run_topic(&engine, &plan_ref.topics[seq], &topic_cancel))
+                    .await
+                    .map_err(|e| JobError::Worker(e.to_string()))?;
+            let ranked = match ranked {
+                // Cancelled while the model scored this topic: the job stops where it was.
+                Err(_) if cancel.is_cancelled() => return Ok(()),
+                ranked => ranked?,
+            };
             let qid = &plan.topics[seq].qid;
             let mut run = Run { tag: plan.tag.clone(), ..Default::default() };
             run.topics.insert(qid.clone(), ranked);
@@ -265,7 +272,7 @@ impl Jobs {
             });
         }
         if let Some(live) = self.live_map().get(id) {
-            live.cancel.store(true, Ordering::Release);
+            live.cancel.cancel();
         }
         self.store.set_status(id, JobStatus::Cancelled, None).await?;
         self.get(id).await
@@ -313,6 +320,7 @@ impl Jobs {
         }
         #[derive(Serialize)]
         struct ModelProvenance<'a> {
+            name: &'a str,
             source: &'a str,
             kind: &'static str,
             weights_fnv1a64: &'a str,
@@ -323,6 +331,8 @@ impl Jobs {
             documents: u64,
             built_at: Option<String>,
         }
+        // Planning checked the model; a model that failed to load has no provenance, and the run fails on it.
+        let model = self.engine.model_for(&plan.options).ok().flatten();
         let provenance = Provenance {
             longrank_version: env!("CARGO_PKG_VERSION"),
             configuration: &self.config,
@@ -334,9 +344,10 @@ impl Jobs {
                 documents: plan.collection.num_docs(),
                 built_at: plan.collection.built_at().map(crate::store::format_time),
             },
-            model: self.engine.model().filter(|_| plan.options.pipeline.needs_model()).map(|m| ModelProvenance {
+            model: model.as_deref().map(|m| ModelProvenance {
+                name: &m.name,
                 source: &m.source,
-                kind: m.reranker.kind(),
+                kind: m.kind(),
                 weights_fnv1a64: &m.weights_hash,
             }),
         };

@@ -13,6 +13,7 @@ use longrank::config::Config;
 use longrank::corpus::{Corpus, Format, DEMO_JSONL};
 use longrank::eval::{self, EvalOptions, Measure, Qrels, TopicField};
 use longrank::index::{self, Catalog, OnError};
+use longrank::model::Cancel;
 use longrank::rank::batch::DEFAULT_BATCH_K;
 use longrank::rank::{BatchParams, Engine, SearchRequest};
 use longrank::server::{self, AppState};
@@ -30,7 +31,7 @@ struct Cli {
     /// Data directory (overrides `data_dir`).
     #[arg(long, global = true)]
     data_dir: Option<PathBuf>,
-    /// Re-ranking model: a Hugging Face directory (overrides `model.path`).
+    /// The default re-ranking model: a Hugging Face directory or hub id (overrides `model.path`; "" for none).
     #[arg(long, global = true)]
     model: Option<String>,
     #[command(subcommand)]
@@ -69,6 +70,9 @@ enum Command {
         k: Option<i64>,
         #[arg(long)]
         pipeline: Option<String>,
+        /// First-stage candidates the re-ranking pipelines re-score.
+        #[arg(long)]
+        depth: Option<i64>,
         /// Print the response as JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -103,6 +107,15 @@ enum Command {
         measures: Vec<String>,
         #[arg(long)]
         out: PathBuf,
+    },
+    /// Compute a bi-encoder's segment embeddings for a whole collection ahead of queries (resumable: what is
+    /// stored already is skipped).
+    Embed {
+        #[arg(long)]
+        collection: Option<String>,
+        /// A model name from the configuration (default: the default model).
+        #[arg(long = "name")]
+        name: Option<String>,
     },
     /// Evaluate a run against qrels, printing trec_eval's three columns.
     Eval {
@@ -258,17 +271,10 @@ fn main() -> anyhow::Result<()> {
             let params = BatchParams { collection, pipeline, k: Some(k), depth, field, tag, ..Default::default() };
             let rerank = rerank.map(|r| read_run(&r)).transpose()?;
             let plan = engine.plan_batch(&params, eval::read_topics(&topics)?, rerank)?;
-            let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-                indicatif::ProgressBar::new(plan.topics.len() as u64)
-            } else {
-                indicatif::ProgressBar::hidden()
-            };
-            bar.set_style(indicatif::ProgressStyle::with_template(
-                "{bar:40} {pos}/{len} topics, {per_sec}, ETA {eta}",
-            )?);
+            let bar = progress_bar(plan.topics.len() as u64, "topics")?;
             let mut run = eval::Run { tag: plan.tag.clone(), ..Default::default() };
             for topic in &plan.topics {
-                run.topics.insert(topic.qid.clone(), plan.run_topic(&engine, topic)?);
+                run.topics.insert(topic.qid.clone(), plan.run_topic(&engine, topic, &Cancel::default())?);
                 bar.inc(1);
             }
             bar.finish_and_clear();
@@ -287,6 +293,15 @@ fn main() -> anyhow::Result<()> {
                 let evaluation = eval::evaluate(&served, &qrels, &measures, EvalOptions::default());
                 print!("{}", evaluation.to_trec_eval(false, &run.tag));
             }
+            Ok(())
+        }
+        Command::Embed { collection, name } => {
+            let engine = open_engine(&config)?;
+            let collection = engine.collection(collection.as_deref())?;
+            let bar = progress_bar(collection.num_docs(), "documents")?;
+            let computed = engine.embed_collection(&collection, name.as_deref(), |done| bar.set_position(done))?;
+            bar.finish_and_clear();
+            println!("collection {}: {computed} segment embeddings computed", collection.name());
             Ok(())
         }
         Command::Eval { measures, options, per_topic, run, qrels } => {
@@ -341,10 +356,11 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Search { collection, k, pipeline, json, query } => {
+        Command::Search { collection, k, pipeline, depth, json, query } => {
             let engine = open_engine(&config)?;
-            let request = SearchRequest { query: query.join(" "), k, collection, pipeline, ..Default::default() };
-            let response = engine.search(request)?;
+            let request =
+                SearchRequest { query: query.join(" "), k, depth, collection, pipeline, ..Default::default() };
+            let response = engine.search(request, &Cancel::default())?;
             let mut out = std::io::stdout().lock();
             if json {
                 serde_json::to_writer_pretty(&mut out, &response)?;
@@ -369,16 +385,26 @@ fn read_run(path: &Path) -> anyhow::Result<eval::Run> {
     Ok(run)
 }
 
+/// The engine over the data directory; models load when a pipeline first needs one.
 fn open_engine(config: &Config) -> anyhow::Result<Engine> {
     let (catalog, failures) = Catalog::open(&config.data_dir)?;
     for failure in failures {
         tracing::warn!("{failure}");
     }
-    let engine = Engine::new(Arc::new(catalog), config);
-    if !config.model.path.is_empty() {
-        engine.load_model(Path::new(&config.model.path))?;
-    }
-    Ok(engine)
+    Ok(Engine::new(Arc::new(catalog), config))
+}
+
+/// A terminal progress bar over `len` things (hidden when stderr is not a terminal).
+fn progress_bar(len: u64, what: &str) -> anyhow::Result<indicatif::ProgressBar> {
+    let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        indicatif::ProgressBar::new(len)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.set_style(indicatif::ProgressStyle::with_template(&format!(
+        "{{bar:40}} {{pos}}/{{len}} {what}, {{per_sec}}, ETA {{eta}}"
+    ))?);
+    Ok(bar)
 }
 
 fn serve(config: Config) -> anyhow::Result<()> {
@@ -401,13 +427,13 @@ fn serve(config: Config) -> anyhow::Result<()> {
     })
 }
 
-/// Loads the model, and indexes the demo collection on first start when the data directory holds no
-/// collection at all (it never shadows a user's collections).
+/// Loads the models, and indexes the demo collection on first start when the data directory holds no
+/// collection at all (it never shadows a user's collections). A model that cannot be loaded is reported once
+/// and left unavailable: the first-stage pipelines serve regardless, never a made-up score.
 fn prepare(state: &AppState) -> anyhow::Result<()> {
     let config = state.config();
-    if !config.model.path.is_empty() {
-        tracing::info!("loading the re-ranking model from {}", config.model.path);
-        state.engine().load_model(Path::new(&config.model.path))?;
+    for (name, reason) in state.engine().models().load_all() {
+        tracing::warn!("model {name} is unavailable, its re-ranking pipelines answer 503 (bm25 serves): {reason}");
     }
     let catalog = state.engine().catalog();
     if !config.server.demo_when_empty || !catalog.is_empty() {

@@ -27,7 +27,7 @@ pub trait TokenCounter {
 }
 
 /// How to cut documents.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Strategy {
     /// Whole sentences packed into segments of at most `max_tokens` tokens (the BeST paper's segments); a
@@ -36,6 +36,58 @@ pub enum Strategy {
     /// Windows of `words` whitespace-separated words every `stride` words (Co-BERT and Dai & Callan use
     /// 150 / 75; `stride == words` gives non-overlapping windows).
     Windows { words: usize, stride: usize },
+}
+
+/// The segmenting a request or the configuration asks for; the sentence budget comes from the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct SegmentOptions {
+    /// `sentences` (whole sentences up to the model's token budget) or `windows` (fixed word windows).
+    pub strategy: StrategyKind,
+    /// Sentences: a smaller token budget than the model allows (0: the model's).
+    pub max_tokens: usize,
+    /// Windows: words per window.
+    pub words: usize,
+    /// Windows: words between window starts (equal to `words`: no overlap).
+    pub stride: usize,
+    /// Repeat the document's title at the start of every segment the model reads (offsets still point into
+    /// the text only).
+    pub repeat_title: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StrategyKind {
+    #[default]
+    Sentences,
+    Windows,
+}
+
+impl Default for SegmentOptions {
+    fn default() -> Self {
+        SegmentOptions { strategy: StrategyKind::Sentences, max_tokens: 0, words: 150, stride: 75, repeat_title: false }
+    }
+}
+
+impl SegmentOptions {
+    /// The strategy for a document, given the model's segment budget in tokens (already less the title's
+    /// tokens when the title is repeated).
+    pub fn strategy(&self, budget: usize) -> Strategy {
+        match self.strategy {
+            StrategyKind::Sentences => {
+                let max_tokens = if self.max_tokens == 0 { budget } else { self.max_tokens.min(budget) };
+                Strategy::Sentences { max_tokens: max_tokens.max(1) }
+            }
+            StrategyKind::Windows => Strategy::Windows { words: self.words, stride: self.stride },
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if self.strategy == StrategyKind::Windows && (self.words == 0 || self.stride == 0 || self.stride > self.words) {
+            return Err(format!("windows need 1 <= stride <= words, got words={} stride={}", self.words, self.stride));
+        }
+        Ok(())
+    }
 }
 
 /// Cuts `text` into segments, at most `max_segments` of them (all by default).
@@ -173,6 +225,19 @@ mod tests {
         assert_eq!(texts(text, &segs), ["w1 w2 w3 w4", "w3 w4 w5 w6", "w5 w6 w7"]);
         let segs = segment(text, Strategy::Windows { words: 3, stride: 3 }, &Words, Some(2));
         assert_eq!(texts(text, &segs), ["w1 w2 w3", "w4 w5 w6"]);
+    }
+
+    #[test]
+    fn options_pick_the_strategy_within_the_model_budget() {
+        let sentences = SegmentOptions::default();
+        assert_eq!(sentences.strategy(445), Strategy::Sentences { max_tokens: 445 });
+        let smaller = SegmentOptions { max_tokens: 100, ..sentences };
+        assert_eq!(smaller.strategy(445), Strategy::Sentences { max_tokens: 100 });
+        assert_eq!(smaller.strategy(50), Strategy::Sentences { max_tokens: 50 });
+        let windows = SegmentOptions { strategy: StrategyKind::Windows, ..sentences };
+        assert_eq!(windows.strategy(445), Strategy::Windows { words: 150, stride: 75 });
+        assert!(windows.validate().is_ok());
+        assert!(SegmentOptions { stride: 200, ..windows }.validate().is_err());
     }
 
     #[test]

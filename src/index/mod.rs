@@ -164,6 +164,11 @@ impl Collection {
         &self.name
     }
 
+    /// The collection's directory (the index, and files kept beside it such as embeddings).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     fn searcher(&self) -> Searcher {
         self.reader.searcher()
     }
@@ -368,6 +373,24 @@ impl Collection {
         let doc: TantivyDocument = self.searcher().doc(address).map_err(|e| self.tantivy_err(e))?;
         let get = |field| doc.get_first(field).and_then(|v| v.as_str()).unwrap_or_default().to_string();
         Ok(StoredDoc { docid: get(self.fields.docid), title: get(self.fields.title), text: get(self.fields.text) })
+    }
+
+    /// Every live document, one at a time (the collection is never held in memory).
+    pub fn for_each_document<E: From<IndexError>>(
+        &self,
+        mut f: impl FnMut(StoredDoc) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let searcher = self.searcher();
+        for (ordinal, segment) in searcher.segment_readers().iter().enumerate() {
+            let alive = segment.alive_bitset();
+            for doc in 0..segment.max_doc() {
+                if alive.is_some_and(|a| !a.is_alive(doc)) {
+                    continue;
+                }
+                f(self.document(DocAddress::new(ordinal as u32, doc))?)?;
+            }
+        }
+        Ok(())
     }
 
     /// The live document with this docid, if any.

@@ -4,7 +4,11 @@
 //! normalization). Inputs are truncated here, never by the tokenizer file: the shipped MiniLM's tokenizer.json
 //! truncates and pads to 128 on its own, which the loader switches off.
 
+mod hub;
+mod queue;
+mod served;
 mod tokenize;
+mod vectors;
 
 use std::path::{Path, PathBuf};
 
@@ -13,8 +17,12 @@ use candle_nn::{Linear, VarBuilder};
 use candle_transformers::models::bert::{BertModel, Config};
 use serde::Deserialize;
 
+pub use hub::resolve;
+pub use queue::{Cancel, JobTiming};
+pub use served::{Scores, ServeOptions, Served};
 pub use tokenize::Encoded;
 use tokenize::WordPieces;
+pub use vectors::VectorFile;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -24,6 +32,14 @@ pub enum ModelError {
     Tokenizer(String),
     #[error("inference: {0}")]
     Candle(#[from] candle_core::Error),
+    #[error("inference: {0}")]
+    Inference(String),
+    #[error("{queued} inputs are waiting for the model; retry in {retry_after_s} s")]
+    Overloaded { queued: usize, retry_after_s: u64 },
+    #[error("cancelled")]
+    Cancelled,
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 fn load_err(path: &Path, message: impl ToString) -> ModelError {
@@ -40,12 +56,12 @@ struct Backbone {
 
 impl Backbone {
     /// Loads the BERT weights (with or without a `bert.` prefix) and returns the variables for the heads.
-    fn load(dir: &Path, device: &Device) -> Result<(Backbone, VarBuilder<'static>), ModelError> {
+    fn load(dir: &Path, device: &Device, dtype: DType) -> Result<(Backbone, VarBuilder<'static>), ModelError> {
         let config_path = dir.join("config.json");
         let config: Config =
             serde_json::from_slice(&std::fs::read(&config_path).map_err(|e| load_err(&config_path, e))?)
                 .map_err(|e| load_err(&config_path, format!("not a BERT config: {e}")))?;
-        let vb = weights(dir, device)?;
+        let vb = weights(dir, device, dtype)?;
         let bert =
             BertModel::load(vb.clone(), &config).map_err(|e| load_err(dir, format!("loading BERT weights: {e}")))?;
         let pieces = WordPieces::load(&dir.join("tokenizer.json"), config.max_position_embeddings)?;
@@ -88,28 +104,77 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
 
 /// A stable fingerprint of the weights: 64-bit FNV-1a over the weight files' bytes, in hex.
 pub fn weights_hash(dir: &Path) -> Result<String, ModelError> {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut hash = Fnv::default();
     for file in weight_files(dir)? {
-        let bytes = std::fs::read(&file).map_err(|e| load_err(&file, e))?;
-        for b in bytes {
-            hash = (hash ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
-        }
+        hash.write(&std::fs::read(&file).map_err(|e| load_err(&file, e))?);
     }
-    Ok(format!("{hash:016x}"))
+    Ok(format!("{:016x}", hash.0))
 }
 
-fn weights(dir: &Path, device: &Device) -> Result<VarBuilder<'static>, ModelError> {
+/// 64-bit FNV-1a: stable across processes and Rust versions (cache keys that persist on disk use it).
+pub(crate) struct Fnv(pub u64);
+
+impl Default for Fnv {
+    fn default() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    pub(crate) fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+}
+
+/// A device by name: `cpu`, `cuda` or `cuda:N` (the latter with the `cuda` feature).
+pub fn device(name: &str) -> Result<Device, ModelError> {
+    let unsupported = |m: String| ModelError::Unsupported(m);
+    match name {
+        "cpu" => Ok(Device::Cpu),
+        _ => {
+            let ordinal = match name.strip_prefix("cuda") {
+                Some("") => 0,
+                Some(n) => n
+                    .strip_prefix(':')
+                    .and_then(|n| n.parse().ok())
+                    .ok_or_else(|| unsupported(format!("device {name:?}: expected cpu, cuda or cuda:N")))?,
+                None => return Err(unsupported(format!("device {name:?}: expected cpu, cuda or cuda:N"))),
+            };
+            if cfg!(feature = "cuda") {
+                Ok(Device::new_cuda(ordinal)?)
+            } else {
+                let _ = ordinal;
+                Err(unsupported(format!("device {name:?}: this build has no CUDA (cargo build --features cuda)")))
+            }
+        }
+    }
+}
+
+/// The weights' dtype: `f32`, `f16`, `bf16`, or `auto` (f16 on a GPU, f32 on the CPU, where candle's
+/// half-precision kernels are slow).
+pub fn dtype(name: &str, device: &Device) -> Result<DType, ModelError> {
+    match name {
+        "auto" if device.is_cuda() => Ok(DType::F16),
+        "auto" | "f32" => Ok(DType::F32),
+        "f16" => Ok(DType::F16),
+        "bf16" => Ok(DType::BF16),
+        _ => Err(ModelError::Unsupported(format!("dtype {name:?}: expected auto, f32, f16 or bf16"))),
+    }
+}
+
+fn weights(dir: &Path, device: &Device, dtype: DType) -> Result<VarBuilder<'static>, ModelError> {
     let files: Vec<PathBuf> =
         weight_files(dir)?.into_iter().filter(|p| p.extension().is_some_and(|x| x == "safetensors")).collect();
     if !files.is_empty() {
         // SAFETY: the files are memory-mapped read-only; a file changed while mapped is the caller's problem,
         // as with every mmap-based loader.
-        return unsafe { VarBuilder::from_mmaped_safetensors(&files, DType::F32, device) }
-            .map_err(|e| load_err(dir, e));
+        return unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device) }.map_err(|e| load_err(dir, e));
     }
     let bin = dir.join("pytorch_model.bin");
     if bin.exists() {
-        return VarBuilder::from_pth(&bin, DType::F32, device).map_err(|e| load_err(&bin, e));
+        return VarBuilder::from_pth(&bin, dtype, device).map_err(|e| load_err(&bin, e));
     }
     Err(load_err(dir, "no *.safetensors or pytorch_model.bin"))
 }
@@ -124,8 +189,8 @@ pub struct CrossEncoder {
 }
 
 impl CrossEncoder {
-    pub fn load(dir: &Path, device: &Device) -> Result<CrossEncoder, ModelError> {
-        let (backbone, vb) = Backbone::load(dir, device)?;
+    pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<CrossEncoder, ModelError> {
+        let (backbone, vb) = Backbone::load(dir, device, dtype)?;
         let h = backbone.hidden_size;
         let linear = |names: &[&str], out: usize| -> Result<Linear, ModelError> {
             names
@@ -161,7 +226,7 @@ impl CrossEncoder {
         let cls = hidden.i((.., 0))?;
         let pooled = self.pooler.forward(&cls)?.tanh()?;
         let logits = self.classifier.forward(&pooled)?;
-        Ok(logits.i((.., self.label))?.to_vec1::<f32>()?)
+        Ok(logits.i((.., self.label))?.to_dtype(DType::F32)?.to_vec1::<f32>()?)
     }
 
     /// Token counts as this model's tokenizer sees them (for the segmenter's budget).
@@ -183,12 +248,7 @@ pub struct BiEncoder {
     pooling: Pooling,
     normalize: bool,
     max_seq_length: usize,
-    /// Segment embeddings by text: they do not depend on the query, so repeated queries embed only the query.
-    cache: std::sync::Mutex<std::collections::HashMap<u64, std::sync::Arc<[f32]>>>,
 }
-
-/// Cached segment embeddings (about 1.5 KB each at 384 dimensions).
-const MAX_CACHED_EMBEDDINGS: usize = 100_000;
 
 #[derive(Deserialize)]
 struct PoolingConfig {
@@ -207,8 +267,8 @@ struct StModule {
 }
 
 impl BiEncoder {
-    pub fn load(dir: &Path, device: &Device) -> Result<BiEncoder, ModelError> {
-        let (backbone, _) = Backbone::load(dir, device)?;
+    pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<BiEncoder, ModelError> {
+        let (backbone, _) = Backbone::load(dir, device, dtype)?;
         let modules_path = dir.join("modules.json");
         let modules: Vec<StModule> = read_json(&modules_path)?;
         let pooling_dir = modules.iter().find(|m| m.kind.ends_with(".Pooling")).map(|m| dir.join(&m.path));
@@ -227,7 +287,7 @@ impl BiEncoder {
         let st_path = dir.join("sentence_bert_config.json");
         let max_seq_length =
             if st_path.exists() { read_json::<StConfig>(&st_path)?.max_seq_length } else { backbone.pieces.max_len };
-        Ok(BiEncoder { backbone, pooling, normalize, max_seq_length, cache: Default::default() })
+        Ok(BiEncoder { backbone, pooling, normalize, max_seq_length })
     }
 
     pub fn encode(&self, text: &str) -> Result<Encoded, ModelError> {
@@ -238,34 +298,9 @@ impl BiEncoder {
         self.backbone.pieces.count(text)
     }
 
-    /// Embeddings of texts, from the cache where they were computed before.
-    pub fn embed_cached(&self, texts: &[&str], batch_size: usize) -> Result<Vec<std::sync::Arc<[f32]>>, ModelError> {
-        use std::hash::{Hash, Hasher};
-        let keys: Vec<u64> = texts
-            .iter()
-            .map(|t| {
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                t.hash(&mut h);
-                h.finish()
-            })
-            .collect();
-        let mut found: Vec<Option<std::sync::Arc<[f32]>>> = {
-            let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-            keys.iter().map(|k| cache.get(k).cloned()).collect()
-        };
-        let missing: Vec<usize> = (0..texts.len()).filter(|&i| found[i].is_none()).collect();
-        let inputs: Vec<Encoded> = missing.iter().map(|&i| self.encode(texts[i])).collect::<Result<_, _>>()?;
-        let computed = in_length_batches(&inputs, batch_size, |batch| self.embed(batch))?;
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if cache.len() + computed.len() > MAX_CACHED_EMBEDDINGS {
-            cache.clear();
-        }
-        for (&i, embedding) in missing.iter().zip(computed) {
-            let embedding: std::sync::Arc<[f32]> = embedding.into();
-            cache.insert(keys[i], embedding.clone());
-            found[i] = Some(embedding);
-        }
-        Ok(found.into_iter().map(|e| e.expect("every text embedded")).collect())
+    /// Embedding dimensions.
+    pub fn dims(&self) -> usize {
+        self.backbone.hidden_size
     }
 
     /// Embeddings of a batch of encoded texts.
@@ -277,7 +312,7 @@ impl BiEncoder {
         let pooled = match self.pooling {
             Pooling::Cls => hidden.i((.., 0))?,
             Pooling::Mean => {
-                let mask = mask.to_dtype(DType::F32)?.unsqueeze(D::Minus1)?;
+                let mask = mask.to_dtype(hidden.dtype())?.unsqueeze(D::Minus1)?;
                 let summed = hidden.broadcast_mul(&mask)?.sum(1)?;
                 summed.broadcast_div(&mask.sum(1)?)?
             }
@@ -288,16 +323,8 @@ impl BiEncoder {
         } else {
             pooled
         };
-        Ok(pooled.to_vec2::<f32>()?)
+        Ok(pooled.to_dtype(DType::F32)?.to_vec2::<f32>()?)
     }
-}
-
-/// How pairs are built and batched.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ScoreOptions {
-    pub max_length: usize,
-    pub max_query_tokens: usize,
-    pub batch_size: usize,
 }
 
 /// A loaded model of either kind, scoring (query, segment) pairs: a cross-encoder's logit, or the cosine
@@ -310,11 +337,11 @@ pub enum Reranker {
 impl Reranker {
     /// Loads a directory: sentence-transformers (`modules.json`) as a bi-encoder, anything else as a
     /// cross-encoder.
-    pub fn load(dir: &Path, device: &Device) -> Result<Reranker, ModelError> {
+    pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<Reranker, ModelError> {
         if dir.join("modules.json").exists() {
-            Ok(Reranker::Bi(BiEncoder::load(dir, device)?))
+            Ok(Reranker::Bi(BiEncoder::load(dir, device, dtype)?))
         } else {
-            Ok(Reranker::Cross(CrossEncoder::load(dir, device)?))
+            Ok(Reranker::Cross(CrossEncoder::load(dir, device, dtype)?))
         }
     }
 
@@ -334,51 +361,21 @@ impl Reranker {
 
     /// The most word pieces a segment may have so that it is never cut: what is left of the input after the
     /// query budget and the special tokens (cross-encoder), or the input less `[CLS]`/`[SEP]` (bi-encoder).
-    pub fn segment_budget(&self, options: &ScoreOptions) -> usize {
+    pub fn segment_budget(&self, max_length: usize, max_query_tokens: usize) -> usize {
         match self {
-            Reranker::Cross(m) => {
-                options.max_length.min(m.backbone.pieces.max_len).saturating_sub(options.max_query_tokens + 3)
-            }
+            Reranker::Cross(m) => max_length.min(m.backbone.pieces.max_len).saturating_sub(max_query_tokens + 3),
             Reranker::Bi(m) => m.max_seq_length.saturating_sub(2),
         }
         .max(1)
     }
 
-    /// Scores every segment against the query.
-    pub fn score(&self, query: &str, segments: &[&str], options: &ScoreOptions) -> Result<Vec<f32>, ModelError> {
+    /// One output per encoded input: `[logit]` (cross-encoder) or the embedding (bi-encoder).
+    pub fn forward(&self, batch: &[Encoded]) -> Result<Vec<Vec<f32>>, ModelError> {
         match self {
-            Reranker::Cross(m) => {
-                let inputs: Vec<Encoded> = segments
-                    .iter()
-                    .map(|s| m.encode(query, s, options.max_length, options.max_query_tokens))
-                    .collect::<Result<_, _>>()?;
-                in_length_batches(&inputs, options.batch_size, |batch| m.score(batch))
-            }
-            Reranker::Bi(m) => {
-                let q = m.embed(&[m.encode(query)?])?.remove(0);
-                let embeddings = m.embed_cached(segments, options.batch_size)?;
-                Ok(embeddings.iter().map(|e| cosine(&q, e)).collect())
-            }
+            Reranker::Cross(m) => Ok(m.score(batch)?.into_iter().map(|s| vec![s]).collect()),
+            Reranker::Bi(m) => m.embed(batch),
         }
     }
-}
-
-/// Runs `f` over batches of inputs of similar length (less padding), returning results in input order.
-fn in_length_batches<T: Clone + Default>(
-    inputs: &[Encoded],
-    batch_size: usize,
-    mut f: impl FnMut(&[Encoded]) -> Result<Vec<T>, ModelError>,
-) -> Result<Vec<T>, ModelError> {
-    let mut order: Vec<usize> = (0..inputs.len()).collect();
-    order.sort_by_key(|&i| inputs[i].ids.len());
-    let mut out = vec![T::default(); inputs.len()];
-    for chunk in order.chunks(batch_size.max(1)) {
-        let batch: Vec<Encoded> = chunk.iter().map(|&i| inputs[i].clone()).collect();
-        for (&i, value) in chunk.iter().zip(f(&batch)?) {
-            out[i] = value;
-        }
-    }
-    Ok(out)
 }
 
 impl crate::segment::TokenCounter for Reranker {
@@ -388,7 +385,7 @@ impl crate::segment::TokenCounter for Reranker {
     }
 }
 
-fn cosine(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn cosine(a: &[f32], b: &[f32]) -> f32 {
     let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
     let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
     dot / (norm(a) * norm(b)).max(1e-12)

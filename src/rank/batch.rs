@@ -7,9 +7,11 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{Engine, RankError, RankOptions};
+use super::{Engine, RankError, RankOptions, RankParams};
 use crate::eval::{Run, Scored, Topic, TopicField};
 use crate::index::{Bm25Params, Collection, Rm3Params};
+use crate::model::Cancel;
+use crate::segment::SegmentOptions;
 
 /// Results per topic when a batch names no k (trec_eval's customary depth).
 pub const DEFAULT_BATCH_K: i64 = 1000;
@@ -33,6 +35,12 @@ pub struct BatchParams {
     pub tag: Option<String>,
     pub bm25: Option<Bm25Params>,
     pub rm3: Option<Rm3Params>,
+    /// The model re-ranking pipelines use (default `default`).
+    pub model: Option<String>,
+    /// How documents are cut into segments (default from configuration).
+    pub segments: Option<SegmentOptions>,
+    /// Weight of the normalized first-stage score mixed into re-ranked scores.
+    pub interpolate: Option<f32>,
 }
 
 /// A validated batch: the collection, the topics and the ranking options.
@@ -54,8 +62,16 @@ impl Engine {
         topics: Vec<Topic>,
         rerank: Option<Run>,
     ) -> Result<BatchPlan, RankError> {
-        let k = Some(params.k.unwrap_or(DEFAULT_BATCH_K));
-        let options = self.options(k, params.depth, params.pipeline.as_deref(), params.bm25, params.rm3)?;
+        let options = self.options(RankParams {
+            k: Some(params.k.unwrap_or(DEFAULT_BATCH_K)),
+            depth: params.depth,
+            pipeline: params.pipeline.as_deref(),
+            bm25: params.bm25,
+            rm3: params.rm3,
+            model: params.model.as_deref(),
+            segments: params.segments,
+            interpolate: params.interpolate,
+        })?;
         if rerank.is_some() && !options.pipeline.needs_model() {
             let message = format!("re-ranking a run needs a re-ranking pipeline, not {}", options.pipeline.name());
             return Err(RankError::InvalidParameter(message));
@@ -75,15 +91,15 @@ impl Engine {
 
 impl BatchPlan {
     /// The ranked documents of one topic.
-    pub fn run_topic(&self, engine: &Engine, topic: &Topic) -> Result<Vec<Scored>, RankError> {
+    pub fn run_topic(&self, engine: &Engine, topic: &Topic, cancel: &Cancel) -> Result<Vec<Scored>, RankError> {
         let query = topic.query(self.field);
         let query = engine.check_query(&query)?;
         let ranked = match &self.rerank {
             Some(run) => {
                 let given = run.topics.get(&topic.qid).map_or(&[][..], |docs| &docs[..]);
-                engine.rerank_run(&self.collection, query, &self.options, given)?
+                engine.rerank_run(&self.collection, query, &self.options, given, cancel)?
             }
-            None => engine.rank(&self.collection, query, &self.options)?,
+            None => engine.rank(&self.collection, query, &self.options, cancel)?,
         };
         Ok(ranked.into_iter().take(self.options.k).map(|r| Scored { docid: r.docid, score: r.score as f64 }).collect())
     }

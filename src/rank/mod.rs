@@ -3,10 +3,11 @@
 //! CLI both call `Engine`, so validation and limits live only here.
 
 pub mod batch;
+mod models;
 mod rerank;
 mod snippet;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -14,10 +15,12 @@ use utoipa::ToSchema;
 
 use crate::config::{Config, Limits};
 use crate::index::{analyzer, Bm25Params, Catalog, Collection, Hit, IndexError, Rm3Params, StoredDoc};
-use crate::model::{Reranker, ScoreOptions};
+use crate::model::Cancel;
+use crate::segment::SegmentOptions;
 
 pub use batch::{BatchParams, BatchPlan};
-pub use rerank::{aggregate, Evidence, ScoredSegment};
+pub use models::{LoadedModel, ModelStatus, Models, DEFAULT as DEFAULT_MODEL};
+pub use rerank::{aggregate, interpolate, Evidence, ScoredSegment};
 pub use snippet::snippet;
 
 #[derive(Debug, thiserror::Error)]
@@ -40,8 +43,12 @@ pub enum RankError {
     UnknownDocument { docid: String, collection: Option<String> },
     #[error("document {docid:?} exists in several collections ({}); name one with ?collection=", collections.join(", "))]
     AmbiguousDocument { docid: String, collections: Vec<String> },
-    #[error("pipeline {pipeline} re-ranks with a model, and none is loaded (set [model] path or --model)")]
+    #[error("pipeline {pipeline} re-ranks with a model, and none is configured (set [model] path or --model)")]
     ModelRequired { pipeline: &'static str },
+    #[error("unknown model {name:?}; available: {}", available.join(", "))]
+    UnknownModel { name: String, available: Vec<String> },
+    #[error("model {name:?} is unavailable: {reason}")]
+    ModelUnavailable { name: String, reason: String },
     #[error("model: {0}")]
     Model(crate::model::ModelError),
     #[error(transparent)]
@@ -123,6 +130,18 @@ pub struct SearchRequest {
     /// RM3 parameters for `bm25+rm3` (default: Anserini's).
     #[serde(default)]
     pub rm3: Option<Rm3Params>,
+    /// The model re-ranking pipelines use (`GET /pipelines` lists them; default `default`).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// How documents are cut into segments (default from configuration).
+    #[serde(default)]
+    pub segments: Option<SegmentOptions>,
+    /// Weight of the normalized first-stage score mixed into the re-ranked score (0 to 1; default none).
+    #[serde(default)]
+    pub interpolate: Option<f32>,
+    /// Include every segment's text in `segments` (default false: offsets only).
+    #[serde(default)]
+    pub segment_text: bool,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -130,6 +149,9 @@ pub struct SearchResponse {
     pub query: String,
     pub collection: String,
     pub pipeline: Pipeline,
+    /// The model that re-ranked, for re-ranking pipelines.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     /// Wall time inside the pipeline, milliseconds.
     pub took_ms: f64,
     pub timing: Timing,
@@ -143,7 +165,33 @@ pub struct Timing {
     /// Segmenting and model scoring, for re-ranking pipelines.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rerank_ms: Option<f64>,
+    #[serde(flatten)]
+    pub model: Option<ModelTiming>,
     pub total_ms: f64,
+}
+
+/// What the model cost a request.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ModelTiming {
+    /// Waiting in the model's queue behind other requests.
+    pub queue_ms: f64,
+    /// Forward passes that carried this request's pairs.
+    pub inference_ms: f64,
+    /// (query, segment) pairs the request needed.
+    pub pairs: usize,
+    /// Of those, pairs the model computed (the rest came from caches).
+    pub computed: usize,
+}
+
+impl ModelTiming {
+    fn of(reranked: &rerank::Reranked) -> ModelTiming {
+        ModelTiming {
+            queue_ms: reranked.scores.queue_ms(),
+            inference_ms: reranked.scores.inference_ms(),
+            pairs: reranked.pairs,
+            computed: reranked.scores.computed,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -156,6 +204,9 @@ pub struct SearchHit {
     /// BM25 score from the first stage (absent for documents given to `/rerank` as text).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_stage_score: Option<f32>,
+    /// Re-ranked results: the model's aggregated score (before interpolation with the first stage).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_score: Option<f32>,
     pub title: String,
     /// A short passage: the best segment for re-ranked results, else the text around the query terms.
     pub snippet: String,
@@ -224,6 +275,15 @@ pub struct RerankRequest {
     /// Results to return (default: all).
     #[serde(default)]
     pub k: Option<i64>,
+    /// The model (default `default`).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// How documents are cut into segments (default from configuration).
+    #[serde(default)]
+    pub segments: Option<SegmentOptions>,
+    /// Include every segment's text in `segments`.
+    #[serde(default)]
+    pub segment_text: bool,
 }
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -241,18 +301,44 @@ pub struct RerankDocument {
 pub struct RerankResponse {
     pub query: String,
     pub pipeline: Pipeline,
+    pub model: String,
     pub took_ms: f64,
+    pub timing: ModelTiming,
     pub results: Vec<SearchHit>,
 }
 
+/// Ranking options as a request or batch gives them, before validation.
+#[derive(Debug, Clone, Default)]
+pub struct RankParams<'a> {
+    pub k: Option<i64>,
+    pub depth: Option<i64>,
+    pub pipeline: Option<&'a str>,
+    pub bm25: Option<Bm25Params>,
+    pub rm3: Option<Rm3Params>,
+    pub model: Option<&'a str>,
+    pub segments: Option<SegmentOptions>,
+    pub interpolate: Option<f32>,
+}
+
 /// Validated ranking options.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct RankOptions {
     pub k: usize,
     pub depth: usize,
     pub pipeline: Pipeline,
     pub bm25: Bm25Params,
     pub rm3: Rm3Params,
+    /// Re-ranking pipelines only.
+    pub rerank: Option<RerankOptions>,
+}
+
+/// How re-ranking pipelines score.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct RerankOptions {
+    pub model: String,
+    pub segments: SegmentOptions,
+    /// Weight of the normalized first-stage score, if mixed in.
+    pub interpolate: Option<f32>,
 }
 
 /// Runs requests against the catalog under the configured limits.
@@ -261,92 +347,105 @@ pub struct Engine {
     limits: Limits,
     bm25: Bm25Params,
     default_collection: Option<String>,
-    /// The re-ranking model, once loaded (start-up loads it off the request path).
-    model: OnceLock<LoadedModel>,
-    score_options: ScoreOptions,
+    models: Models,
+    default_segments: SegmentOptions,
     segments: rerank::SegmentCache,
-}
-
-/// The model and where it came from (for `/pipelines` and provenance).
-pub struct LoadedModel {
-    pub reranker: Reranker,
-    pub source: String,
-    /// FNV-1a (64-bit, hex) over the weight files, in name order: which weights a run was made with.
-    pub weights_hash: String,
 }
 
 impl Engine {
     pub fn new(catalog: Arc<Catalog>, config: &Config) -> Engine {
         let default_collection = (!config.default_collection.is_empty()).then(|| config.default_collection.clone());
-        let m = &config.model;
-        let score_options =
-            ScoreOptions { max_length: m.max_length, max_query_tokens: m.max_query_tokens, batch_size: m.batch_size };
         Engine {
             catalog,
             limits: config.limits.clone(),
             bm25: config.bm25,
             default_collection,
-            model: OnceLock::new(),
-            score_options,
+            models: Models::new(&config.model),
+            default_segments: config.model.segments,
             segments: rerank::SegmentCache::default(),
         }
     }
 
-    /// Loads the re-ranking model from a Hugging Face directory (once).
-    pub fn load_model(&self, dir: &std::path::Path) -> Result<(), RankError> {
-        let reranker = Reranker::load(dir, &candle_core::Device::Cpu).map_err(RankError::Model)?;
-        let weights_hash = crate::model::weights_hash(dir).map_err(RankError::Model)?;
-        let _ = self.model.set(LoadedModel { reranker, source: dir.display().to_string(), weights_hash });
-        Ok(())
+    pub fn models(&self) -> &Models {
+        &self.models
     }
 
-    pub fn model(&self) -> Option<&LoadedModel> {
-        self.model.get()
+    /// The model a validated re-ranking uses (loaded on first use).
+    pub fn model_for(&self, options: &RankOptions) -> Result<Option<Arc<LoadedModel>>, RankError> {
+        match &options.rerank {
+            Some(rerank) => Ok(Some(self.models.get(&rerank.model, options.pipeline.name())?)),
+            None => Ok(None),
+        }
     }
 
     pub fn catalog(&self) -> &Arc<Catalog> {
         &self.catalog
     }
 
-    pub fn search(&self, request: SearchRequest) -> Result<SearchResponse, RankError> {
+    pub fn search(&self, request: SearchRequest, cancel: &Cancel) -> Result<SearchResponse, RankError> {
         let started = Instant::now();
         let query = self.check_query(&request.query)?;
-        let options = self.options(request.k, request.depth, request.pipeline.as_deref(), request.bm25, request.rm3)?;
+        let options = self.options(RankParams {
+            k: request.k,
+            depth: request.depth,
+            pipeline: request.pipeline.as_deref(),
+            bm25: request.bm25,
+            rm3: request.rm3,
+            model: request.model.as_deref(),
+            segments: request.segments,
+            interpolate: request.interpolate,
+        })?;
         let collection = self.collection(request.collection.as_deref())?;
+        // The model first: an unavailable one fails before any work.
+        let model = self.model_for(&options)?;
         let hits = self.retrieve(&collection, query, &options)?;
         let retrieve_ms = ms(started);
-        let ranked = self.rerank(&collection, query, &options, hits)?;
-        let rerank_ms = options.pipeline.needs_model().then(|| ms(started) - retrieve_ms);
+        let (ranked, model_timing) = match &model {
+            Some(model) => {
+                let reranked = self.rerank_hits(&collection, model, query, &options, hits, cancel)?;
+                let timing = ModelTiming::of(&reranked);
+                (reranked.ranked, Some(timing))
+            }
+            None => (first_stage(hits), None),
+        };
+        let rerank_ms = model.is_some().then(|| ms(started) - retrieve_ms);
         let query_terms = analyzer::terms(query);
         let results = ranked
             .into_iter()
             .take(options.k)
             .enumerate()
-            .map(|(i, ranked)| self.search_hit(i + 1, ranked, Some(&collection), &query_terms))
+            .map(|(i, ranked)| self.search_hit(i + 1, ranked, Some(&collection), &query_terms, request.segment_text))
             .collect::<Result<Vec<_>, RankError>>()?;
         let total_ms = ms(started);
         Ok(SearchResponse {
             query: request.query,
             collection: collection.name().to_string(),
             pipeline: options.pipeline,
+            model: model.map(|m| m.name.clone()),
             took_ms: total_ms,
-            timing: Timing { retrieve_ms, rerank_ms, total_ms },
+            timing: Timing { retrieve_ms, rerank_ms, model: model_timing, total_ms },
             results,
         })
     }
 
     /// Re-ranks the client's documents (texts, or docids of a collection) with the model.
-    pub fn rerank_documents(&self, request: RerankRequest) -> Result<RerankResponse, RankError> {
+    pub fn rerank_documents(&self, request: RerankRequest, cancel: &Cancel) -> Result<RerankResponse, RankError> {
         let started = Instant::now();
         let query = self.check_query(&request.query)?;
-        let pipeline = Pipeline::parse(request.pipeline.as_deref().unwrap_or("maxp"))?;
-        if !pipeline.needs_model() {
+        let options = self.options(RankParams {
+            pipeline: Some(request.pipeline.as_deref().unwrap_or("maxp")),
+            model: request.model.as_deref(),
+            segments: request.segments,
+            ..Default::default()
+        })?;
+        if !options.pipeline.needs_model() {
             return Err(RankError::InvalidParameter(format!(
                 "/rerank needs a re-ranking pipeline, not {}",
-                pipeline.name()
+                options.pipeline.name()
             )));
         }
-        let model = self.model().ok_or(RankError::ModelRequired { pipeline: pipeline.name() })?;
+        let model = self.model_for(&options)?.expect("re-ranking pipelines have a model");
+        let mut vectors = None;
         let candidates: Vec<rerank::Candidate> = match (request.documents, request.docids) {
             (Some(documents), None) => documents
                 .into_iter()
@@ -362,6 +461,7 @@ impl Engine {
                 .collect(),
             (None, Some(docids)) => {
                 let collection = self.collection(request.collection.as_deref())?;
+                vectors = self.models.vectors(&collection, &model)?;
                 docids
                     .into_iter()
                     .map(|docid| match collection.get(&docid)? {
@@ -384,15 +484,18 @@ impl Engine {
             });
         }
         let k = in_range("k", request.k, count, self.limits.max_k)?;
-        let ranked = rerank::rerank(&model.reranker, &self.score_options, &self.segments, pipeline, query, candidates)?;
+        let reranked = self.rerank_with(&model, vectors.as_deref(), query, &options, candidates, cancel)?;
+        let timing = ModelTiming::of(&reranked);
         let query_terms = analyzer::terms(query);
-        let results = ranked
+        let results = reranked
+            .ranked
             .into_iter()
             .take(k)
             .enumerate()
-            .map(|(i, r)| self.search_hit(i + 1, r, None, &query_terms))
+            .map(|(i, r)| self.search_hit(i + 1, r, None, &query_terms, request.segment_text))
             .collect::<Result<Vec<_>, RankError>>()?;
-        Ok(RerankResponse { query: request.query, pipeline, took_ms: ms(started), results })
+        let (pipeline, model) = (options.pipeline, model.name.clone());
+        Ok(RerankResponse { query: request.query, pipeline, model, took_ms: ms(started), timing, results })
     }
 
     /// Re-ranks a topic's documents of an existing run (its top `depth`, in trec_eval's order).
@@ -402,8 +505,11 @@ impl Engine {
         query: &str,
         options: &RankOptions,
         given: &[crate::eval::Scored],
+        cancel: &Cancel,
     ) -> Result<Vec<Ranked>, RankError> {
-        let model = self.model().ok_or(RankError::ModelRequired { pipeline: options.pipeline.name() })?;
+        let Some(model) = self.model_for(options)? else {
+            return Err(RankError::InvalidParameter("re-ranking a run needs a re-ranking pipeline".into()));
+        };
         let candidates = crate::eval::measures::ranked(given)
             .into_iter()
             .take(options.depth)
@@ -415,35 +521,75 @@ impl Engine {
                 }),
             })
             .collect::<Result<Vec<_>, RankError>>()?;
-        rerank::rerank(&model.reranker, &self.score_options, &self.segments, options.pipeline, query, candidates)
+        let vectors = self.models.vectors(collection, &model)?;
+        Ok(self.rerank_with(&model, vectors.as_deref(), query, options, candidates, cancel)?.ranked)
+    }
+
+    /// Computes a bi-encoder's segment embeddings for every document of a collection ahead of queries, into
+    /// the collection's embedding file (what is there already is skipped, so an interrupted run resumes).
+    /// `progress` gets the documents done so far. Returns the embeddings computed.
+    pub fn embed_collection(
+        &self,
+        collection: &Collection,
+        model: Option<&str>,
+        mut progress: impl FnMut(u64),
+    ) -> Result<usize, RankError> {
+        let name = self.models.check(model)?;
+        let model = self.models.get(&name, "embed")?;
+        let Some(vectors) = self.models.vectors(collection, &model)? else {
+            return Err(RankError::InvalidParameter(format!(
+                "model {name:?} is a {}; only a bi-encoder's embeddings can be computed ahead",
+                model.kind()
+            )));
+        };
+        // Texts go to the model in chunks, so the queue batches well and memory stays bounded.
+        const CHUNK: usize = 256;
+        let (cancel, mut pending, mut computed, mut done) = (Cancel::default(), Vec::<String>::new(), 0, 0u64);
+        let mut flush = |pending: &mut Vec<String>| -> Result<(), RankError> {
+            let texts: Vec<&str> = pending.iter().map(String::as_str).collect();
+            computed += model.served.embed_into(&texts, &vectors, &cancel).map_err(RankError::Model)?;
+            pending.clear();
+            Ok(())
+        };
+        collection.for_each_document(|doc| {
+            let inputs = self.segments.inputs(&model.served, &self.default_segments, &doc, usize::MAX);
+            pending.extend(inputs.into_iter().map(|(_, text)| text.into_owned()));
+            if pending.len() >= CHUNK {
+                flush(&mut pending)?;
+            }
+            done += 1;
+            progress(done);
+            Ok::<(), RankError>(())
+        })?;
+        flush(&mut pending)?;
+        Ok(computed)
     }
 
     /// First stage, then the model for re-ranking pipelines: the candidates, best first.
-    pub fn rank(&self, collection: &Collection, query: &str, options: &RankOptions) -> Result<Vec<Ranked>, RankError> {
-        let hits = self.retrieve(collection, query, options)?;
-        self.rerank(collection, query, options, hits)
-    }
-
-    fn rerank(
+    pub fn rank(
         &self,
         collection: &Collection,
         query: &str,
         options: &RankOptions,
-        hits: Vec<Hit>,
+        cancel: &Cancel,
     ) -> Result<Vec<Ranked>, RankError> {
-        if !options.pipeline.needs_model() {
-            return Ok(hits
-                .into_iter()
-                .map(|hit| Ranked {
-                    first_stage_score: Some(hit.score),
-                    address: Some(hit.address),
-                    score: hit.score,
-                    docid: hit.docid,
-                    evidence: None,
-                })
-                .collect());
+        let model = self.model_for(options)?;
+        let hits = self.retrieve(collection, query, options)?;
+        match model {
+            Some(model) => Ok(self.rerank_hits(collection, &model, query, options, hits, cancel)?.ranked),
+            None => Ok(first_stage(hits)),
         }
-        let model = self.model().ok_or(RankError::ModelRequired { pipeline: options.pipeline.name() })?;
+    }
+
+    fn rerank_hits(
+        &self,
+        collection: &Collection,
+        model: &LoadedModel,
+        query: &str,
+        options: &RankOptions,
+        hits: Vec<Hit>,
+        cancel: &Cancel,
+    ) -> Result<rerank::Reranked, RankError> {
         let candidates = hits
             .into_iter()
             .take(options.depth)
@@ -451,7 +597,30 @@ impl Engine {
                 Ok(rerank::Candidate { first_stage_score: Some(hit.score), doc: collection.document(hit.address)? })
             })
             .collect::<Result<Vec<_>, IndexError>>()?;
-        rerank::rerank(&model.reranker, &self.score_options, &self.segments, options.pipeline, query, candidates)
+        let vectors = self.models.vectors(collection, model)?;
+        self.rerank_with(model, vectors.as_deref(), query, options, candidates, cancel)
+    }
+
+    fn rerank_with(
+        &self,
+        model: &LoadedModel,
+        vectors: Option<&crate::model::VectorFile>,
+        query: &str,
+        options: &RankOptions,
+        candidates: Vec<rerank::Candidate>,
+        cancel: &Cancel,
+    ) -> Result<rerank::Reranked, RankError> {
+        let rerank_options = options.rerank.as_ref().expect("a re-ranking pipeline has re-ranking options");
+        let job = rerank::Reranking {
+            model,
+            vectors,
+            segments: &self.segments,
+            pipeline: options.pipeline,
+            options: rerank_options,
+            query,
+            cancel,
+        };
+        rerank::rerank(&job, candidates)
     }
 
     fn search_hit(
@@ -460,6 +629,7 @@ impl Engine {
         ranked: Ranked,
         collection: Option<&Collection>,
         query_terms: &[String],
+        segment_text: bool,
     ) -> Result<SearchHit, RankError> {
         let Ranked { docid, first_stage_score, address, score, evidence } = ranked;
         let Some(evidence) = evidence else {
@@ -473,6 +643,7 @@ impl Engine {
                 docid,
                 score,
                 first_stage_score,
+                model_score: None,
                 title: doc.title,
                 best_segment: None,
                 segments: None,
@@ -485,15 +656,22 @@ impl Engine {
             score: b.score,
             text: evidence.doc.text[b.start..b.end].to_string(),
         });
+        let mut segments = evidence.segments;
+        if segment_text {
+            for s in &mut segments {
+                s.text = Some(evidence.doc.text[s.start..s.end].to_string());
+            }
+        }
         Ok(SearchHit {
             rank,
             snippet: best.as_ref().map(|b| snippet(&b.text, query_terms)).unwrap_or_default(),
             docid,
             score,
             first_stage_score,
+            model_score: Some(evidence.model_score),
             title: evidence.doc.title,
             best_segment: best,
-            segments: Some(evidence.segments),
+            segments: Some(segments),
         })
     }
 
@@ -511,17 +689,30 @@ impl Engine {
     }
 
     /// Validates the ranking options of a request (or a batch) against the limits.
-    pub fn options(
-        &self,
-        k: Option<i64>,
-        depth: Option<i64>,
-        pipeline: Option<&str>,
-        bm25: Option<Bm25Params>,
-        rm3: Option<Rm3Params>,
-    ) -> Result<RankOptions, RankError> {
+    pub fn options(&self, params: RankParams<'_>) -> Result<RankOptions, RankError> {
+        let RankParams { k, depth, pipeline, bm25, rm3, model, segments, interpolate } = params;
         let k = in_range("k", k, self.limits.default_k, self.limits.max_k)?;
         let depth = in_range("depth", depth, self.limits.default_depth.max(k), self.limits.max_depth)?;
         let pipeline = Pipeline::parse(pipeline.unwrap_or("bm25"))?;
+        let rerank = if pipeline.needs_model() {
+            if self.models.names().is_empty() {
+                return Err(RankError::ModelRequired { pipeline: pipeline.name() });
+            }
+            let segments = segments.unwrap_or(self.default_segments);
+            segments.validate().map_err(RankError::InvalidParameter)?;
+            if interpolate.is_some_and(|w| !(0.0..=1.0).contains(&w)) {
+                return Err(RankError::InvalidParameter(format!(
+                    "interpolate is the first stage's weight, between 0 and 1; got {}",
+                    interpolate.unwrap_or_default()
+                )));
+            }
+            Some(RerankOptions { model: self.models.check(model)?, segments, interpolate })
+        } else {
+            if let Some(model) = model {
+                self.models.check(Some(model))?;
+            }
+            None
+        };
         let bm25 = bm25.unwrap_or(self.bm25);
         if !(bm25.k1 >= 0.0 && (0.0..=1.0).contains(&bm25.b)) {
             return Err(RankError::InvalidParameter(format!(
@@ -535,7 +726,7 @@ impl Engine {
                 "rm3 needs fb_docs >= 1, fb_terms >= 1 and 0 <= original_query_weight <= 1, got {rm3:?}"
             )));
         }
-        Ok(RankOptions { k, depth, pipeline, bm25, rm3 })
+        Ok(RankOptions { k, depth, pipeline, bm25, rm3, rerank })
     }
 
     /// The first stage of a pipeline: at least `k` (and `depth`) hits, best first.
@@ -601,6 +792,19 @@ impl Engine {
         };
         self.catalog.get(&name).map_err(|_| RankError::UnknownCollection { name, available: available() })
     }
+}
+
+/// First-stage hits as the ranking.
+fn first_stage(hits: Vec<Hit>) -> Vec<Ranked> {
+    hits.into_iter()
+        .map(|hit| Ranked {
+            first_stage_score: Some(hit.score),
+            address: Some(hit.address),
+            score: hit.score,
+            docid: hit.docid,
+            evidence: None,
+        })
+        .collect()
 }
 
 fn in_range(field: &'static str, value: Option<i64>, default: usize, max: usize) -> Result<usize, RankError> {

@@ -2,16 +2,18 @@
 //! segment) pair, and the segment scores are aggregated into the document's score (FirstP, MaxP, SumP,
 //! AvgP), keeping every segment's score as evidence.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::{Pipeline, RankError, Ranked};
+use super::models::LoadedModel;
+use super::{Pipeline, RankError, Ranked, RerankOptions};
 use crate::index::StoredDoc;
-use crate::model::{Reranker, ScoreOptions};
-use crate::segment::{self, Segment, Strategy};
+use crate::model::{Cancel, Reranker, Scores, Served, VectorFile};
+use crate::segment::{self, Segment, SegmentOptions, Strategy};
 
 /// One segment with the model's score.
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -21,12 +23,17 @@ pub struct ScoredSegment {
     pub start: usize,
     pub end: usize,
     pub score: f32,
+    /// The segment's text, when the request asks for it (`segment_text`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
 }
 
-/// Why a re-ranked document scored what it did: its text and every segment's score.
+/// Why a re-ranked document scored what it did: its text, every segment's score, and the aggregated
+/// model score (before any interpolation with the first stage).
 pub struct Evidence {
     pub doc: StoredDoc,
     pub segments: Vec<ScoredSegment>,
+    pub model_score: f32,
 }
 
 impl Evidence {
@@ -53,10 +60,20 @@ pub fn aggregate(pipeline: Pipeline, scores: &[f32]) -> f32 {
     }
 }
 
-/// Documents' segments, which depend on the document and the budget but not on the query: cut once.
+/// Min-max normalizes both score lists over the candidates and mixes them: `weight` × first stage +
+/// (1 − `weight`) × model. A list whose scores are all equal normalizes to zeros.
+pub fn interpolate(first_stage: &[f32], model: &[f32], weight: f32) -> Vec<f32> {
+    fn normalized(scores: &[f32]) -> Vec<f32> {
+        let (lo, hi) = scores.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &s| (lo.min(s), hi.max(s)));
+        scores.iter().map(|&s| if hi > lo { (s - lo) / (hi - lo) } else { 0.0 }).collect()
+    }
+    normalized(first_stage).into_iter().zip(normalized(model)).map(|(f, m)| weight * f + (1.0 - weight) * m).collect()
+}
+
+/// Documents' segments, which depend on the document and the strategy but not on the query: cut once.
 #[derive(Default)]
 pub struct SegmentCache {
-    entries: Mutex<HashMap<(u64, usize), Arc<Vec<Segment>>>>,
+    entries: Mutex<HashMap<(u64, Strategy), Arc<Vec<Segment>>>>,
 }
 
 fn text_hash(text: &str) -> u64 {
@@ -76,12 +93,12 @@ pub struct Candidate {
 const MAX_CACHED_SEGMENTATIONS: usize = 100_000;
 
 impl SegmentCache {
-    fn get(&self, text: &str, max_tokens: usize, model: &Reranker) -> Arc<Vec<Segment>> {
-        let key = (text_hash(text), max_tokens);
+    fn get(&self, text: &str, strategy: Strategy, model: &Reranker) -> Arc<Vec<Segment>> {
+        let key = (text_hash(text), strategy);
         if let Some(segments) = self.entries.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return segments.clone();
         }
-        let mut segments = segment::segment(text, Strategy::Sentences { max_tokens }, model, None);
+        let mut segments = segment::segment(text, strategy, model, None);
         if segments.is_empty() {
             // An empty text is still a document: score the empty passage rather than drop it.
             segments.push(Segment { index: 0, start: 0, end: 0 });
@@ -94,48 +111,105 @@ impl SegmentCache {
         entries.insert(key, segments.clone());
         segments
     }
+
+    /// A document's first `cap` segments with the text the model reads for each: the segment, after the
+    /// title when titles are repeated. A repeated title takes its tokens out of the segment budget, so
+    /// segments are still never cut.
+    pub fn inputs<'d>(
+        &self,
+        served: &Served,
+        options: &SegmentOptions,
+        doc: &'d StoredDoc,
+        cap: usize,
+    ) -> Vec<(Segment, Cow<'d, str>)> {
+        let title = doc.title.trim();
+        let prefix = (options.repeat_title && !title.is_empty()).then(|| format!("{title} "));
+        let title_tokens = prefix.as_deref().map_or(0, |p| segment::TokenCounter::count(served.model(), p));
+        let strategy = options.strategy(served.segment_budget().saturating_sub(title_tokens).max(1));
+        let segments = self.get(&doc.text, strategy, served.model());
+        segments
+            .iter()
+            .take(cap)
+            .map(|s| {
+                let text = s.text(&doc.text);
+                let input = match &prefix {
+                    Some(prefix) => Cow::Owned(format!("{prefix}{text}")),
+                    None => Cow::Borrowed(text),
+                };
+                (*s, input)
+            })
+            .collect()
+    }
+}
+
+/// Everything a re-ranking needs besides the candidates.
+pub struct Reranking<'a> {
+    pub model: &'a LoadedModel,
+    /// The collection's embedding file (bi-encoders).
+    pub vectors: Option<&'a VectorFile>,
+    pub segments: &'a SegmentCache,
+    pub pipeline: Pipeline,
+    pub options: &'a RerankOptions,
+    pub query: &'a str,
+    pub cancel: &'a Cancel,
+}
+
+/// The re-ranked candidates, best first, and what the model cost.
+pub struct Reranked {
+    pub ranked: Vec<Ranked>,
+    pub scores: Scores,
+    /// (query, segment) pairs scored, cached ones included.
+    pub pairs: usize,
 }
 
 /// Re-scores the candidates with the model; best first (ties keep the given order).
-pub fn rerank(
-    model: &Reranker,
-    options: &ScoreOptions,
-    cache: &SegmentCache,
-    pipeline: Pipeline,
-    query: &str,
-    docs: Vec<Candidate>,
-) -> Result<Vec<Ranked>, RankError> {
-    let max_tokens = model.segment_budget(options);
+pub fn rerank(job: &Reranking<'_>, docs: Vec<Candidate>) -> Result<Reranked, RankError> {
+    let served = &job.model.served;
     // FirstP needs only the first segment; the others score them all.
-    let cap = if pipeline == Pipeline::FirstP { 1 } else { usize::MAX };
+    let cap = if job.pipeline == Pipeline::FirstP { 1 } else { usize::MAX };
     let mut pairs: Vec<(usize, Segment)> = Vec::new();
+    let mut texts: Vec<Cow<'_, str>> = Vec::new();
     for (d, candidate) in docs.iter().enumerate() {
-        let segments = cache.get(&candidate.doc.text, max_tokens, model);
-        pairs.extend(segments.iter().take(cap).map(|s| (d, *s)));
+        for (segment, text) in job.segments.inputs(served, &job.options.segments, &candidate.doc, cap) {
+            pairs.push((d, segment));
+            texts.push(text);
+        }
     }
-    let texts: Vec<&str> = pairs.iter().map(|(d, s)| s.text(&docs[*d].doc.text)).collect();
-    let scores = model.score(query, &texts, options).map_err(RankError::Model)?;
+    let texts: Vec<&str> = texts.iter().map(|t| t.as_ref()).collect();
+    let scores = served.score(job.query, &texts, job.vectors, job.cancel).map_err(RankError::Model)?;
     let mut per_doc: Vec<Vec<ScoredSegment>> = vec![Vec::new(); docs.len()];
-    for ((d, s), score) in pairs.into_iter().zip(scores) {
-        per_doc[d].push(ScoredSegment { index: s.index, start: s.start, end: s.end, score });
+    for ((d, s), &score) in pairs.iter().zip(&scores.scores) {
+        per_doc[*d].push(ScoredSegment { index: s.index, start: s.start, end: s.end, score, text: None });
     }
-    let mut out: Vec<Ranked> = docs
+    let model_scores: Vec<f32> = per_doc
+        .iter()
+        .map(|segments| aggregate(job.pipeline, &segments.iter().map(|s| s.score).collect::<Vec<_>>()))
+        .collect();
+    let finals = match job.options.interpolate {
+        Some(weight) => {
+            let first: Option<Vec<f32>> = docs.iter().map(|c| c.first_stage_score).collect();
+            let first = first.ok_or_else(|| {
+                RankError::InvalidParameter("interpolate needs first-stage scores, which given texts lack".into())
+            })?;
+            interpolate(&first, &model_scores, weight)
+        }
+        None => model_scores.clone(),
+    };
+    let mut ranked: Vec<Ranked> = docs
         .into_iter()
         .zip(per_doc)
-        .map(|(Candidate { first_stage_score, doc }, segments)| {
-            let score = aggregate(pipeline, &segments.iter().map(|s| s.score).collect::<Vec<_>>());
-            Ranked {
-                docid: doc.docid.clone(),
-                first_stage_score,
-                address: None,
-                score,
-                evidence: Some(Evidence { doc, segments }),
-            }
+        .zip(model_scores.into_iter().zip(finals))
+        .map(|((Candidate { first_stage_score, doc }, segments), (model_score, score))| Ranked {
+            docid: doc.docid.clone(),
+            first_stage_score,
+            address: None,
+            score,
+            evidence: Some(Evidence { doc, segments, model_score }),
         })
         .collect();
     // A stable sort keeps the first-stage order among equal scores.
-    out.sort_by(|a, b| b.score.total_cmp(&a.score));
-    Ok(out)
+    ranked.sort_by(|a, b| b.score.total_cmp(&a.score));
+    Ok(Reranked { ranked, scores, pairs: pairs.len() })
 }
 
 #[cfg(test)]
@@ -150,5 +224,16 @@ mod tests {
         assert_eq!(aggregate(Pipeline::SumP, &s), 4.0);
         assert_eq!(aggregate(Pipeline::AvgP, &s), 1.0);
         assert_eq!(aggregate(Pipeline::MaxP, &[]), f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn interpolation_mixes_normalized_scores() {
+        let mixed = interpolate(&[10.0, 20.0, 30.0], &[1.0, 0.0, 0.5], 0.25);
+        let expected = [0.75, 0.125, 0.625];
+        for (m, e) in mixed.iter().zip(expected) {
+            assert!((m - e).abs() < 1e-6, "{mixed:?}");
+        }
+        assert_eq!(interpolate(&[5.0, 5.0], &[1.0, 3.0], 1.0), [0.0, 0.0]);
+        assert_eq!(interpolate(&[1.0, 2.0], &[7.0, 3.0], 0.0), [1.0, 0.0]);
     }
 }

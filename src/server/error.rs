@@ -8,6 +8,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::jobs::JobError;
+use crate::model::ModelError;
 use crate::rank::RankError;
 
 #[derive(Debug)]
@@ -15,6 +16,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// Seconds for `Retry-After` (429 and 503).
+    pub retry_after_s: u64,
 }
 
 /// The body of every error response.
@@ -33,7 +36,7 @@ pub struct ErrorDetail {
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status, code, message: message.into() }
+        ApiError { status, code, message: message.into(), retry_after_s: 1 }
     }
 
     pub fn not_found(what: &str) -> ApiError {
@@ -64,8 +67,8 @@ impl IntoResponse for ApiError {
         }
         let body = ErrorBody { error: ErrorDetail { code: self.code.to_string(), message: self.message } };
         let mut response = (self.status, axum::Json(body)).into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
-            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        if matches!(self.status, StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS) {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(self.retry_after_s));
         }
         response
     }
@@ -85,6 +88,15 @@ impl From<RankError> for ApiError {
             RankError::UnknownDocument { .. } => (S::NOT_FOUND, "unknown_document"),
             RankError::AmbiguousDocument { .. } => (S::CONFLICT, "ambiguous_document"),
             RankError::ModelRequired { .. } => (S::UNPROCESSABLE_ENTITY, "model_required"),
+            RankError::UnknownModel { .. } => (S::UNPROCESSABLE_ENTITY, "unknown_model"),
+            RankError::ModelUnavailable { .. } => (S::SERVICE_UNAVAILABLE, "model_unavailable"),
+            RankError::Model(ModelError::Overloaded { retry_after_s, .. }) => {
+                let mut error = ApiError::new(S::TOO_MANY_REQUESTS, "overloaded", e.to_string());
+                error.retry_after_s = *retry_after_s;
+                return error;
+            }
+            // The client is gone; nginx's 499 says so in logs.
+            RankError::Model(ModelError::Cancelled) => (S::from_u16(499).expect("499 is a valid status"), "cancelled"),
             RankError::Model(_) => (S::INTERNAL_SERVER_ERROR, "model_error"),
             RankError::Index(_) => (S::INTERNAL_SERVER_ERROR, "index_error"),
         };

@@ -23,6 +23,7 @@ pub use openapi::ApiDoc;
 use crate::config::Config;
 use crate::index::Catalog;
 use crate::jobs::Jobs;
+use crate::model::Cancel;
 use crate::rank::{Engine, RankError, SearchRequest, SearchResponse};
 use crate::store::{QueryLogEntry, Store};
 
@@ -53,7 +54,7 @@ impl AppState {
 
     /// Runs a search and records it in the query log (in the background: logging never slows a search).
     async fn search(&self, request: SearchRequest) -> Result<SearchResponse, ApiError> {
-        let response = self.run(move |engine| engine.search(request)).await?;
+        let response = self.run(move |engine, cancel| engine.search(request, cancel)).await?;
         let store = self.jobs().store().clone();
         let (query, collection, pipeline) =
             (response.query.clone(), response.collection.clone(), response.pipeline.name());
@@ -87,13 +88,24 @@ impl AppState {
         self.inner.ready.store(true, Ordering::Release);
     }
 
-    /// Runs engine work on a blocking thread.
+    /// Runs engine work on a blocking thread. When the request goes away first (the client disconnected, or
+    /// it timed out), the work is told through its `Cancel`, and its queued model inputs are dropped.
     async fn run<T: Send + 'static>(
         &self,
-        work: impl FnOnce(&Engine) -> Result<T, RankError> + Send + 'static,
+        work: impl FnOnce(&Engine, &Cancel) -> Result<T, RankError> + Send + 'static,
     ) -> Result<T, ApiError> {
+        struct CancelOnDrop(Cancel);
+        impl Drop for CancelOnDrop {
+            fn drop(&mut self) {
+                self.0.cancel();
+            }
+        }
         let state = self.clone();
-        match tokio::task::spawn_blocking(move || work(state.engine())).await {
+        let guard = CancelOnDrop(Cancel::default());
+        let cancel = guard.0.clone();
+        let result = tokio::task::spawn_blocking(move || work(state.engine(), &cancel)).await;
+        drop(guard);
+        match result {
             Ok(result) => result.map_err(ApiError::from),
             Err(e) => Err(ApiError::internal(format!("worker failed: {e}"))),
         }

@@ -26,11 +26,23 @@ pub fn data(rel: &str) -> PathBuf {
     shared().join("data").join(rel)
 }
 
-/// Runs the CLI with a data directory; the environment is cleared of LONGRANK_* settings.
-pub fn cli(data_dir: &Path, args: &[&str]) -> Output {
+/// The environment every test process starts from: no model unless a test names one, and never the network
+/// (a hub model comes from the cache, or from a test's stand-in hub).
+fn isolated(cmd: &mut Command) -> &mut Command {
+    cmd.env("RUST_LOG", "warn").env("LONGRANK_MODEL_PATH", "").env("HF_HUB_OFFLINE", "1")
+}
+
+/// Runs the CLI with a data directory and extra environment settings.
+pub fn cli_env(data_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(BIN);
-    cmd.arg("--data-dir").arg(data_dir).args(args).env("RUST_LOG", "warn").current_dir(data_dir);
+    isolated(&mut cmd).arg("--data-dir").arg(data_dir).args(args).current_dir(data_dir);
+    cmd.envs(env.iter().copied());
     cmd.output().expect("run longrank")
+}
+
+/// Runs the CLI with a data directory.
+pub fn cli(data_dir: &Path, args: &[&str]) -> Output {
+    cli_env(data_dir, args, &[])
 }
 
 /// Runs the CLI and insists it succeeds; returns stdout.
@@ -50,11 +62,11 @@ impl TestServer {
     /// Starts `longrank serve` on a free port with extra environment settings, and waits until it listens.
     pub fn start(data_dir: &Path, env: &[(&str, &str)]) -> TestServer {
         let mut cmd = Command::new(BIN);
-        cmd.arg("--data-dir")
+        isolated(&mut cmd)
+            .arg("--data-dir")
             .arg(data_dir)
             .args(["serve", "--addr", "127.0.0.1:0"])
             .current_dir(data_dir)
-            .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         for (k, v) in env {
@@ -107,6 +119,7 @@ pub struct Reply {
     pub body: String,
     pub request_id: Option<String>,
     pub content_type: Option<String>,
+    pub retry_after: Option<String>,
 }
 
 impl Reply {
@@ -132,10 +145,11 @@ fn reply(result: Result<ureq::Response, ureq::Error>) -> Reply {
     let status = response.status();
     let request_id = response.header("x-request-id").map(String::from);
     let content_type = response.header("content-type").map(String::from);
+    let retry_after = response.header("retry-after").map(String::from);
     // Not into_string(): it stops at 10 MB, and runs are larger.
     let mut body = String::new();
     std::io::Read::read_to_string(&mut response.into_reader(), &mut body).expect("read the body");
-    Reply { status, body, request_id, content_type }
+    Reply { status, body, request_id, content_type, retry_after }
 }
 
 fn agent() -> ureq::Agent {

@@ -8,3 +8,4 @@ mod indexing;
 mod model;
 mod scoring;
 mod server;
+mod tiny;

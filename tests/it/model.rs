@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use longrank::model::{BiEncoder, CrossEncoder};
 use serde_json::Value;
 
@@ -30,7 +30,7 @@ fn reference() -> Value {
 
 #[test]
 fn bi_encoder_reproduces_reference_embeddings() {
-    let model = BiEncoder::load(&minilm(), &Device::Cpu).unwrap();
+    let model = BiEncoder::load(&minilm(), &Device::Cpu, DType::F32).unwrap();
     let reference = reference();
     let items = reference["bi_encoder"]["items"].as_array().unwrap();
     let encoded: Vec<_> = items.iter().map(|i| model.encode(i["text"].as_str().unwrap()).unwrap()).collect();
@@ -69,7 +69,7 @@ fn cross_encoder_reproduces_reference_logits_including_truncated_pairs() {
     .collect();
     candle_core::safetensors::save(&head, dir.path().join("head.safetensors")).unwrap();
 
-    let model = CrossEncoder::load(dir.path(), &Device::Cpu).unwrap();
+    let model = CrossEncoder::load(dir.path(), &Device::Cpu, DType::F32).unwrap();
     let max_len = ce["max_length"].as_u64().unwrap() as usize;
     let pairs = ce["pairs"].as_array().unwrap();
     let encoded: Vec<_> = pairs
@@ -99,7 +99,8 @@ fn maxp_search_over_http_carries_segment_evidence() {
     let (status, body) = crate::common::get(&server.url("/pipelines"));
     assert_eq!(status, 200);
     let pipelines: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(pipelines["model"]["kind"], "bi-encoder");
+    assert_eq!(pipelines["models"][0]["kind"], "bi-encoder");
+    assert_eq!(pipelines["models"][0]["state"], "ready");
     let maxp = pipelines["pipelines"].as_array().unwrap().iter().find(|p| p["name"] == "maxp").unwrap();
     assert_eq!((maxp["needs_model"].as_bool(), maxp["available"].as_bool()), (Some(true), Some(true)));
 
@@ -156,6 +157,76 @@ fn maxp_search_over_http_carries_segment_evidence() {
         .find(|r| r["docid"] == "GX000-55-3407826")
         .expect("the long page is a candidate");
     assert!(long["segments"].as_array().unwrap().len() > 3);
+
+    // Repeating the query embeds only the query: the segments come from the cache.
+    let again = crate::common::post_json(
+        &server.url("/search"),
+        r#"{"query": "history of the oil industry in Texas", "k": 5, "depth": 5, "pipeline": "maxp"}"#,
+    )
+    .json();
+    assert_eq!(again["timing"]["computed"], 0, "{}", again["timing"]);
+    assert_eq!(again["results"], by_pipeline["maxp"]["results"]);
+    // ...and they were written to the collection's embedding file, which `longrank embed` fills ahead.
+    let embeddings = dir.path().join("collections/gov2/embeddings");
+    let keys = std::fs::read_dir(&embeddings)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .find(|e| e.path().extension().is_some_and(|x| x == "keys"));
+    let keys = keys.expect("an embedding keys file").path();
+    let before = std::fs::metadata(&keys).unwrap().len();
+    assert!(before > 0);
+    let out = crate::common::cli_ok(dir.path(), &["--model", model.to_str().unwrap(), "embed", "--collection", "gov2"]);
+    assert!(out.contains("segment embeddings computed"), "{out}");
+    let after = std::fs::metadata(&keys).unwrap().len();
+    assert!(after > before, "embed added the other documents' segments ({before} -> {after} bytes)");
+    let out = crate::common::cli_ok(dir.path(), &["--model", model.to_str().unwrap(), "embed", "--collection", "gov2"]);
+    assert!(out.contains(": 0 segment embeddings computed"), "a second run has nothing to do: {out}");
+
+    // Segment options: word windows, the title repeated, segment texts, interpolation with BM25.
+    let ask = |extra: Value| {
+        let mut body = serde_json::json!({"query": "history of the oil industry in Texas", "k": 5, "depth": 5, "pipeline": "maxp", "collection": "gov2"});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let r = crate::common::post_json(&server.url("/search"), &body.to_string());
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    };
+    let count_segments = |v: &Value| -> usize {
+        v["results"].as_array().unwrap().iter().map(|r| r["segments"].as_array().unwrap().len()).sum()
+    };
+    let windows =
+        ask(serde_json::json!({"segments": {"strategy": "windows", "words": 40, "stride": 20}, "segment_text": true}));
+    assert!(count_segments(&windows) > count_segments(&by_pipeline["maxp"]));
+    for r in windows["results"].as_array().unwrap() {
+        for s in r["segments"].as_array().unwrap() {
+            let words = s["text"].as_str().unwrap().split_whitespace().count();
+            assert!(words <= 40, "a 40-word window has {words} words");
+        }
+    }
+    let titled = ask(serde_json::json!({"segments": {"repeat_title": true}}));
+    assert_ne!(titled["results"][0]["model_score"], by_pipeline["maxp"]["results"][0]["model_score"]);
+    let bm25_order: Vec<Value> = crate::common::post_json(
+        &server.url("/search"),
+        r#"{"query": "history of the oil industry in Texas", "k": 5, "collection": "gov2"}"#,
+    )
+    .json()["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["docid"].clone())
+        .collect();
+    let mixed = ask(serde_json::json!({"interpolate": 1.0}));
+    let mixed_order: Vec<Value> = mixed["results"].as_array().unwrap().iter().map(|r| r["docid"].clone()).collect();
+    assert_eq!(mixed_order, bm25_order, "all weight on the first stage gives BM25's order");
+    let url = server.url("/search");
+    crate::common::post_json(&url, r#"{"query": "x", "pipeline": "maxp", "interpolate": 2}"#)
+        .assert_error(400, "invalid_parameter");
+    crate::common::post_json(
+        &url,
+        r#"{"query": "x", "pipeline": "maxp", "segments": {"strategy": "windows", "words": 5, "stride": 9}}"#,
+    )
+    .assert_error(400, "invalid_parameter");
+    crate::common::post_json(&url, r#"{"query": "x", "pipeline": "maxp", "model": "nope"}"#)
+        .assert_error(422, "unknown_model");
 
     // The same pipeline through /batch, with the model in the run's provenance.
     let read =

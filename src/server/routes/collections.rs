@@ -10,5 +10,5 @@ use crate::server::AppState;
 /// Every collection with its size and BM25 parameters.
 #[utoipa::path(get, path = "/collections", tag = "collections", responses((status = 200, body = Vec<CollectionInfo>)))]
 pub async fn list_collections(State(state): State<AppState>) -> Result<Json<Vec<CollectionInfo>>, ApiError> {
-    state.run(|engine| engine.collections()).await.map(Json)
+    state.run(|engine, _| engine.collections()).await.map(Json)
 }

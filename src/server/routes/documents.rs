@@ -29,5 +29,5 @@ pub async fn get_document(
     ApiPath(docid): ApiPath<String>,
     ApiQuery(params): ApiQuery<DocumentParams>,
 ) -> Result<Json<DocumentResponse>, ApiError> {
-    state.run(move |engine| engine.document(&docid, params.collection.as_deref())).await.map(Json)
+    state.run(move |engine, _| engine.document(&docid, params.collection.as_deref())).await.map(Json)
 }

@@ -5,44 +5,37 @@ use axum::Json;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::rank::Pipeline;
+use crate::rank::{ModelStatus, Pipeline};
 use crate::server::AppState;
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Pipelines {
     pub pipelines: Vec<PipelineInfo>,
-    /// The re-ranking model, when one is loaded.
-    pub model: Option<ModelInfo>,
+    /// The models re-ranking pipelines can name (`default` unless a request names another).
+    pub models: Vec<ModelStatus>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct PipelineInfo {
     pub name: &'static str,
-    /// Whether the pipeline re-ranks with the model.
+    /// Whether the pipeline re-ranks with a model.
     pub needs_model: bool,
-    /// Whether a request can use it now.
+    /// Whether a request can use it now (with the default model, for re-ranking pipelines).
     pub available: bool,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ModelInfo {
-    pub source: String,
-    /// `cross-encoder` or `bi-encoder`.
-    pub kind: &'static str,
-}
-
-/// The pipelines and the model a client can ask for.
+/// The pipelines and the models a client can ask for.
 #[utoipa::path(get, path = "/pipelines", tag = "search", responses((status = 200, body = Pipelines)))]
 pub async fn list_pipelines(State(state): State<AppState>) -> Json<Pipelines> {
-    let model = state.engine().model();
+    let models = state.engine().models().status();
+    let default_ready = models.iter().any(|m| m.name == crate::rank::DEFAULT_MODEL && m.state == "ready");
     let pipelines = Pipeline::ALL
         .iter()
         .map(|p| PipelineInfo {
             name: p.name(),
             needs_model: p.needs_model(),
-            available: !p.needs_model() || model.is_some(),
+            available: !p.needs_model() || default_ready,
         })
         .collect();
-    let model = model.map(|m| ModelInfo { source: m.source.clone(), kind: m.reranker.kind() });
-    Json(Pipelines { pipelines, model })
+    Json(Pipelines { pipelines, models })
 }

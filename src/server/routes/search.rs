@@ -16,8 +16,9 @@ use crate::server::AppState;
         (status = 400, description = "malformed JSON, missing or mistyped field, empty query, k or depth out of range", body = ErrorBody),
         (status = 404, description = "unknown collection", body = ErrorBody),
         (status = 413, description = "body too large", body = ErrorBody),
-        (status = 422, description = "unknown pipeline", body = ErrorBody),
-        (status = 503, description = "not ready, or timed out", body = ErrorBody),
+        (status = 422, description = "unknown pipeline or model", body = ErrorBody),
+        (status = 429, description = "the model's queue is full; see Retry-After", body = ErrorBody),
+        (status = 503, description = "not ready, timed out, or the model is unavailable", body = ErrorBody),
     ))]
 pub async fn post_search(
     State(state): State<AppState>,
@@ -37,6 +38,7 @@ pub struct SearchParams {
     depth: Option<i64>,
     pipeline: Option<String>,
     collection: Option<String>,
+    model: Option<String>,
 }
 
 /// Rank documents of a collection for a query given in the URL.
@@ -57,6 +59,7 @@ pub async fn get_search(
         depth: p.depth,
         pipeline: p.pipeline,
         collection: p.collection,
+        model: p.model,
         ..Default::default()
     };
     state.search(request).await.map(Json)

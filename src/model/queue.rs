@@ -1,0 +1,321 @@
+//! One inference thread per loaded model, fed from a queue, as text-embeddings-inference serves: every
+//! concurrent request's inputs wait in one queue, the thread takes them in arrival order into batches bounded
+//! by a padded-token budget (`max_batch_tokens`), sorted by length so padding stays small, and hands each
+//! output back to its request. Callers block on their own job, never the async runtime (they run on blocking
+//! threads). A full queue refuses new work with a retry estimate; a cancelled job's queued inputs are dropped.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::{Encoded, ModelError};
+
+/// Set when the work's requester is gone (client disconnected, request timed out, batch job cancelled).
+#[derive(Debug, Clone, Default)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// Where a job's time went.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct JobTiming {
+    /// From submission until the first batch holding one of its inputs started.
+    pub queue: Duration,
+    /// Wall time of the batches that held its inputs.
+    pub inference: Duration,
+}
+
+/// Runs a batch of inputs through the model: one output vector per input.
+pub type Forward = dyn Fn(&[Encoded]) -> Result<Vec<Vec<f32>>, ModelError> + Send + Sync;
+
+pub struct Queue {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    wake: Condvar,
+    max_batch_tokens: usize,
+    max_queued: usize,
+}
+
+#[derive(Default)]
+struct State {
+    pending: VecDeque<Item>,
+    shutdown: bool,
+    /// Inputs per second over recent batches (for Retry-After).
+    rate: f64,
+}
+
+struct Item {
+    job: Arc<Job>,
+    index: usize,
+    input: Encoded,
+}
+
+struct Job {
+    cancel: Cancel,
+    submitted: Instant,
+    progress: Mutex<Progress>,
+    done: Condvar,
+}
+
+#[derive(Default)]
+struct Progress {
+    outputs: Vec<Option<Vec<f32>>>,
+    remaining: usize,
+    started: Option<Instant>,
+    inference: Duration,
+    error: Option<String>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Queue {
+    /// Starts the inference thread.
+    pub fn start(name: &str, forward: Box<Forward>, max_batch_tokens: usize, max_queued: usize) -> Queue {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            wake: Condvar::new(),
+            max_batch_tokens: max_batch_tokens.max(1),
+            max_queued: max_queued.max(1),
+        });
+        let worker = shared.clone();
+        std::thread::Builder::new()
+            .name(format!("inference-{name}"))
+            .spawn(move || worker.run(&*forward))
+            .expect("spawn the inference thread");
+        Queue { shared }
+    }
+
+    /// Runs the inputs through the model and waits for every output (in input order).
+    pub fn run(&self, inputs: Vec<Encoded>, cancel: &Cancel) -> Result<(Vec<Vec<f32>>, JobTiming), ModelError> {
+        if inputs.is_empty() {
+            return Ok((Vec::new(), JobTiming::default()));
+        }
+        let n = inputs.len();
+        let job = Arc::new(Job {
+            cancel: cancel.clone(),
+            submitted: Instant::now(),
+            progress: Mutex::new(Progress { outputs: vec![None; n], remaining: n, ..Default::default() }),
+            done: Condvar::new(),
+        });
+        {
+            let mut state = lock(&self.shared.state);
+            // A job larger than the whole queue still runs when it would wait behind nothing.
+            if !state.pending.is_empty() && state.pending.len() + n > self.shared.max_queued {
+                let waiting = state.pending.len() as f64;
+                let retry_after_s = if state.rate > 0.0 { (waiting / state.rate).ceil() as u64 } else { 1 };
+                return Err(ModelError::Overloaded {
+                    queued: state.pending.len(),
+                    retry_after_s: retry_after_s.max(1),
+                });
+            }
+            let mut order: Vec<(usize, Encoded)> = inputs.into_iter().enumerate().collect();
+            order.sort_by_key(|(_, e)| e.ids.len());
+            state.pending.extend(order.into_iter().map(|(index, input)| Item { job: job.clone(), index, input }));
+        }
+        self.shared.wake.notify_one();
+        let mut progress = lock(&job.progress);
+        loop {
+            if let Some(error) = progress.error.take() {
+                return Err(ModelError::Inference(error));
+            }
+            if progress.remaining == 0 {
+                let timing = JobTiming {
+                    queue: progress.started.map(|s| s - job.submitted).unwrap_or_default(),
+                    inference: progress.inference,
+                };
+                let outputs = progress.outputs.drain(..).map(|o| o.expect("every output delivered")).collect();
+                return Ok((outputs, timing));
+            }
+            if cancel.is_cancelled() {
+                return Err(ModelError::Cancelled);
+            }
+            // Woken by the thread on completion; the timeout only notices cancellation.
+            progress = job.done.wait_timeout(progress, Duration::from_millis(50)).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// Inputs waiting for the model.
+    pub fn queued(&self) -> usize {
+        lock(&self.shared.state).pending.len()
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        lock(&self.shared.state).shutdown = true;
+        self.shared.wake.notify_all();
+    }
+}
+
+impl Shared {
+    fn run(&self, forward: &Forward) {
+        loop {
+            let batch = {
+                let mut state = lock(&self.state);
+                loop {
+                    if state.shutdown {
+                        return;
+                    }
+                    state.pending.retain(|item| !item.job.cancel.is_cancelled());
+                    if !state.pending.is_empty() {
+                        break;
+                    }
+                    state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
+                }
+                self.take_batch(&mut state)
+            };
+            let started = Instant::now();
+            let mut batch = batch;
+            batch.sort_by_key(|item| item.input.ids.len());
+            let inputs: Vec<Encoded> = batch.iter().map(|item| item.input.clone()).collect();
+            let result = forward(&inputs);
+            let elapsed = started.elapsed();
+            if let Ok(outputs) = &result {
+                let mut state = lock(&self.state);
+                let rate = outputs.len() as f64 / elapsed.as_secs_f64().max(1e-6);
+                state.rate = if state.rate == 0.0 { rate } else { 0.8 * state.rate + 0.2 * rate };
+            }
+            deliver(batch, result, started, elapsed);
+        }
+    }
+
+    /// The oldest inputs, as many as fit the padded-token budget (at least one).
+    fn take_batch(&self, state: &mut State) -> Vec<Item> {
+        let mut batch: Vec<Item> = Vec::new();
+        let mut longest = 0;
+        while let Some(next) = state.pending.front() {
+            let len = longest.max(next.input.ids.len());
+            if !batch.is_empty() && (batch.len() + 1) * len > self.max_batch_tokens {
+                break;
+            }
+            longest = len;
+            batch.extend(state.pending.pop_front());
+        }
+        batch
+    }
+}
+
+fn deliver(batch: Vec<Item>, result: Result<Vec<Vec<f32>>, ModelError>, started: Instant, elapsed: Duration) {
+    let mut seen: Vec<*const Job> = Vec::new();
+    let outputs: Vec<Option<Vec<f32>>> = match &result {
+        Ok(outputs) => outputs.iter().cloned().map(Some).collect(),
+        Err(_) => vec![None; batch.len()],
+    };
+    for (item, output) in batch.into_iter().zip(outputs) {
+        let mut progress = lock(&item.job.progress);
+        progress.started.get_or_insert(started);
+        if !seen.contains(&Arc::as_ptr(&item.job)) {
+            seen.push(Arc::as_ptr(&item.job));
+            progress.inference += elapsed;
+        }
+        match (&result, output) {
+            (Err(e), _) => progress.error = Some(e.to_string()),
+            (Ok(_), Some(output)) if progress.remaining > 0 => {
+                progress.outputs[item.index] = Some(output);
+                progress.remaining -= 1;
+            }
+            _ => {}
+        }
+        if progress.remaining == 0 || progress.error.is_some() {
+            item.job.done.notify_all();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(len: usize, tag: u32) -> Encoded {
+        Encoded { ids: vec![tag; len], type_ids: vec![0; len] }
+    }
+
+    /// A "model" that returns each input's first id and length, and records batch shapes.
+    fn echo(batches: Arc<Mutex<Vec<(usize, usize)>>>) -> Box<Forward> {
+        Box::new(move |batch: &[Encoded]| {
+            let longest = batch.iter().map(|e| e.ids.len()).max().unwrap_or(0);
+            lock(&batches).push((batch.len(), longest));
+            std::thread::sleep(Duration::from_millis(5));
+            Ok(batch.iter().map(|e| vec![e.ids[0] as f32, e.ids.len() as f32]).collect())
+        })
+    }
+
+    #[test]
+    fn outputs_come_back_in_input_order_within_the_token_budget() {
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        let queue = Queue::start("test", echo(batches.clone()), 40, 1000);
+        let inputs: Vec<Encoded> = (0..20).map(|i| input(1 + (i * 7) % 13, i as u32)).collect();
+        let (outputs, timing) = queue.run(inputs.clone(), &Cancel::default()).unwrap();
+        for (i, (e, out)) in inputs.iter().zip(&outputs).enumerate() {
+            assert_eq!(out, &vec![i as f32, e.ids.len() as f32]);
+        }
+        assert!(timing.inference > Duration::ZERO);
+        for &(n, longest) in lock(&batches).iter() {
+            assert!(n == 1 || n * longest <= 40, "batch of {n} x {longest} over the budget");
+        }
+    }
+
+    #[test]
+    fn concurrent_jobs_share_batches_and_get_their_own_outputs() {
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        let queue = Arc::new(Queue::start("test", echo(batches.clone()), 1000, 1000));
+        let handles: Vec<_> = (0..8u32)
+            .map(|t| {
+                let queue = queue.clone();
+                std::thread::spawn(move || {
+                    let inputs: Vec<Encoded> = (0..10).map(|i| input(2 + i, t * 100 + i as u32)).collect();
+                    let (outputs, _) = queue.run(inputs, &Cancel::default()).unwrap();
+                    outputs.iter().map(|o| o[0] as u32).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for (t, h) in handles.into_iter().enumerate() {
+            assert_eq!(h.join().unwrap(), (0..10).map(|i| t as u32 * 100 + i).collect::<Vec<_>>());
+        }
+        assert!(lock(&batches).iter().any(|&(n, _)| n > 10), "jobs were never batched together");
+    }
+
+    #[test]
+    fn a_full_queue_refuses_and_a_cancelled_job_is_dropped() {
+        let gate = Arc::new(Mutex::new(()));
+        let held = lock(&gate);
+        let g = gate.clone();
+        let forward: Box<Forward> = Box::new(move |batch: &[Encoded]| {
+            drop(lock(&g));
+            Ok(batch.iter().map(|_| vec![0.0]).collect())
+        });
+        let queue = Arc::new(Queue::start("test", forward, 2, 5));
+        // The first job's first input blocks the thread inside the model; the rest stay queued.
+        let cancel = Cancel::default();
+        let first = {
+            let (queue, cancel) = (queue.clone(), cancel.clone());
+            std::thread::spawn(move || queue.run((0..5).map(|i| input(2, i)).collect(), &cancel))
+        };
+        while queue.queued() != 4 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let refused = queue.run(vec![input(2, 9), input(2, 9)], &Cancel::default()).unwrap_err();
+        assert!(matches!(refused, ModelError::Overloaded { queued: 4, .. }), "{refused}");
+        cancel.cancel();
+        assert!(matches!(first.join().unwrap(), Err(ModelError::Cancelled)));
+        drop(held);
+        // The cancelled inputs are dropped, so new work runs.
+        let (outputs, _) = queue.run(vec![input(2, 1)], &Cancel::default()).unwrap();
+        assert_eq!(outputs.len(), 1);
+        assert_eq!(queue.queued(), 0);
+    }
+}

@@ -1,0 +1,189 @@
+//! A loaded model as the pipelines use it: (query, text) pairs in, scores out, through the model's inference
+//! queue, with a bounded LRU in front of it. A cross-encoder's scores are cached by (query, text), so
+//! switching between FirstP, MaxP and SumP for one query scores each segment once; a bi-encoder's embeddings
+//! are cached by text (and read from and added to the collection's embedding file when one is given), so
+//! repeated queries only embed the query.
+
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lru::LruCache;
+
+use super::queue::{Cancel, JobTiming, Queue};
+use super::vectors::VectorFile;
+use super::{cosine, Encoded, Fnv, ModelError, Reranker};
+
+/// How pairs are built, batched and queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServeOptions {
+    /// Longest model input in word pieces.
+    pub max_length: usize,
+    /// Queries are cut to this many word pieces.
+    pub max_query_tokens: usize,
+    /// Padded tokens per forward pass (batch size × longest input).
+    pub max_batch_tokens: usize,
+    /// Inputs waiting for the model beyond which new requests are refused (429).
+    pub max_queued_inputs: usize,
+    /// Cached scores (cross-encoder) or embeddings (bi-encoder).
+    pub cache_entries: usize,
+}
+
+/// Scores with what they cost.
+#[derive(Debug, Clone, Default)]
+pub struct Scores {
+    pub scores: Vec<f32>,
+    pub timing: JobTiming,
+    /// Inputs that went through the model (the rest came from caches).
+    pub computed: usize,
+}
+
+pub struct Served {
+    model: Arc<Reranker>,
+    queue: Queue,
+    cache: Mutex<LruCache<u64, Arc<[f32]>>>,
+    options: ServeOptions,
+}
+
+impl Served {
+    pub fn start(name: &str, model: Reranker, options: ServeOptions) -> Served {
+        let model = Arc::new(model);
+        let forward = {
+            let model = model.clone();
+            Box::new(move |batch: &[Encoded]| model.forward(batch))
+        };
+        let queue = Queue::start(name, forward, options.max_batch_tokens, options.max_queued_inputs);
+        let entries = NonZeroUsize::new(options.cache_entries).unwrap_or(NonZeroUsize::MIN);
+        Served { model, queue, cache: Mutex::new(LruCache::new(entries)), options }
+    }
+
+    pub fn model(&self) -> &Reranker {
+        &self.model
+    }
+
+    pub fn options(&self) -> &ServeOptions {
+        &self.options
+    }
+
+    /// The most word pieces a segment may have so that it is never cut (see `Reranker::segment_budget`).
+    pub fn segment_budget(&self) -> usize {
+        self.model.segment_budget(self.options.max_length, self.options.max_query_tokens)
+    }
+
+    /// Scores every text against the query.
+    pub fn score(
+        &self,
+        query: &str,
+        texts: &[&str],
+        vectors: Option<&VectorFile>,
+        cancel: &Cancel,
+    ) -> Result<Scores, ModelError> {
+        match &*self.model {
+            Reranker::Cross(m) => {
+                let keys: Vec<u64> = texts.iter().map(|t| key(Some(query), t)).collect();
+                let (mut found, missing) = self.cached(&keys);
+                let inputs = missing
+                    .iter()
+                    .map(|&i| m.encode(query, texts[i], self.options.max_length, self.options.max_query_tokens))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let (outputs, timing) = self.queue.run(inputs, cancel)?;
+                self.remember(&keys, &missing, outputs, &mut found);
+                let scores = found.iter().map(|o| o.as_ref().expect("every pair scored")[0]).collect();
+                Ok(Scores { scores, timing, computed: missing.len() })
+            }
+            Reranker::Bi(m) => {
+                // The query goes last, so segment i stays at index i.
+                let mut keys: Vec<u64> = texts.iter().map(|t| key(None, t)).collect();
+                keys.push(key(None, query));
+                let (mut found, mut missing) = self.cached(&keys);
+                if let Some(file) = vectors {
+                    missing.retain(|&i| match (i < texts.len()).then(|| file.get(keys[i])).flatten() {
+                        Some(v) => {
+                            found[i] = Some(v.into());
+                            false
+                        }
+                        None => true,
+                    });
+                }
+                let inputs = missing
+                    .iter()
+                    .map(|&i| m.encode(texts.get(i).copied().unwrap_or(query)))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let (outputs, timing) = self.queue.run(inputs, cancel)?;
+                if let Some(file) = vectors {
+                    for (&i, v) in missing.iter().zip(&outputs).filter(|(&i, _)| i < texts.len()) {
+                        file.append(keys[i], v)?;
+                    }
+                }
+                self.remember(&keys, &missing, outputs, &mut found);
+                let q = found.pop().flatten().expect("the query embedded");
+                let scores = found.iter().map(|e| cosine(&q, e.as_ref().expect("every text embedded"))).collect();
+                Ok(Scores { scores, timing, computed: missing.len() })
+            }
+        }
+    }
+
+    /// Embeds texts ahead of queries into a collection's embedding file (bi-encoders; `longrank embed`).
+    /// Returns how many were computed.
+    pub fn embed_into(&self, texts: &[&str], file: &VectorFile, cancel: &Cancel) -> Result<usize, ModelError> {
+        let Reranker::Bi(m) = &*self.model else {
+            return Err(ModelError::Unsupported("only a bi-encoder's embeddings can be computed ahead".into()));
+        };
+        let keys: Vec<u64> = texts.iter().map(|t| key(None, t)).collect();
+        let missing: Vec<usize> = (0..texts.len()).filter(|&i| file.get(keys[i]).is_none()).collect();
+        let inputs = missing.iter().map(|&i| m.encode(texts[i])).collect::<Result<Vec<_>, _>>()?;
+        let (outputs, _) = self.queue.run(inputs, cancel)?;
+        for (&i, v) in missing.iter().zip(&outputs) {
+            file.append(keys[i], v)?;
+        }
+        Ok(missing.len())
+    }
+
+    /// Outputs found in the cache, and the indices still missing.
+    fn cached(&self, keys: &[u64]) -> (Vec<Option<Arc<[f32]>>>, Vec<usize>) {
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let found: Vec<Option<Arc<[f32]>>> = keys.iter().map(|k| cache.get(k).cloned()).collect();
+        let missing = (0..keys.len()).filter(|&i| found[i].is_none()).collect();
+        (found, missing)
+    }
+
+    fn remember(&self, keys: &[u64], missing: &[usize], outputs: Vec<Vec<f32>>, found: &mut [Option<Arc<[f32]>>]) {
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        for (&i, output) in missing.iter().zip(outputs) {
+            let output: Arc<[f32]> = output.into();
+            cache.put(keys[i], output.clone());
+            found[i] = Some(output);
+        }
+    }
+
+    /// Inputs waiting for the model.
+    pub fn queued(&self) -> usize {
+        self.queue.queued()
+    }
+}
+
+/// The cache key of a (query, text) pair, or of a text alone; stable, since embedding files keep it.
+fn key(query: Option<&str>, text: &str) -> u64 {
+    let mut h = Fnv::default();
+    if let Some(query) = query {
+        h.write(query.as_bytes());
+        // 0xff never occurs in UTF-8: ("ab", "c") and ("a", "bc") differ.
+        h.write(&[0xff]);
+    }
+    h.write(text.as_bytes());
+    h.0
+}
+
+impl Scores {
+    pub fn queue_ms(&self) -> f64 {
+        ms(self.timing.queue)
+    }
+
+    pub fn inference_ms(&self) -> f64 {
+        ms(self.timing.inference)
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}

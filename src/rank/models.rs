@@ -1,0 +1,169 @@
+//! The models the re-ranking pipelines can use, by name: `default` (`[model] path`) and the `[model.named]`
+//! ones. Each is loaded once (the server loads all before it is ready; the CLI loads what it uses) and
+//! served by its own inference thread. A model that cannot be loaded (offline without a cached copy, say)
+//! stays unavailable with its reason, and the first-stage pipelines keep serving.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::RankError;
+use crate::config::ModelConfig;
+use crate::index::Collection;
+use crate::model::{self, Reranker, ServeOptions, Served, VectorFile};
+
+/// The name of `[model] path`.
+pub const DEFAULT: &str = "default";
+
+pub struct Models {
+    slots: Vec<Slot>,
+    config: ModelConfig,
+    /// Bi-encoder embedding files, per (collection, model), opened on first use.
+    vectors: Mutex<HashMap<(String, String), Arc<VectorFile>>>,
+}
+
+struct Slot {
+    name: String,
+    source: String,
+    state: OnceLock<Result<Arc<LoadedModel>, String>>,
+}
+
+/// A model ready to score, and where it came from (for `/pipelines` and run provenance).
+pub struct LoadedModel {
+    pub name: String,
+    pub source: String,
+    /// The directory the weights were read from (a hub model's cache snapshot).
+    pub dir: PathBuf,
+    /// FNV-1a (64-bit, hex) over the weight files, in name order: which weights a run was made with.
+    pub weights_hash: String,
+    pub served: Served,
+    dtype: String,
+}
+
+impl LoadedModel {
+    pub fn kind(&self) -> &'static str {
+        self.served.model().kind()
+    }
+}
+
+/// What `/pipelines` says about a model.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ModelStatus {
+    pub name: String,
+    /// Directory or hub id.
+    pub source: String,
+    /// `ready`, `unavailable` (see `reason`) or `not_loaded`.
+    pub state: &'static str,
+    /// `cross-encoder` or `bi-encoder`, once loaded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Inputs waiting for the model.
+    pub queued: usize,
+}
+
+impl Models {
+    pub fn new(config: &ModelConfig) -> Models {
+        let default = (!config.path.is_empty()).then(|| (DEFAULT.to_string(), config.path.clone()));
+        let slots = default
+            .into_iter()
+            .chain(config.named.iter().map(|(n, s)| (n.clone(), s.clone())))
+            .map(|(name, source)| Slot { name, source, state: OnceLock::new() })
+            .collect();
+        Models { slots, config: config.clone(), vectors: Mutex::default() }
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.slots.iter().map(|s| s.name.clone()).collect()
+    }
+
+    /// Checks a model name a request gives (none: the default).
+    pub fn check(&self, name: Option<&str>) -> Result<String, RankError> {
+        let name = name.unwrap_or(DEFAULT);
+        if self.slots.iter().any(|s| s.name == name) {
+            return Ok(name.to_string());
+        }
+        Err(RankError::UnknownModel { name: name.to_string(), available: self.names() })
+    }
+
+    /// The named model, loaded on first use; a failure to load is kept and reported on every use.
+    pub fn get(&self, name: &str, pipeline: &'static str) -> Result<Arc<LoadedModel>, RankError> {
+        let Some(slot) = self.slots.iter().find(|s| s.name == name) else {
+            return Err(if self.slots.is_empty() {
+                RankError::ModelRequired { pipeline }
+            } else {
+                RankError::UnknownModel { name: name.to_string(), available: self.names() }
+            });
+        };
+        self.state(slot).map_err(|reason| RankError::ModelUnavailable { name: name.to_string(), reason })
+    }
+
+    fn state(&self, slot: &Slot) -> Result<Arc<LoadedModel>, String> {
+        slot.state.get_or_init(|| self.load(slot).map(Arc::new).map_err(|e| e.to_string())).clone()
+    }
+
+    /// Loads every model; returns the failures (name, reason).
+    pub fn load_all(&self) -> Vec<(String, String)> {
+        self.slots.iter().filter_map(|slot| self.state(slot).err().map(|reason| (slot.name.clone(), reason))).collect()
+    }
+
+    fn load(&self, slot: &Slot) -> Result<LoadedModel, model::ModelError> {
+        tracing::info!("loading model {} from {}", slot.name, slot.source);
+        let dir = model::resolve(&slot.source, self.config.offline)?;
+        let device = model::device(&self.config.device)?;
+        let dtype = model::dtype(&self.config.dtype, &device)?;
+        let reranker = Reranker::load(&dir, &device, dtype)?;
+        let weights_hash = model::weights_hash(&dir)?;
+        let c = &self.config;
+        let options = ServeOptions {
+            max_length: c.max_length,
+            max_query_tokens: c.max_query_tokens,
+            max_batch_tokens: c.max_batch_tokens,
+            max_queued_inputs: c.max_queued_inputs,
+            cache_entries: c.cache_entries,
+        };
+        Ok(LoadedModel {
+            served: Served::start(&slot.name, reranker, options),
+            name: slot.name.clone(),
+            source: slot.source.clone(),
+            dir,
+            weights_hash,
+            dtype: format!("{dtype:?}").to_lowercase(),
+        })
+    }
+
+    pub fn status(&self) -> Vec<ModelStatus> {
+        self.slots
+            .iter()
+            .map(|slot| {
+                let (state, kind, reason, queued) = match slot.state.get() {
+                    None => ("not_loaded", None, None, 0),
+                    Some(Ok(m)) => ("ready", Some(m.kind()), None, m.served.queued()),
+                    Some(Err(reason)) => ("unavailable", None, Some(reason.clone()), 0),
+                };
+                ModelStatus { name: slot.name.clone(), source: slot.source.clone(), state, kind, reason, queued }
+            })
+            .collect()
+    }
+
+    /// The embedding file of a bi-encoder for a collection (`COLLECTION/embeddings/WEIGHTS-DTYPE.*`); none
+    /// for cross-encoders, whose scores depend on the query.
+    pub fn vectors(&self, collection: &Collection, model: &LoadedModel) -> Result<Option<Arc<VectorFile>>, RankError> {
+        let Reranker::Bi(bi) = model.served.model() else { return Ok(None) };
+        let key = (collection.name().to_string(), model.name.clone());
+        let mut open = self.vectors.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(file) = open.get(&key) {
+            return Ok(Some(file.clone()));
+        }
+        let dir = collection.path().join("embeddings");
+        let file = VectorFile::open(&dir, &format!("{}-{}", model.weights_hash, model.dtype), bi.dims())
+            .map_err(RankError::Model)?;
+        let file = Arc::new(file);
+        open.insert(key, file.clone());
+        Ok(Some(file))
+    }
+}

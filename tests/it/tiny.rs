@@ -1,0 +1,352 @@
+//! Tiny random BERT cross-encoders, built by the tests: loading from a stand-in hub and offline from its
+//! cache, batching across concurrent requests, the full-queue answer, and the score cache.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use candle_core::{Device, Tensor};
+use serde_json::{json, Value};
+
+use crate::common::{cli_env, data, post_json, TestServer};
+
+/// Writes a 2-layer BERT sequence classifier (hidden 32, 128 positions) with seeded random weights, a
+/// character-level WordPiece tokenizer (every lowercase word splits into letters) and its config.
+pub fn tiny_cross_encoder(dir: &Path, seed: u64) {
+    std::fs::create_dir_all(dir).unwrap();
+    let specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"];
+    let chars: Vec<String> = ('a'..='z').chain('0'..='9').chain(".,;:!?'\"()-/&$%".chars()).map(String::from).collect();
+    let pieces: Vec<String> = ('a'..='z').chain('0'..='9').map(|c| format!("##{c}")).collect();
+    let vocab: Vec<String> = specials.iter().map(|s| s.to_string()).chain(chars).chain(pieces).collect();
+    let vocab_map: serde_json::Map<String, Value> =
+        vocab.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
+    let added: Vec<Value> = specials
+        .iter()
+        .enumerate()
+        .map(|(i, s)| json!({"id": i, "content": s, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}))
+        .collect();
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+        "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true, "strip_accents": null, "lowercase": true},
+        "pre_tokenizer": {"type": "BertPreTokenizer"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##", "max_input_chars_per_word": 100, "vocab": vocab_map}
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let (h, layers, inter, positions) = (32usize, 2usize, 64usize, 128usize);
+    let config = json!({
+        "architectures": ["BertForSequenceClassification"], "model_type": "bert", "vocab_size": vocab.len(),
+        "hidden_size": h, "num_hidden_layers": layers, "num_attention_heads": 4, "intermediate_size": inter,
+        "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+        "max_position_embeddings": positions, "type_vocab_size": 2, "initializer_range": 0.02,
+        "layer_norm_eps": 1e-12, "pad_token_id": 0, "classifier_dropout": null, "num_labels": 1
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut random = |shape: &[usize]| {
+        let n: usize = shape.iter().product();
+        let values: Vec<f32> = (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.4
+            })
+            .collect();
+        Tensor::from_vec(values, shape, &Device::Cpu).unwrap()
+    };
+    let mut tensors: HashMap<String, Tensor> = HashMap::new();
+    let ones = |n: usize| Tensor::ones(n, candle_core::DType::F32, &Device::Cpu).unwrap();
+    let zeros = |n: usize| Tensor::zeros(n, candle_core::DType::F32, &Device::Cpu).unwrap();
+    let mut linear = |tensors: &mut HashMap<String, Tensor>, name: &str, out: usize, inp: usize| {
+        tensors.insert(format!("{name}.weight"), random(&[out, inp]));
+        tensors.insert(format!("{name}.bias"), random(&[out]));
+    };
+    let norm = |tensors: &mut HashMap<String, Tensor>, name: &str| {
+        tensors.insert(format!("{name}.weight"), ones(h));
+        tensors.insert(format!("{name}.bias"), zeros(h));
+    };
+    for (name, rows) in [("word", vocab.len()), ("position", positions), ("token_type", 2)] {
+        linear(&mut tensors, &format!("bert.embeddings.{name}_embeddings"), rows, h);
+        tensors.remove(&format!("bert.embeddings.{name}_embeddings.bias"));
+    }
+    norm(&mut tensors, "bert.embeddings.LayerNorm");
+    for l in 0..layers {
+        let p = format!("bert.encoder.layer.{l}");
+        for m in ["query", "key", "value"] {
+            linear(&mut tensors, &format!("{p}.attention.self.{m}"), h, h);
+        }
+        linear(&mut tensors, &format!("{p}.attention.output.dense"), h, h);
+        norm(&mut tensors, &format!("{p}.attention.output.LayerNorm"));
+        linear(&mut tensors, &format!("{p}.intermediate.dense"), inter, h);
+        linear(&mut tensors, &format!("{p}.output.dense"), h, inter);
+        norm(&mut tensors, &format!("{p}.output.LayerNorm"));
+    }
+    linear(&mut tensors, "bert.pooler.dense", h, h);
+    linear(&mut tensors, "classifier", 1, h);
+    candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).unwrap();
+}
+
+/// A stand-in for the Hugging Face hub (`HF_ENDPOINT`): serves one repository's files as the hub's API and
+/// resolve endpoints do, and counts the file downloads.
+struct StandInHub {
+    base: String,
+    downloads: Arc<AtomicUsize>,
+}
+
+const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
+
+impl StandInHub {
+    fn start(repo: &'static str, dir: PathBuf) -> StandInHub {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let downloads = Arc::new(AtomicUsize::new(0));
+        let counter = downloads.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut request_line = String::new();
+                reader.read_line(&mut request_line).unwrap();
+                let mut range = None;
+                loop {
+                    let mut line = String::new();
+                    reader.read_line(&mut line).unwrap();
+                    if line.trim().is_empty() {
+                        break;
+                    }
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("range: bytes=") {
+                        range = Some(v.trim().to_string());
+                    }
+                }
+                let path = request_line.split(' ').nth(1).unwrap_or("").to_string();
+                let files = ["config.json", "tokenizer.json", "model.safetensors"];
+                let (status, headers, body): (&str, String, Vec<u8>) = if path
+                    == format!("/api/models/{repo}/revision/main")
+                {
+                    let siblings: Vec<Value> = files.iter().map(|f| json!({"rfilename": f})).collect();
+                    let info = json!({"sha": COMMIT, "siblings": siblings});
+                    ("200 OK", "content-type: application/json\r\n".into(), info.to_string().into_bytes())
+                } else if let Some(file) = path.strip_prefix(&format!("/{repo}/resolve/main/")) {
+                    match std::fs::read(dir.join(file)) {
+                        Ok(bytes) => {
+                            let start: usize =
+                                range.as_deref().and_then(|r| r.split('-').next()?.parse().ok()).unwrap_or(0);
+                            let end = match range.as_deref() {
+                                Some("0-0") => 0,
+                                _ => {
+                                    counter.fetch_add(1, Ordering::SeqCst);
+                                    bytes.len() - 1
+                                }
+                            };
+                            let etag = format!("{:x}-{}", bytes.len(), file.len());
+                            let headers = format!(
+                                    "etag: \"{etag}\"\r\nx-repo-commit: {COMMIT}\r\ncontent-range: bytes {start}-{end}/{}\r\n",
+                                    bytes.len()
+                                );
+                            ("206 Partial Content", headers, bytes[start..=end].to_vec())
+                        }
+                        Err(_) => ("404 Not Found", String::new(), Vec::new()),
+                    }
+                } else {
+                    ("404 Not Found", String::new(), Vec::new())
+                };
+                let head = format!(
+                    "HTTP/1.1 {status}\r\n{headers}content-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = stream.write_all(head.as_bytes()).and_then(|_| stream.write_all(&body));
+                let _ = stream.flush();
+                let mut rest = Vec::new();
+                let _ = reader.read_to_end(&mut rest);
+            }
+        });
+        StandInHub { base, downloads }
+    }
+}
+
+fn gov2_data_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let gov2 = data("trec-format-samples/gov2-style/GX000");
+    crate::common::cli_ok(dir.path(), &["index", "--collection", "gov2", gov2.to_str().unwrap()]);
+    dir
+}
+
+#[test]
+fn hub_models_are_fetched_once_then_served_from_the_cache_offline() {
+    let models = tempfile::tempdir().unwrap();
+    tiny_cross_encoder(models.path(), 7);
+    let hub = StandInHub::start("acme/tiny-ce", models.path().to_path_buf());
+    let dir = gov2_data_dir();
+    let hf_home = dir.path().join("hf-home");
+    let hf_home = hf_home.to_str().unwrap();
+    let search = [
+        "--model",
+        "acme/tiny-ce",
+        "search",
+        "--pipeline",
+        "maxp",
+        "--depth",
+        "3",
+        "-k",
+        "3",
+        "--json",
+        "oil",
+        "industry",
+    ];
+    let online = [("HF_ENDPOINT", hub.base.as_str()), ("HF_HOME", hf_home), ("HF_HUB_OFFLINE", "0")];
+    let out = cli_env(dir.path(), &search, &online);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let first: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(first["model"], "default");
+    assert_eq!(first["results"].as_array().unwrap().len(), 3);
+    assert_eq!(hub.downloads.load(Ordering::SeqCst), 3, "config, tokenizer and weights downloaded");
+    assert!(Path::new(hf_home)
+        .join("hub/models--acme--tiny-ce/snapshots")
+        .join(COMMIT)
+        .join("model.safetensors")
+        .exists());
+
+    // Offline, from the cache alone (the stand-in is not even asked), with the same scores.
+    let offline = [("HF_ENDPOINT", "http://127.0.0.1:9"), ("HF_HOME", hf_home), ("HF_HUB_OFFLINE", "1")];
+    let out = cli_env(dir.path(), &search, &offline);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let again: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(again["results"], first["results"]);
+    assert_eq!(hub.downloads.load(Ordering::SeqCst), 3);
+
+    // Offline without a cached copy: the CLI names the problem; the server says so and serves BM25.
+    let empty = dir.path().join("empty-hf-home");
+    let offline_empty = [("HF_HOME", empty.to_str().unwrap()), ("HF_HUB_OFFLINE", "1")];
+    let out = cli_env(dir.path(), &search, &offline_empty);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not in the hub cache"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut env = offline_empty.to_vec();
+    env.push(("LONGRANK_MODEL_PATH", "acme/tiny-ce"));
+    let server = TestServer::start(dir.path(), &env).wait_ready();
+    let pipelines = crate::common::get(&server.url("/pipelines")).1;
+    let pipelines: Value = serde_json::from_str(&pipelines).unwrap();
+    assert_eq!(pipelines["models"][0]["state"], "unavailable", "{pipelines}");
+    assert!(pipelines["models"][0]["reason"].as_str().unwrap().contains("not in the hub cache"));
+    let maxp = pipelines["pipelines"].as_array().unwrap().iter().find(|p| p["name"] == "maxp").unwrap();
+    assert_eq!(maxp["available"], false);
+    post_json(&server.url("/search"), r#"{"query": "oil", "pipeline": "maxp"}"#).assert_error(503, "model_unavailable");
+    assert_eq!(post_json(&server.url("/search"), r#"{"query": "oil"}"#).status, 200);
+}
+
+fn scores(reply: &Value) -> Vec<(String, f64)> {
+    let mut s: Vec<(String, f64)> = reply["results"]
+        .as_array()
+        .unwrap_or_else(|| panic!("not a ranking: {reply}"))
+        .iter()
+        .map(|r| (r["docid"].as_str().unwrap().to_string(), r["score"].as_f64().unwrap()))
+        .collect();
+    s.sort_by(|a, b| a.0.cmp(&b.0));
+    s
+}
+
+#[test]
+fn concurrent_requests_are_batched_together_and_score_as_alone() {
+    let models = tempfile::tempdir().unwrap();
+    tiny_cross_encoder(models.path(), 11);
+    let dir = gov2_data_dir();
+    let model = models.path().to_str().unwrap();
+    // No score cache, so every request goes through the model; small batches, so requests interleave.
+    let env = [
+        ("LONGRANK_MODEL_PATH", model),
+        ("LONGRANK_MODEL_CACHE_ENTRIES", "1"),
+        ("LONGRANK_MODEL_MAX_BATCH_TOKENS", "1024"),
+    ];
+    let server = TestServer::start(dir.path(), &env).wait_ready();
+    let queries = [
+        "oil industry texas",
+        "pearl farming",
+        "national park history",
+        "solar energy",
+        "tax forms 1999",
+        "wildlife refuge",
+    ];
+    let body = |q: &str| {
+        json!({"query": q, "docids": docids(dir.path()), "collection": "gov2", "pipeline": "maxp"}).to_string()
+    };
+    let url = server.url("/rerank");
+    let alone: Vec<Vec<(String, f64)>> = queries.iter().map(|q| scores(&post_json(&url, &body(q)).json())).collect();
+    let handles: Vec<_> = queries
+        .iter()
+        .map(|q| {
+            let (url, body) = (url.clone(), body(q));
+            std::thread::spawn(move || post_json(&url, &body).json())
+        })
+        .collect();
+    for (h, expected) in handles.into_iter().zip(&alone) {
+        let reply = h.join().unwrap();
+        assert!(reply["timing"]["computed"].as_u64().unwrap() > 0);
+        for ((docid, got), (_, want)) in scores(&reply).iter().zip(expected) {
+            assert!((got - want).abs() < 1e-4, "{docid}: {got} concurrently, {want} alone");
+        }
+    }
+}
+
+fn docids(dir: &Path) -> Vec<String> {
+    let query = "oil pearls history national park industry texas tax energy wildlife";
+    let out = crate::common::cli_ok(dir, &["search", "--collection", "gov2", "-k", "100", "--json", query]);
+    let ranking: Value = serde_json::from_str(&out).unwrap();
+    let docids: Vec<String> =
+        ranking["results"].as_array().unwrap().iter().map(|r| r["docid"].as_str().unwrap().to_string()).collect();
+    assert!(docids.len() >= 3, "{ranking}");
+    docids
+}
+
+#[test]
+fn a_full_queue_answers_429_and_scores_are_cached_across_pipelines() {
+    let models = tempfile::tempdir().unwrap();
+    tiny_cross_encoder(models.path(), 13);
+    let dir = gov2_data_dir();
+    let model = models.path().to_str().unwrap();
+    let env = [
+        ("LONGRANK_MODEL_PATH", model),
+        ("LONGRANK_MODEL_MAX_QUEUED_INPUTS", "1"),
+        ("LONGRANK_MODEL_MAX_BATCH_TOKENS", "128"),
+    ];
+    let server = TestServer::start(dir.path(), &env).wait_ready();
+    let url = server.url("/search");
+    // Different queries, so no request is answered from the cache.
+    let handles: Vec<_> = (0..8)
+        .map(|i| {
+            let (url, body) = (
+                url.clone(),
+                json!({"query": format!("the history {i}"), "pipeline": "maxp", "depth": 20}).to_string(),
+            );
+            std::thread::spawn(move || {
+                crate::common::request("POST", &url, &[("content-type", "application/json")], Some(&body))
+            })
+        })
+        .collect();
+    let replies: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let refused: Vec<_> = replies.iter().filter(|r| r.status == 429).collect();
+    assert!(!refused.is_empty(), "no request was refused: {:?}", replies.iter().map(|r| r.status).collect::<Vec<_>>());
+    for r in &refused {
+        r.assert_error(429, "overloaded");
+        assert!(r.retry_after.as_deref().is_some_and(|s| s.parse::<u64>().is_ok_and(|s| s >= 1)));
+    }
+    assert!(replies.iter().all(|r| r.status == 200 || r.status == 429));
+
+    // One query through maxp, then firstp and sump: the later pipelines reuse every cached segment score.
+    let ask = |pipeline: &str| {
+        post_json(&url, &json!({"query": "oil industry", "pipeline": pipeline, "depth": 10}).to_string()).json()
+    };
+    let maxp = ask("maxp");
+    assert!(maxp["timing"]["computed"].as_u64().unwrap() > 0);
+    for pipeline in ["firstp", "sump"] {
+        let v = ask(pipeline);
+        assert_eq!(v["timing"]["computed"], 0, "{pipeline}: {}", v["timing"]);
+        assert!(v["timing"]["pairs"].as_u64().unwrap() > 0);
+    }
+}
