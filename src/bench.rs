@@ -1,6 +1,7 @@
-//! `longrank bench`: first-stage benchmarks (not tests). Query latency in process, one thread, top-k (what
-//! the tantivy-py and bm25s peers of ../shared/bench measure), then `/search` over HTTP at several client
-//! concurrencies against a server started in this process. Prints `RESULT` lines like the peers.
+//! `longrank bench`: benchmarks (not tests), printing `RESULT` lines like the peers of ../shared/bench.
+//! `search`: query latency in process, one thread, top-k (what the tantivy-py and bm25s peers measure), then
+//! `/search` over HTTP at several client concurrencies (any pipeline) against a server in this process.
+//! `model`: cross-encoder pairs/s on the peers' workload (the PyTorch and onnxruntime peers).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -21,6 +22,9 @@ pub struct SearchBench<'a> {
     pub http_k: usize,
     pub clients: &'a [usize],
     pub seconds: f64,
+    /// Pipeline and depth of the HTTP runs.
+    pub pipeline: &'a str,
+    pub depth: usize,
 }
 
 pub fn search(b: SearchBench) -> anyhow::Result<()> {
@@ -54,7 +58,14 @@ pub fn search(b: SearchBench) -> anyhow::Result<()> {
         let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
         let served = runtime.block_on(async move {
             let state = AppState::new(config.clone(), catalog, Store::open(&config.database_path()).await?);
-            server::serve(state, |addr| tx.send(addr).expect("address"), |_| Ok(())).await
+            // Models load before the server is ready, so no timed request pays for loading one.
+            let prepare = |state: &AppState| {
+                for (name, reason) in state.engine().models().load_all() {
+                    eprintln!("model {name} unavailable: {reason}");
+                }
+                Ok(())
+            };
+            server::serve(state, |addr| tx.send(addr).expect("address"), prepare).await
         });
         if let Err(e) = served {
             eprintln!("bench server failed: {e:#}");
@@ -70,19 +81,21 @@ pub fn search(b: SearchBench) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(20));
     }
     let url = format!("http://{addr}/search");
+    let (pipeline, depth) = (b.pipeline.to_string(), b.depth);
     for &clients in b.clients {
         let deadline = Instant::now() + Duration::from_secs_f64(b.seconds);
         let started = Instant::now();
         let mut handles = Vec::new();
         for c in 0..clients {
             let (url, queries, collection, k) = (url.clone(), queries.clone(), b.collection.to_string(), b.http_k);
+            let pipeline = pipeline.clone();
             handles.push(std::thread::spawn(move || -> anyhow::Result<Vec<Duration>> {
                 let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(60)).build();
                 let mut lat = Vec::new();
                 let mut i = c * 7919;
                 while Instant::now() < deadline {
-                    let body =
-                        serde_json::json!({"query": queries[i % queries.len()], "k": k, "collection": collection});
+                    let body = serde_json::json!({"query": queries[i % queries.len()], "k": k, "collection": collection,
+                        "pipeline": pipeline, "depth": depth.max(k)});
                     let t = Instant::now();
                     agent.post(&url).send_json(body)?.into_string()?;
                     lat.push(t.elapsed());
@@ -96,13 +109,125 @@ pub fn search(b: SearchBench) -> anyhow::Result<()> {
             latencies.extend(h.join().map_err(|_| anyhow::anyhow!("client panicked"))??);
         }
         report(
-            &format!("longrank-http collection={} k={} clients={clients}", b.collection, b.http_k),
+            &format!(
+                "longrank-http collection={} pipeline={} k={} depth={} clients={clients}",
+                b.collection,
+                b.pipeline,
+                b.http_k,
+                b.depth.max(b.http_k)
+            ),
             &mut latencies,
             started.elapsed(),
         );
     }
     println!("RESULT longrank-http peak_rss_mb={:.0} (server and clients)", peak_rss_mb());
     Ok(())
+}
+
+/// The peers' workload (../shared/bench/peers_common.py): one query, passages long enough that every pair
+/// is cut on the passage side to exactly L word pieces.
+const QUERY: &str = "how do rust web servers batch inference requests for transformer rerankers on cpu";
+const DOC: &str = "Cross-encoders score a query and a candidate passage jointly: the two texts are \
+    concatenated with separator tokens, passed through every transformer layer together, and the \
+    representation of the classification token is projected to a single relevance score. This is \
+    more accurate than comparing independent embeddings, but it costs a full forward pass for every \
+    query-passage pair, so serving systems batch many pairs, pad them to a common length, and spend \
+    most of their time in dense matrix multiplications inside attention and feed-forward blocks. \
+    Throughput therefore depends on sequence length, on how much padding is wasted, on the number of \
+    threads that the matrix kernels can use, and on the numeric precision of the weights.";
+
+fn peer_docs(batch: usize) -> Vec<String> {
+    let words: Vec<&str> = DOC.split_whitespace().collect();
+    (0..batch)
+        .map(|k| {
+            let d: Vec<&str> = (0..6)
+                .flat_map(|r| (0..words.len()).map(move |j| (j, r)))
+                .map(|(j, r)| words[(j + 7 * k + r) % words.len()])
+                .collect();
+            d.join(" ")
+        })
+        .collect()
+}
+
+/// FLOPs of one pair at length `l` for MiniLM-L6 (the peers' `flops_per_pair`).
+fn flops_per_pair(l: usize) -> f64 {
+    let (h, i, n, l) = (384.0, 1536.0, 6.0, l as f64);
+    n * (8.0 * l * h * h + 4.0 * l * h * i + 4.0 * l * l * h) + 2.0 * h * h + 2.0 * h
+}
+
+pub struct ModelBench<'a> {
+    pub dir: &'a Path,
+    pub lengths: &'a [usize],
+    pub batches: &'a [usize],
+    pub warmup: usize,
+    pub reps: usize,
+}
+
+/// Cross-encoder pairs/s: the model's forward pass on pre-tokenized batches, as the peers time theirs. A
+/// backbone without a classifier (the shipped MiniLM) gets a zero `Linear(hidden, 1)` head, as the peers'
+/// `num_labels=1` adds one: the arithmetic is the same.
+pub fn model(b: ModelBench) -> anyhow::Result<()> {
+    use candle_core::{DType, Device, Tensor};
+    use longrank::model::CrossEncoder;
+    let head_dir = tempfile_dir()?;
+    let model = match CrossEncoder::load(b.dir, &Device::Cpu, DType::F32) {
+        Ok(model) => model,
+        Err(_) => {
+            for entry in std::fs::read_dir(b.dir)? {
+                let path = entry?.path();
+                std::os::unix::fs::symlink(&path, head_dir.join(path.file_name().context("a file name")?))?;
+            }
+            let config: serde_json::Value = serde_json::from_slice(&std::fs::read(b.dir.join("config.json"))?)?;
+            let hidden = config["hidden_size"].as_u64().context("hidden_size")? as usize;
+            let head = [
+                ("classifier.weight".to_string(), Tensor::zeros((1, hidden), DType::F32, &Device::Cpu)?),
+                ("classifier.bias".to_string(), Tensor::zeros(1, DType::F32, &Device::Cpu)?),
+            ];
+            candle_core::safetensors::save(&head.into_iter().collect(), head_dir.join("zz-head.safetensors"))?;
+            CrossEncoder::load(&head_dir, &Device::Cpu, DType::F32)?
+        }
+    };
+    println!("longrank candle threads={}", candle_core::utils::get_num_threads());
+    for &length in b.lengths {
+        for &batch in b.batches {
+            let inputs = peer_docs(batch)
+                .iter()
+                .map(|doc| model.encode(QUERY, doc, length, length))
+                .collect::<Result<Vec<_>, _>>()?;
+            if let Some(short) = inputs.iter().find(|e| e.ids.len() != length) {
+                bail!("a pair has {} word pieces, not {length}: the model's inputs are shorter", short.ids.len());
+            }
+            for _ in 0..b.warmup {
+                model.score(&inputs)?;
+            }
+            let mut times: Vec<f64> = (0..b.reps.max(1))
+                .map(|_| {
+                    let t = Instant::now();
+                    model.score(&inputs).map(|_| t.elapsed().as_secs_f64())
+                })
+                .collect::<Result<_, _>>()?;
+            times.sort_by(f64::total_cmp);
+            let median = times[times.len() / 2];
+            let gflops = flops_per_pair(length) * batch as f64 / 1e9;
+            println!(
+                "RESULT system=longrank-candle len={length} batch={batch} batch_s med={median:.4} \
+                 pairs_per_s_med={:.2} pairs_per_s_best={:.2} gflops_med={:.1} rss_mb={:.0}",
+                batch as f64 / median,
+                batch as f64 / times[0],
+                gflops / median,
+                peak_rss_mb()
+            );
+        }
+    }
+    std::fs::remove_dir_all(&head_dir)?;
+    Ok(())
+}
+
+/// A fresh private directory under the system's temporary directory.
+fn tempfile_dir() -> anyhow::Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("longrank-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
 }
 
 fn report(what: &str, latencies: &mut [Duration], wall: Duration) {

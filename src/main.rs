@@ -15,7 +15,7 @@ use longrank::eval::{self, EvalOptions, Measure, Qrels, TopicField};
 use longrank::index::{self, Catalog, OnError};
 use longrank::model::Cancel;
 use longrank::rank::batch::DEFAULT_BATCH_K;
-use longrank::rank::{BatchParams, Engine, SearchRequest};
+use longrank::rank::{BatchParams, Engine, RankParams, SearchRequest};
 use longrank::server::{self, AppState};
 use longrank::store::Store;
 
@@ -117,6 +117,22 @@ enum Command {
         #[arg(long = "name")]
         name: Option<String>,
     },
+    /// Segment selection against gold passages: how often the model's best segment of the document holding
+    /// a question's gold passage overlaps it (P@1), against the first segment and a random one.
+    EvalSegments {
+        #[arg(long)]
+        collection: Option<String>,
+        #[arg(long)]
+        topics: PathBuf,
+        /// Gold passages, `qid<TAB>docid<TAB>start<TAB>end` in UTF-8 byte offsets (passages.bytes.tsv).
+        #[arg(long)]
+        passages: PathBuf,
+        #[arg(long, value_enum, default_value_t = TopicField::Title)]
+        field: TopicField,
+        /// The model, by configured name (default: the default model).
+        #[arg(long = "name")]
+        name: Option<String>,
+    },
     /// Evaluate a run against qrels, printing trec_eval's three columns.
     Eval {
         /// Measures in trec_eval's syntax (`-m map -m P.5,10 -m ndcg_cut.10`, `official`, `all_trec`).
@@ -156,7 +172,7 @@ enum Command {
         #[arg(long)]
         read: Option<PathBuf>,
     },
-    /// Benchmarks (not tests): BM25 query latency in process and over HTTP.
+    /// Benchmarks (not tests): search latency in process and over HTTP, cross-encoder throughput.
     Bench {
         #[command(subcommand)]
         what: BenchCommand,
@@ -204,6 +220,27 @@ enum BenchCommand {
         /// Seconds per HTTP run.
         #[arg(long, default_value_t = 10.0)]
         seconds: f64,
+        /// Pipeline of the HTTP runs (re-ranking ones use the configured model).
+        #[arg(long, default_value = "bm25")]
+        pipeline: String,
+        /// First-stage candidates re-ranked per HTTP request.
+        #[arg(long, default_value_t = 10)]
+        depth: usize,
+    },
+    /// Cross-encoder pairs/s on the workload of ../shared/bench (same inputs as its PyTorch and
+    /// onnxruntime peers).
+    Model {
+        /// A Hugging Face BERT directory (a head is added when it has none).
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, value_delimiter = ',', default_value = "128,256,512")]
+        lengths: Vec<usize>,
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+        batches: Vec<usize>,
+        #[arg(long, default_value_t = 2)]
+        warmup: usize,
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
     },
 }
 
@@ -253,16 +290,21 @@ fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Bench { what: BenchCommand::Search { collection, topics, k, http_k, clients, seconds } } => {
-            bench::search(bench::SearchBench {
-                config,
-                collection: &collection,
-                topics: &topics,
-                k,
-                http_k,
-                clients: &clients,
-                seconds,
-            })
+        Command::Bench {
+            what: BenchCommand::Search { collection, topics, k, http_k, clients, seconds, pipeline, depth },
+        } => bench::search(bench::SearchBench {
+            config,
+            collection: &collection,
+            topics: &topics,
+            k,
+            http_k,
+            clients: &clients,
+            seconds,
+            pipeline: &pipeline,
+            depth,
+        }),
+        Command::Bench { what: BenchCommand::Model { dir, lengths, batches, warmup, reps } } => {
+            bench::model(bench::ModelBench { dir: &dir, lengths: &lengths, batches: &batches, warmup, reps })
         }
         Command::Batch { collection, topics, qrels, field, pipeline, k, depth, tag, rerank, measures, out } => {
             let engine = open_engine(&config)?;
@@ -302,6 +344,25 @@ fn main() -> anyhow::Result<()> {
             let computed = engine.embed_collection(&collection, name.as_deref(), |done| bar.set_position(done))?;
             bar.finish_and_clear();
             println!("collection {}: {computed} segment embeddings computed", collection.name());
+            Ok(())
+        }
+        Command::EvalSegments { collection, topics, passages, field, name } => {
+            let engine = open_engine(&config)?;
+            let collection = engine.collection(collection.as_deref())?;
+            let topics = eval::read_topics(&topics)?;
+            let passages = eval::passages::read_passages(&passages)?;
+            let options =
+                engine.options(RankParams { pipeline: Some("maxp"), model: name.as_deref(), ..Default::default() })?;
+            let bar = progress_bar(topics.len() as u64, "topics")?;
+            let stats = engine.evaluate_selection(&collection, &topics, field, &passages, &options, |done| {
+                bar.set_position(done as u64)
+            })?;
+            bar.finish_and_clear();
+            println!("questions\t{}", stats.questions);
+            println!("segments_per_document\t{:.2}", stats.segments as f64 / stats.questions.max(1) as f64);
+            println!("p1_model\t{:.4}", stats.precision(stats.selected_hits as f64));
+            println!("p1_first\t{:.4}", stats.precision(stats.first_hits as f64));
+            println!("p1_random\t{:.4}", stats.precision(stats.random_hits));
             Ok(())
         }
         Command::Eval { measures, options, per_topic, run, qrels } => {

@@ -48,7 +48,7 @@ impl Topic {
     }
 }
 
-fn read_text(path: &Path) -> Result<String, EvalError> {
+pub(super) fn read_text(path: &Path) -> Result<String, EvalError> {
     let mut reader = crate::corpus::open_maybe_gz(path, None)
         .map_err(|e| EvalError::Io { path: path.to_path_buf(), message: e.to_string() })?;
     let mut bytes = Vec::new();

@@ -3,6 +3,7 @@
 
 pub mod formats;
 pub mod measures;
+pub mod passages;
 pub mod stats;
 
 use std::path::{Path, PathBuf};

@@ -5,6 +5,7 @@
 pub mod batch;
 mod models;
 mod rerank;
+mod selection;
 mod snippet;
 
 use std::sync::Arc;

@@ -197,7 +197,12 @@ fn maxp_search_over_http_carries_segment_evidence() {
         ask(serde_json::json!({"segments": {"strategy": "windows", "words": 40, "stride": 20}, "segment_text": true}));
     assert!(count_segments(&windows) > count_segments(&by_pipeline["maxp"]));
     for r in windows["results"].as_array().unwrap() {
+        let docid = r["docid"].as_str().unwrap();
+        let (_, doc) = crate::common::get(&server.url(&format!("/documents/{docid}?collection=gov2")));
+        let text = serde_json::from_str::<Value>(&doc).unwrap()["text"].as_str().unwrap().to_string();
         for s in r["segments"].as_array().unwrap() {
+            let (start, end) = (s["start"].as_u64().unwrap() as usize, s["end"].as_u64().unwrap() as usize);
+            assert_eq!(s["text"].as_str().unwrap(), &text[start..end]);
             let words = s["text"].as_str().unwrap().split_whitespace().count();
             assert!(words <= 40, "a 40-word window has {words} words");
         }
