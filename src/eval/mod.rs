@@ -48,14 +48,15 @@ pub struct Comparison {
     pub per_topic_delta: Vec<(String, f64)>,
 }
 
-/// Compares two evaluations measure by measure (counts such as num_ret are skipped).
+/// Compares two evaluations measure by measure (counts such as num_ret, and gm_map and gm_bpref, are skipped).
 pub fn compare(a: &Evaluation, b: &Evaluation) -> Vec<Comparison> {
     let Some(names) = a.per_topic.values().next().map(|v| v.iter().map(|(m, _)| m.clone()).collect::<Vec<_>>()) else {
         return Vec::new();
     };
     names
         .into_iter()
-        .filter(|m| !matches!(m.as_str(), "num_ret" | "num_rel" | "num_rel_ret"))
+        // Counts are not compared; gm_* per-topic values are logs (trec_eval), whose mean is no gm_* value.
+        .filter(|m| !matches!(m.as_str(), "num_ret" | "num_rel" | "num_rel_ret") && !m.starts_with("gm_"))
         .map(|measure| {
             let (va, vb) = (a.topic_values(&measure), b.topic_values(&measure));
             let paired: Vec<(String, f64, f64)> =

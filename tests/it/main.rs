@@ -1,6 +1,7 @@
 //! Integration tests: one binary, one shared harness (`common`).
 
 mod batch;
+mod browser;
 mod common;
 mod corpus;
 mod eval;
