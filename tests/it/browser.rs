@@ -66,7 +66,11 @@ impl Browser {
     }
 
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> Value {
-        let url = if path == "/session" { format!("{}{path}", self.base) } else { format!("{}/session/{}{path}", self.base, self.session) };
+        let url = if path == "/session" {
+            format!("{}{path}", self.base)
+        } else {
+            format!("{}/session/{}{path}", self.base, self.session)
+        };
         let body = body.map(|b| b.to_string());
         let reply = crate::common::request(method, &url, &[("content-type", "application/json")], body.as_deref());
         let value = reply.json();
@@ -81,7 +85,12 @@ impl Browser {
     /// Elements matching a CSS selector now.
     fn find_all(&self, css: &str) -> Vec<String> {
         let found = self.call("POST", "/elements", Some(json!({"using": "css selector", "value": css})));
-        found.as_array().unwrap().iter().map(|e| e.as_object().unwrap().values().next().unwrap().as_str().unwrap().to_string()).collect()
+        found
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_object().unwrap().values().next().unwrap().as_str().unwrap().to_string())
+            .collect()
     }
 
     /// Waits until at least one element matches.
@@ -166,7 +175,8 @@ fn search_shows_segment_evidence_and_the_best_segment_in_the_document() {
     let dir = tempfile::tempdir().unwrap();
     let gov2 = data("trec-format-samples/gov2-style/GX000");
     cli_ok(dir.path(), &["index", "--collection", "gov2", gov2.to_str().unwrap()]);
-    let server = TestServer::start(dir.path(), &[("LONGRANK_MODEL_PATH", models.path().to_str().unwrap())]).wait_ready();
+    let server =
+        TestServer::start(dir.path(), &[("LONGRANK_MODEL_PATH", models.path().to_str().unwrap())]).wait_ready();
     let browser = Browser::start("search");
 
     browser.goto(&server.url("/"));
@@ -191,14 +201,20 @@ fn search_shows_segment_evidence_and_the_best_segment_in_the_document() {
     let strip = browser.find_all("#results li:first-child .strip .seg");
     assert_eq!(strip.len(), first["segments"].as_array().unwrap().len());
     let passage_text = || {
-        let shown = browser.script("return document.querySelector('#results li:first-child .passage span:last-child').textContent");
+        let shown = browser
+            .script("return document.querySelector('#results li:first-child .passage span:last-child').textContent");
         shown.as_str().unwrap().to_string()
     };
     let best_text = first["best_segment"]["text"].as_str().unwrap();
     assert_eq!(passage_text(), best_text);
     // Clicking another segment shows its text.
     if strip.len() > 1 {
-        let other = first["segments"].as_array().unwrap().iter().find(|s| s["index"] != first["best_segment"]["index"]).unwrap();
+        let other = first["segments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["index"] != first["best_segment"]["index"])
+            .unwrap();
         let button = &strip[other["index"].as_u64().unwrap() as usize];
         browser.click(button);
         assert_eq!(passage_text(), other["text"].as_str().unwrap());
