@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::index::{Bm25Params, BuildOptions, OnError};
+use crate::model::Kind;
 use crate::segment::SegmentOptions;
 
 #[derive(Debug, thiserror::Error)]
@@ -64,8 +65,12 @@ pub struct ModelConfig {
     /// The default model: a Hugging Face directory or hub id (a cross-encoder or a sentence-transformers
     /// bi-encoder); empty: none, first-stage pipelines only.
     pub path: String,
-    /// More models a request may name (`"model": "NAME"`): NAME = directory or hub id.
-    pub named: BTreeMap<String, String>,
+    /// What the default model is: `auto` (detected: `modules.json` means a bi-encoder), `cross-encoder` or
+    /// `bi-encoder`.
+    pub kind: Kind,
+    /// More models a request may name (`"model": "NAME"`): NAME = "directory or hub id", or
+    /// `{ path = "...", kind = "bi-encoder" }`.
+    pub named: BTreeMap<String, NamedModel>,
     /// `cpu`, `cuda` or `cuda:N` (CUDA needs a build with `--features cuda`).
     pub device: String,
     /// `auto` (f16 on a GPU, f32 on the CPU), `f32`, `f16` or `bf16`.
@@ -86,6 +91,38 @@ pub struct ModelConfig {
     pub segments: SegmentOptions,
 }
 
+/// A `[model.named]` entry: a source alone, or a source with its kind.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum NamedModel {
+    Source(String),
+    With(ModelSource),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSource {
+    /// Directory or hub id.
+    pub path: String,
+    #[serde(default)]
+    pub kind: Kind,
+}
+
+impl NamedModel {
+    pub fn source(&self) -> &str {
+        match self {
+            NamedModel::Source(path) | NamedModel::With(ModelSource { path, .. }) => path,
+        }
+    }
+
+    pub fn kind(&self) -> Kind {
+        match self {
+            NamedModel::Source(_) => Kind::Auto,
+            NamedModel::With(source) => source.kind,
+        }
+    }
+}
+
 /// The quick start's re-ranker: a real MS MARCO cross-encoder from the hub.
 pub const DEFAULT_MODEL: &str = "cross-encoder/ms-marco-MiniLM-L-6-v2";
 
@@ -93,6 +130,7 @@ impl Default for ModelConfig {
     fn default() -> Self {
         ModelConfig {
             path: DEFAULT_MODEL.into(),
+            kind: Kind::Auto,
             named: BTreeMap::new(),
             device: "cpu".into(),
             dtype: "auto".into(),

@@ -76,6 +76,8 @@ function highlighted(text, pattern) {
 
 let pipelines = [];
 let lastSearch = null;
+// Only the newest search may render: an older one answering late (after back, say) is dropped.
+let searchSeq = 0;
 
 async function loadOptions() {
   const [collections, available] = await Promise.all([api("/collections"), api("/pipelines")]);
@@ -177,6 +179,7 @@ function searchParams() {
 }
 
 async function search(params) {
+  const seq = ++searchSeq;
   $("document").hidden = true;
   $("results").hidden = false;
   $("results").setAttribute("aria-busy", "true");
@@ -196,12 +199,13 @@ async function search(params) {
       headers: { "content-type": "application/json" },
       body: JSON.stringify(body),
     });
-    renderResults(response, params);
+    if (seq === searchSeq) renderResults(response, params);
   } catch (e) {
+    if (seq !== searchSeq) return;
     $("results").replaceChildren();
     setStatus("status", e.message, "error");
   } finally {
-    $("results").removeAttribute("aria-busy");
+    if (seq === searchSeq) $("results").removeAttribute("aria-busy");
   }
 }
 

@@ -334,11 +334,26 @@ pub enum Reranker {
     Bi(BiEncoder),
 }
 
+/// What a model directory holds: detected (`auto`: sentence-transformers' `modules.json` means a bi-encoder) or
+/// set in configuration.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    #[default]
+    Auto,
+    CrossEncoder,
+    BiEncoder,
+}
+
 impl Reranker {
-    /// Loads a directory: sentence-transformers (`modules.json`) as a bi-encoder, anything else as a
-    /// cross-encoder.
-    pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<Reranker, ModelError> {
-        if dir.join("modules.json").exists() {
+    /// Loads a directory as the given kind.
+    pub fn load(dir: &Path, device: &Device, dtype: DType, kind: Kind) -> Result<Reranker, ModelError> {
+        let bi = match kind {
+            Kind::Auto => dir.join("modules.json").exists(),
+            Kind::CrossEncoder => false,
+            Kind::BiEncoder => true,
+        };
+        if bi {
             Ok(Reranker::Bi(BiEncoder::load(dir, device, dtype)?))
         } else {
             Ok(Reranker::Cross(CrossEncoder::load(dir, device, dtype)?))

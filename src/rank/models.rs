@@ -13,7 +13,7 @@ use utoipa::ToSchema;
 use super::RankError;
 use crate::config::ModelConfig;
 use crate::index::Collection;
-use crate::model::{self, Reranker, ServeOptions, Served, VectorFile};
+use crate::model::{self, Kind, Reranker, ServeOptions, Served, VectorFile};
 
 /// The name of `[model] path`.
 pub const DEFAULT: &str = "default";
@@ -28,6 +28,7 @@ pub struct Models {
 struct Slot {
     name: String,
     source: String,
+    kind: Kind,
     state: OnceLock<Result<Arc<LoadedModel>, String>>,
 }
 
@@ -68,11 +69,11 @@ pub struct ModelStatus {
 
 impl Models {
     pub fn new(config: &ModelConfig) -> Models {
-        let default = (!config.path.is_empty()).then(|| (DEFAULT.to_string(), config.path.clone()));
+        let default = (!config.path.is_empty()).then(|| (DEFAULT.to_string(), config.path.clone(), config.kind));
         let slots = default
             .into_iter()
-            .chain(config.named.iter().map(|(n, s)| (n.clone(), s.clone())))
-            .map(|(name, source)| Slot { name, source, state: OnceLock::new() })
+            .chain(config.named.iter().map(|(n, m)| (n.clone(), m.source().to_string(), m.kind())))
+            .map(|(name, source, kind)| Slot { name, source, kind, state: OnceLock::new() })
             .collect();
         Models { slots, config: config.clone(), vectors: Mutex::default() }
     }
@@ -116,7 +117,7 @@ impl Models {
         let dir = model::resolve(&slot.source, self.config.offline)?;
         let device = model::device(&self.config.device)?;
         let dtype = model::dtype(&self.config.dtype, &device)?;
-        let reranker = Reranker::load(&dir, &device, dtype)?;
+        let reranker = Reranker::load(&dir, &device, dtype, slot.kind)?;
         let weights_hash = model::weights_hash(&dir)?;
         let c = &self.config;
         let options = ServeOptions {

@@ -226,9 +226,28 @@ fn search_shows_segment_evidence_and_the_best_segment_in_the_document() {
     let shown = browser.script("return document.getElementById('best-segment').textContent");
     assert_eq!(shown.as_str().unwrap(), best_text);
     assert!(!browser.text(&best).is_empty());
-    // The URL holds the search; back returns to the empty page, forward restores the results.
+    // The URL holds the search, and the back button returns to the previous one.
     let url = browser.script("return location.search").as_str().unwrap().to_string();
     assert!(url.contains("q=oil+industry+history") && url.contains("pipeline=maxp"), "{url}");
+    let query = browser.find_all("#q")[0].clone();
+    browser.call("POST", &format!("/element/{query}/clear"), Some(json!({})));
+    browser.type_into(&query, "pearls\u{E007}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !browser.script("return location.search").as_str().unwrap().contains("q=pearls") {
+        assert!(Instant::now() < deadline, "the second search never reached the URL");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    browser.call("POST", "/back", Some(json!({})));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let shown = browser
+            .script("return [document.getElementById('q').value, document.querySelectorAll('#results li').length]");
+        if shown[0] == "oil industry history" && shown[1] == hits.len() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "back did not restore the first search: {shown}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
     // An error is the server's message, not a stack trace.
     browser.goto(&server.url("/?q=oil&k=100000"));
@@ -248,25 +267,36 @@ fn a_batch_run_shows_progress_then_metrics_and_compares() {
     // Chromium takes only canonical paths for uploads.
     let topics = std::fs::canonicalize(data("cranfield/topics.tsv")).unwrap();
     let qrels = std::fs::canonicalize(data("cranfield/qrels.txt")).unwrap();
-    let mut runs = Vec::new();
+    let mut runs: Vec<String> = Vec::new();
     for pipeline in ["bm25", "bm25+rm3"] {
         browser.wait_for(&format!("#batch-pipeline option[value='{pipeline}']"));
         browser.script(&format!("document.getElementById('batch-pipeline').value = '{pipeline}'"));
         browser.type_into(&browser.find_all("#topics-file")[0], topics.to_str().unwrap());
         browser.type_into(&browser.find_all("#qrels-file")[0], qrels.to_str().unwrap());
         browser.click(&browser.find_all("#batch-form button[type=submit]")[0]);
-        // The run's page follows the job until its metrics table appears.
+        // The new run's page follows the job until its metrics table appears (read in one script: the page
+        // re-renders while it polls).
         let visible = "#job-results:not([hidden]) #job-metrics tr[data-measure=map]";
-        browser.wait_for(visible);
-        // Read in one script: the page may re-render between two WebDriver calls.
-        let shown = browser.script(&format!(
-            "return [document.querySelector('{visible} td').textContent, document.querySelectorAll('#job-chart rect').length]"
-        ));
-        let map: f64 = shown[0].as_str().unwrap().parse().unwrap();
+        let state = format!(
+            "const id = new URLSearchParams(location.search).get('job'); const row = document.querySelector('{visible} td'); \
+             return [id, document.getElementById('job-title').textContent, row && row.textContent, \
+             document.querySelectorAll('#job-chart rect').length]"
+        );
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let shown = loop {
+            let shown = browser.script(&state);
+            let id = shown[0].as_str().unwrap_or_default().to_string();
+            let fresh = !id.is_empty() && !runs.contains(&id) && shown[1].as_str().unwrap().contains(&id);
+            if fresh && shown[2].is_string() {
+                break shown;
+            }
+            assert!(Instant::now() < deadline, "the {pipeline} run never showed its metrics: {shown}");
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let map: f64 = shown[2].as_str().unwrap().parse().unwrap();
         assert!((0.1..0.6).contains(&map), "MAP {map}");
-        assert_eq!(shown[1], 225, "one bar per cranfield topic");
-        let job = browser.script("return new URLSearchParams(location.search).get('job')");
-        runs.push(job.as_str().unwrap().to_string());
+        assert_eq!(shown[3], 225, "one bar per cranfield topic");
+        runs.push(shown[0].as_str().unwrap().to_string());
         // Reloading keeps the run: jobs come from the server.
         browser.goto(&server.url(&format!("/?view=batch&job={}", runs.last().unwrap())));
         browser.wait_for(visible);

@@ -391,3 +391,39 @@ fn segment_selection_is_measured_against_gold_passages() {
     let failed = crate::common::cli(d, &args);
     assert!(String::from_utf8_lossy(&failed.stderr).contains("passages.tsv:1: bad offset"));
 }
+
+#[test]
+fn the_configuration_sets_a_model_kind_that_detection_would_get_wrong() {
+    // A cross-encoder directory that also carries sentence-transformers files: detected as a bi-encoder.
+    let models = tempfile::tempdir().unwrap();
+    tiny_cross_encoder(models.path(), 29);
+    std::fs::write(
+        models.path().join("modules.json"),
+        r#"[{"idx": 0, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]"#,
+    )
+    .unwrap();
+    std::fs::create_dir(models.path().join("1_Pooling")).unwrap();
+    std::fs::write(models.path().join("1_Pooling/config.json"), r#"{"pooling_mode_mean_tokens": true}"#).unwrap();
+    let dir = gov2_data_dir();
+    let path = models.path().to_str().unwrap();
+    let config = format!(
+        "[model]\npath = \"{path}\"\n[model.named]\nce = {{ path = \"{path}\", kind = \"cross-encoder\" }}\nplain = \"{path}\"\n"
+    );
+    std::fs::write(dir.path().join("longrank.toml"), config).unwrap();
+    // The harness blanks LONGRANK_MODEL_PATH (no model unless asked); this test asks for the same one.
+    let env = [("LONGRANK_CONFIG", "longrank.toml"), ("LONGRANK_MODEL_PATH", path)];
+    let server = TestServer::start(dir.path(), &env).wait_ready();
+    let pipelines: Value = serde_json::from_str(&crate::common::get(&server.url("/pipelines")).1).unwrap();
+    let kinds: HashMap<String, String> = pipelines["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["name"].as_str().unwrap().to_string(), m["kind"].as_str().unwrap_or("?").to_string()))
+        .collect();
+    assert_eq!(kinds["default"], "bi-encoder", "{pipelines}");
+    assert_eq!(kinds["plain"], "bi-encoder");
+    assert_eq!(kinds["ce"], "cross-encoder");
+    let v =
+        post_json(&server.url("/search"), r#"{"query": "oil", "pipeline": "maxp", "model": "ce", "depth": 3}"#).json();
+    assert_eq!(v["model"], "ce", "{v}");
+}
