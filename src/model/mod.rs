@@ -4,6 +4,7 @@
 //! normalization). Inputs are truncated here, never by the tokenizer file: the shipped MiniLM's tokenizer.json
 //! truncates and pads to 128 on its own, which the loader switches off.
 
+mod bert;
 mod hub;
 mod queue;
 mod served;
@@ -14,7 +15,9 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, IndexOp, Module, Tensor, D};
 use candle_nn::{Linear, VarBuilder};
-use candle_transformers::models::bert::{BertModel, Config};
+use candle_transformers::models::bert::Config;
+
+use bert::Bert;
 use serde::Deserialize;
 
 pub use hub::resolve;
@@ -48,7 +51,7 @@ fn load_err(path: &Path, message: impl ToString) -> ModelError {
 
 /// The encoder and tokenizer every model kind shares.
 struct Backbone {
-    bert: BertModel,
+    bert: Bert,
     pieces: WordPieces,
     device: Device,
     hidden_size: usize,
@@ -62,8 +65,7 @@ impl Backbone {
             serde_json::from_slice(&std::fs::read(&config_path).map_err(|e| load_err(&config_path, e))?)
                 .map_err(|e| load_err(&config_path, format!("not a BERT config: {e}")))?;
         let vb = weights(dir, device, dtype)?;
-        let bert =
-            BertModel::load(vb.clone(), &config).map_err(|e| load_err(dir, format!("loading BERT weights: {e}")))?;
+        let bert = Bert::load(vb.clone(), &config).map_err(|e| load_err(dir, format!("loading BERT weights: {e}")))?;
         let pieces = WordPieces::load(&dir.join("tokenizer.json"), config.max_position_embeddings)?;
         Ok((Backbone { bert, pieces, device: device.clone(), hidden_size: config.hidden_size }, vb))
     }
@@ -82,7 +84,9 @@ impl Backbone {
         let ids = Tensor::from_vec(ids, shape, &self.device)?;
         let types = Tensor::from_vec(types, shape, &self.device)?;
         let mask = Tensor::from_vec(mask, shape, &self.device)?;
-        let hidden = self.bert.forward(&ids, &types, Some(&mask))?;
+        // Without padding the mask changes nothing, so the encoder skips it.
+        let padded = batch.iter().any(|e| e.ids.len() != len);
+        let hidden = self.bert.forward(&ids, &types, padded.then_some(&mask))?;
         Ok((hidden, mask))
     }
 }
