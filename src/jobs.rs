@@ -322,6 +322,8 @@ impl Jobs {
         struct ModelProvenance<'a> {
             name: &'a str,
             source: &'a str,
+            /// Where the weights were read (a hub model's cache snapshot, which names the commit).
+            dir: &'a std::path::Path,
             kind: &'static str,
             weights_fnv1a64: &'a str,
         }
@@ -347,6 +349,7 @@ impl Jobs {
             model: model.as_deref().map(|m| ModelProvenance {
                 name: &m.name,
                 source: &m.source,
+                dir: &m.dir,
                 kind: m.kind(),
                 weights_fnv1a64: &m.weights_hash,
             }),

@@ -349,9 +349,10 @@ fn main() -> anyhow::Result<()> {
             let engine = open_engine(&config)?;
             let collection = engine.collection(collection.as_deref())?;
             let bar = progress_bar(collection.num_docs(), "documents")?;
-            let computed = engine.embed_collection(&collection, name.as_deref(), |done| bar.set_position(done))?;
+            let (computed, stored) =
+                engine.embed_collection(&collection, name.as_deref(), |done| bar.set_position(done))?;
             bar.finish_and_clear();
-            println!("collection {}: {computed} segment embeddings computed", collection.name());
+            println!("collection {}: {computed} segment embeddings computed, {stored} stored", collection.name());
             Ok(())
         }
         Command::EvalSegments { collection, topics, passages, field, name } => {

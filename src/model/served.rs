@@ -61,10 +61,6 @@ impl Served {
         &self.model
     }
 
-    pub fn options(&self) -> &ServeOptions {
-        &self.options
-    }
-
     /// The most word pieces a segment may have so that it is never cut (see `Reranker::segment_budget`).
     pub fn segment_budget(&self) -> usize {
         self.model.segment_budget(self.options.max_length, self.options.max_query_tokens)

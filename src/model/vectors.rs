@@ -12,6 +12,7 @@ use std::sync::Mutex;
 
 use super::{load_err, ModelError};
 
+#[allow(clippy::len_without_is_empty)]
 pub struct VectorFile {
     path: PathBuf,
     dims: usize,
@@ -50,12 +51,9 @@ impl VectorFile {
         Ok(VectorFile { path, dims, inner: Mutex::new(Inner { keys, keys_file, vectors }) })
     }
 
+    /// Vectors stored.
     pub fn len(&self) -> usize {
         self.lock().keys.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     pub fn get(&self, key: u64) -> Option<Vec<f32>> {

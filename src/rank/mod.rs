@@ -528,13 +528,13 @@ impl Engine {
 
     /// Computes a bi-encoder's segment embeddings for every document of a collection ahead of queries, into
     /// the collection's embedding file (what is there already is skipped, so an interrupted run resumes).
-    /// `progress` gets the documents done so far. Returns the embeddings computed.
+    /// `progress` gets the documents done so far. Returns the embeddings computed, and those the file holds.
     pub fn embed_collection(
         &self,
         collection: &Collection,
         model: Option<&str>,
         mut progress: impl FnMut(u64),
-    ) -> Result<usize, RankError> {
+    ) -> Result<(usize, usize), RankError> {
         let name = self.models.check(model)?;
         let model = self.models.get(&name, "embed")?;
         let Some(vectors) = self.models.vectors(collection, &model)? else {
@@ -563,7 +563,7 @@ impl Engine {
             Ok::<(), RankError>(())
         })?;
         flush(&mut pending)?;
-        Ok(computed)
+        Ok((computed, vectors.len()))
     }
 
     /// First stage, then the model for re-ranking pipelines: the candidates, best first.

@@ -241,6 +241,7 @@ fn maxp_search_over_http_carries_segment_evidence() {
     assert_eq!(job["status"], "done", "{job}");
     assert_eq!(job["provenance"]["model"]["kind"], "bi-encoder");
     assert_eq!(job["provenance"]["model"]["weights_fnv1a64"].as_str().unwrap().len(), 16);
+    assert_eq!(job["provenance"]["model"]["dir"].as_str().unwrap(), model.to_str().unwrap());
     assert!(job["metrics"]["all"]["map"].as_f64().is_some());
 
     // The client's own candidates through /rerank: texts, or docids of a collection.
