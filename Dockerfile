@@ -26,9 +26,11 @@ COPY --from=build /src/target/release/longrank /usr/local/bin/longrank
 COPY config.toml /etc/longrank/config.toml
 USER 10001
 WORKDIR /data
+# The hub cache lives in the volume too, so the default re-ranker is downloaded once.
 ENV LONGRANK_CONFIG=/etc/longrank/config.toml \
     LONGRANK_DATA_DIR=/data \
-    LONGRANK_SERVER_ADDR=0.0.0.0:8080
+    LONGRANK_SERVER_ADDR=0.0.0.0:8080 \
+    HF_HOME=/data/hf
 EXPOSE 8080
 VOLUME ["/data"]
 HEALTHCHECK --interval=30s --timeout=3s --start-period=60s CMD ["curl", "-fsS", "http://127.0.0.1:8080/health"]
