@@ -1,10 +1,10 @@
 //! Our BERT encoder for inference: the arithmetic of Hugging Face's `BertModel` (and candle-transformers'),
 //! with fewer passes over memory. The query, key and value projections are one matrix product (the attention
 //! scale folded into the query weights at load time); the mask is added only when the batch has padding;
-//! softmax is candle-nn's fused row kernel; the exact GELU runs on every core with a polynomial erf. Weights load
-//! from the same checkpoints (`bert.`-prefixed or not).
+//! softmax is candle-nn's fused row kernel; the intermediate bias and the exact GELU are one pass on every core
+//! with a polynomial erf. Weights load from the same checkpoints (`bert.`-prefixed or not).
 
-use candle_core::{CpuStorage, CustomOp1, DType, Layout, Module, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp2, DType, Layout, Module, Shape, Tensor};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use candle_transformers::models::bert::{Config, HiddenAct};
 
@@ -23,7 +23,8 @@ struct Layer {
     qkv: Linear,
     out: Linear,
     norm1: LayerNorm,
-    inter: Linear,
+    /// The intermediate projection's weight and bias, kept apart so the bias joins the GELU's pass.
+    inter: (Tensor, Tensor),
     output: Linear,
     norm2: LayerNorm,
 }
@@ -56,7 +57,10 @@ impl Bert {
                     qkv,
                     out: candle_nn::linear(h, h, vb.pp("attention.output.dense"))?,
                     norm1: norm(vb.pp("attention.output.LayerNorm"))?,
-                    inter: candle_nn::linear(h, config.intermediate_size, vb.pp("intermediate.dense"))?,
+                    inter: {
+                        let vb = vb.pp("intermediate.dense");
+                        (vb.get((config.intermediate_size, h), "weight")?, vb.get(config.intermediate_size, "bias")?)
+                    },
                     output: candle_nn::linear(config.intermediate_size, h, vb.pp("output.dense"))?,
                     norm2: norm(vb.pp("output.LayerNorm"))?,
                 })
@@ -110,46 +114,64 @@ impl Bert {
         let probs = candle_nn::ops::softmax_last_dim(&scores)?;
         let context = probs.matmul(&v)?.transpose(1, 2)?.contiguous()?.reshape((batch, len, hidden))?;
         let x = layer.norm1.forward(&(layer.out.forward(&context)? + x)?)?;
-        let inner = layer.inter.forward(&x)?;
+        let (weight, bias) = &layer.inter;
+        let inner = x.matmul(&weight.broadcast_left(batch)?.t()?)?;
         let inner = match self.act {
-            HiddenAct::Gelu => gelu_erf(&inner)?,
-            HiddenAct::GeluApproximate => inner.gelu()?,
-            HiddenAct::Relu => inner.relu()?,
+            HiddenAct::Gelu => bias_gelu_erf(&inner, bias)?,
+            HiddenAct::GeluApproximate => inner.broadcast_add(bias)?.gelu()?,
+            HiddenAct::Relu => inner.broadcast_add(bias)?.relu()?,
         };
         layer.norm2.forward(&(layer.output.forward(&inner)? + x)?)
     }
 }
 
-/// The exact GELU, `x · Φ(x)`: on the CPU in f32 with all cores and a polynomial erf (absolute error under
-/// 1.5e-7), elsewhere candle's own.
-fn gelu_erf(x: &Tensor) -> candle_core::Result<Tensor> {
+/// The exact GELU of `x + bias` (bias along the last dimension), `y · Φ(y)`: on the CPU in f32 in one pass on
+/// every core with a polynomial erf (absolute error under 1.5e-7), elsewhere candle's own ops.
+fn bias_gelu_erf(x: &Tensor, bias: &Tensor) -> candle_core::Result<Tensor> {
     if x.device().is_cpu() && x.dtype() == DType::F32 {
-        x.apply_op1_no_bwd(&ParallelGelu)
+        x.apply_op2_no_bwd(bias, &BiasGelu)
     } else {
-        x.gelu_erf()
+        x.broadcast_add(bias)?.gelu_erf()
     }
 }
 
-struct ParallelGelu;
+struct BiasGelu;
 
-impl CustomOp1 for ParallelGelu {
+impl CustomOp2 for BiasGelu {
     fn name(&self) -> &'static str {
-        "parallel-gelu-erf"
+        "bias-gelu-erf"
     }
 
-    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("parallel-gelu-erf needs a contiguous tensor");
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+        bias_storage: &CpuStorage,
+        bias_layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (Some((start, end)), Some((bias_start, bias_end))) =
+            (layout.contiguous_offsets(), bias_layout.contiguous_offsets())
+        else {
+            candle_core::bail!("bias-gelu-erf needs contiguous tensors");
         };
         let input = &storage.as_slice::<f32>()?[start..end];
+        let bias = &bias_storage.as_slice::<f32>()?[bias_start..bias_end];
+        if layout.shape().dims().last() != Some(&bias.len()) {
+            candle_core::bail!("bias-gelu-erf: a bias of {} for rows of {:?}", bias.len(), layout.shape());
+        }
         let mut output = vec![0f32; input.len()];
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let chunk = input.len().div_ceil(threads).max(4096);
+        // Whole rows per thread, so each chunk starts at bias[0].
+        let rows_per_chunk = (input.len() / bias.len()).div_ceil(threads).max(1);
+        let chunk = rows_per_chunk * bias.len();
         std::thread::scope(|scope| {
             for (inp, out) in input.chunks(chunk).zip(output.chunks_mut(chunk)) {
                 scope.spawn(move || {
-                    for (o, &v) in out.iter_mut().zip(inp) {
-                        *o = 0.5 * v * (1.0 + erf(v * std::f32::consts::FRAC_1_SQRT_2));
+                    for (row_in, row_out) in inp.chunks(bias.len()).zip(out.chunks_mut(bias.len())) {
+                        for ((o, &v), &b) in row_out.iter_mut().zip(row_in).zip(bias) {
+                            let y = v + b;
+                            *o = 0.5 * y * (1.0 + erf(y * std::f32::consts::FRAC_1_SQRT_2));
+                        }
                     }
                 });
             }
@@ -171,11 +193,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_parallel_gelu_matches_candles_exact_one() {
-        let values: Vec<f32> = (0..20_001).map(|i| (i as f32 - 10_000.0) / 1_000.0).collect();
-        let x = Tensor::new(values.as_slice(), &candle_core::Device::Cpu).unwrap();
-        let ours = gelu_erf(&x).unwrap().to_vec1::<f32>().unwrap();
-        let exact = x.gelu_erf().unwrap().to_vec1::<f32>().unwrap();
+    fn the_fused_bias_gelu_matches_candles_exact_one() {
+        let values: Vec<f32> = (0..20_000).map(|i| (i as f32 - 10_000.0) / 1_000.0).collect();
+        let device = candle_core::Device::Cpu;
+        let x = Tensor::new(values.as_slice(), &device).unwrap().reshape((2, 100, 100)).unwrap();
+        let bias: Vec<f32> = (0..100).map(|i| (i as f32 - 50.0) / 25.0).collect();
+        let bias = Tensor::new(bias.as_slice(), &device).unwrap();
+        let ours = bias_gelu_erf(&x, &bias).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let exact =
+            x.broadcast_add(&bias).unwrap().gelu_erf().unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
         let worst = ours.iter().zip(&exact).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(worst < 2e-6, "largest difference {worst}");
     }
