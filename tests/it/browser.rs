@@ -31,12 +31,17 @@ fn find_binary(names: &[&str]) -> PathBuf {
 impl Browser {
     fn start(name: &'static str) -> Browser {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let driver = Command::new(find_binary(&["chromedriver"]))
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start chromedriver");
+        let mut command = Command::new(find_binary(&["chromedriver"]));
+        command.arg(format!("--port={port}")).stdout(Stdio::null()).stderr(Stdio::null());
+        // Like the servers, chromedriver dies with the test thread, even when the test fails before `Drop`.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let driver = command.spawn().expect("start chromedriver");
         let base = format!("http://127.0.0.1:{port}");
         let deadline = Instant::now() + Duration::from_secs(30);
         while ureq::get(&format!("{base}/status")).call().is_err() {
