@@ -164,29 +164,12 @@ pub struct ModelBench<'a> {
 }
 
 /// Cross-encoder pairs/s: the model's forward pass on pre-tokenized batches, as the peers time theirs. A
-/// backbone without a classifier (the shipped MiniLM) gets a zero `Linear(hidden, 1)` head, as the peers'
+/// backbone without a classifier (the shipped MiniLM) gets a seeded `Linear(hidden, 1)` head, as the peers'
 /// `num_labels=1` adds one: the arithmetic is the same.
 pub fn model(b: ModelBench) -> anyhow::Result<()> {
-    use candle_core::{DType, Device, Tensor};
-    use longrank::model::CrossEncoder;
-    let head_dir = tempfile_dir()?;
-    let model = match CrossEncoder::load(b.dir, &Device::Cpu, DType::F32) {
-        Ok(model) => model,
-        Err(_) => {
-            for entry in std::fs::read_dir(b.dir)? {
-                let path = entry?.path();
-                std::os::unix::fs::symlink(&path, head_dir.join(path.file_name().context("a file name")?))?;
-            }
-            let config: serde_json::Value = serde_json::from_slice(&std::fs::read(b.dir.join("config.json"))?)?;
-            let hidden = config["hidden_size"].as_u64().context("hidden_size")? as usize;
-            let head = [
-                ("classifier.weight".to_string(), Tensor::zeros((1, hidden), DType::F32, &Device::Cpu)?),
-                ("classifier.bias".to_string(), Tensor::zeros(1, DType::F32, &Device::Cpu)?),
-            ];
-            candle_core::safetensors::save(&head.into_iter().collect(), head_dir.join("zz-head.safetensors"))?;
-            CrossEncoder::load(&head_dir, &Device::Cpu, DType::F32)?
-        }
-    };
+    use candle_core::{DType, Device};
+    use longrank::model::TrainableCrossEncoder;
+    let model = TrainableCrossEncoder::init(b.dir, &Device::Cpu, DType::F32, 0)?.snapshot()?;
     println!("longrank candle threads={}", candle_core::utils::get_num_threads());
     for &length in b.lengths {
         for &batch in b.batches {
@@ -219,15 +202,71 @@ pub fn model(b: ModelBench) -> anyhow::Result<()> {
             );
         }
     }
-    std::fs::remove_dir_all(&head_dir)?;
     Ok(())
 }
 
-/// A fresh private directory under the system's temporary directory.
-fn tempfile_dir() -> anyhow::Result<std::path::PathBuf> {
-    let dir = std::env::temp_dir().join(format!("longrank-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
+pub struct TrainBench<'a> {
+    pub dir: &'a Path,
+    pub length: usize,
+    pub batch: usize,
+    pub warmup: usize,
+    pub steps: usize,
+}
+
+/// One training step as the PyTorch peer times it (`peers_torch.py train`): the peers' pairs, the first half
+/// positives and the second negatives, pairwise hinge, backward, AdamW over every weight.
+pub fn train(b: TrainBench) -> anyhow::Result<()> {
+    use candle_core::{DType, Device};
+    use longrank::model::TrainableCrossEncoder;
+    use longrank::train::AdamW;
+    let model = TrainableCrossEncoder::init(b.dir, &Device::Cpu, DType::F32, 0)?;
+    let inputs = peer_docs(b.batch)
+        .iter()
+        .map(|doc| model.encode(QUERY, doc, b.length, b.length))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut optimizer = AdamW::new(model.variables(), 0.01)?;
+    let half = b.batch / 2;
+    let mut totals = Vec::new();
+    for step in 0..b.warmup + b.steps.max(1) {
+        let t0 = Instant::now();
+        let scores = model.forward(&inputs)?;
+        let loss = ((scores.narrow(0, half, half)? - scores.narrow(0, 0, half)?)? + 1.0)?.relu()?.mean_all()?;
+        let loss_value = loss.to_scalar::<f32>()?;
+        let t1 = Instant::now();
+        let grads = loss.backward()?;
+        let vars = model.variables();
+        let grads: Vec<_> = vars
+            .iter()
+            .map(|(n, v)| grads.get(v.as_tensor()).cloned().with_context(|| format!("no gradient for {n}")))
+            .collect::<anyhow::Result<_>>()?;
+        let t2 = Instant::now();
+        optimizer.step(&grads, 2e-5)?;
+        let t3 = Instant::now();
+        let secs = |a: Instant, b: Instant| (b - a).as_secs_f64();
+        println!(
+            "step {step} loss={loss_value:.5} fwd={:.3}s bwd={:.3}s adamw={:.3}s total={:.3}s",
+            secs(t0, t1),
+            secs(t1, t2),
+            secs(t2, t3),
+            secs(t0, t3)
+        );
+        if step >= b.warmup {
+            totals.push(secs(t0, t3));
+        }
+    }
+    totals.sort_by(f64::total_cmp);
+    let median = totals[totals.len() / 2];
+    println!(
+        "RESULT system=longrank-candle-train len={} batch={} step_s min={:.3} med={median:.3} max={:.3} \
+         approx_gflops_med={:.1} peak_rss_mb={:.0}",
+        b.length,
+        b.batch,
+        totals[0],
+        totals[totals.len() - 1],
+        3.0 * flops_per_pair(b.length) * b.batch as f64 / 1e9 / median,
+        peak_rss_mb()
+    );
+    Ok(())
 }
 
 fn report(what: &str, latencies: &mut [Duration], wall: Duration) {

@@ -10,6 +10,8 @@ pub mod index;
 pub mod jobs;
 pub mod model;
 pub mod rank;
+pub mod rng;
 pub mod segment;
 pub mod server;
 pub mod store;
+pub mod train;

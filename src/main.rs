@@ -8,6 +8,7 @@ use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod train_cli;
 
 use longrank::config::Config;
 use longrank::corpus::{Corpus, Format, DEMO_JSONL};
@@ -172,6 +173,8 @@ enum Command {
         #[arg(long)]
         read: Option<PathBuf>,
     },
+    /// Fine-tune a cross-encoder on a collection's judged queries: FirstP, all segments, or BeST.
+    Train(Box<train_cli::TrainArgs>),
     /// Benchmarks (not tests): search latency in process and over HTTP, cross-encoder throughput.
     Bench {
         #[command(subcommand)]
@@ -241,6 +244,21 @@ enum BenchCommand {
         warmup: usize,
         #[arg(long, default_value_t = 5)]
         reps: usize,
+    },
+    /// One training step (pairwise hinge, AdamW over every weight) on the workload of ../shared/bench, as
+    /// its PyTorch peer (`peers_torch.py train`) times it.
+    Train {
+        /// A Hugging Face BERT directory (a head is added when it has none).
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 256)]
+        length: usize,
+        #[arg(long, default_value_t = 16)]
+        batch: usize,
+        #[arg(long, default_value_t = 1)]
+        warmup: usize,
+        #[arg(long, default_value_t = 4)]
+        steps: usize,
     },
 }
 
@@ -314,6 +332,9 @@ fn main() -> anyhow::Result<()> {
         Command::Bench { what: BenchCommand::Model { dir, lengths, batches, warmup, reps } } => {
             bench::model(bench::ModelBench { dir: &dir, lengths: &lengths, batches: &batches, warmup, reps })
         }
+        Command::Bench { what: BenchCommand::Train { dir, length, batch, warmup, steps } } => {
+            bench::train(bench::TrainBench { dir: &dir, length, batch, warmup, steps })
+        }
         Command::Batch { collection, topics, qrels, field, pipeline, k, depth, tag, rerank, measures, out } => {
             let engine = open_engine(&config)?;
             let measures = Measure::parse_all(&measures)?;
@@ -345,6 +366,7 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Train(args) => train_cli::run(*args, &config),
         Command::Embed { collection, name } => {
             let engine = open_engine(&config)?;
             let collection = engine.collection(collection.as_deref())?;

@@ -2,6 +2,7 @@
 //! ranges of the stored `text` (never of a repeated title), so they do not depend on the query and a client
 //! can highlight them.
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
@@ -110,22 +111,70 @@ pub fn segment(
 }
 
 fn sentence_segments(text: &str, max_tokens: usize, counter: &dyn TokenCounter) -> Vec<Range<usize>> {
-    let mut out: Vec<Range<usize>> = Vec::new();
+    packed(text, max_tokens, counter, &mut || max_tokens).into_iter().map(|(range, _)| range).collect()
+}
+
+/// Whole sentences packed into segments, each up to its own budget from `budgets` (at most `max_tokens`),
+/// with their token counts.
+fn packed(
+    text: &str,
+    max_tokens: usize,
+    counter: &dyn TokenCounter,
+    budgets: &mut dyn FnMut() -> usize,
+) -> Vec<(Range<usize>, usize)> {
+    let mut out = Vec::new();
     let mut current: Option<(Range<usize>, usize)> = None;
+    let mut budget = budgets().clamp(1, max_tokens);
     // Sentences are whitespace-separated, and word-piece tokenizers split on whitespace first, so a
     // segment's token count is the sum of its sentences' counts: each sentence is tokenized once.
     for (piece, tokens) in sentences(text, max_tokens, counter) {
         current = match current {
-            Some((range, n)) if n + tokens <= max_tokens => Some((range.start..piece.end, n + tokens)),
-            Some((range, _)) => {
-                out.push(range);
+            Some((range, n)) if n + tokens <= budget => Some((range.start..piece.end, n + tokens)),
+            Some(done) => {
+                out.push(done);
+                budget = budgets().clamp(1, max_tokens);
                 Some((piece, tokens))
             }
             None => Some((piece, tokens)),
         };
     }
-    out.extend(current.map(|(range, _)| range));
+    out.extend(current);
     out
+}
+
+/// Training segments: sentences packed into segments whose budgets are drawn from `budgets` (so that length
+/// says nothing about relevance), only the leading ones whose tokens add up to `doc_tokens` (at least one).
+pub fn training_segments(
+    text: &str,
+    max_tokens: usize,
+    counter: &dyn TokenCounter,
+    doc_tokens: Option<usize>,
+    budgets: &mut dyn FnMut() -> usize,
+) -> Vec<Segment> {
+    let mut total = 0;
+    packed(text, max_tokens.max(1), counter, budgets)
+        .into_iter()
+        .take_while(|(_, tokens)| {
+            total += tokens;
+            doc_tokens.is_none_or(|budget| total <= budget || total == *tokens)
+        })
+        .enumerate()
+        .map(|(index, (r, _))| Segment { index, start: r.start, end: r.end })
+        .collect()
+}
+
+/// What the model reads for each segment: the segment, after the title when titles are repeated.
+pub fn model_input<'d>(title_prefix: Option<&str>, text: &'d str, segment: &Segment) -> Cow<'d, str> {
+    match title_prefix {
+        Some(prefix) => Cow::Owned(format!("{prefix}{}", segment.text(text))),
+        None => Cow::Borrowed(segment.text(text)),
+    }
+}
+
+/// The prefix a repeated title puts before every segment (`None` when titles are not repeated or empty).
+pub fn title_prefix(title: &str, repeat: bool) -> Option<String> {
+    let title = title.trim();
+    (repeat && !title.is_empty()).then(|| format!("{title} "))
 }
 
 /// Sentence ranges (trimmed of surrounding whitespace) with their token counts; a sentence over the budget
@@ -250,5 +299,22 @@ mod tests {
             }
         }
         assert!(segment("", Strategy::Sentences { max_tokens: 5 }, &Words, None).is_empty());
+    }
+
+    #[test]
+    fn training_segments_vary_in_length_and_stop_at_the_document_budget() {
+        let text = "A b. C d. E f. G h. I j. K l. M n.";
+        let mut budgets = [2usize, 4, 6, 2].into_iter().cycle();
+        let segs = training_segments(text, 4, &Words, None, &mut || budgets.next().unwrap());
+        // Budgets 2, 4, then 6 clamped to 4, then 2.
+        assert_eq!(texts(text, &segs), ["A b.", "C d. E f.", "G h. I j.", "K l.", "M n."]);
+        let mut four = || 4;
+        let segs = training_segments(text, 4, &Words, Some(9), &mut four);
+        assert_eq!(texts(text, &segs), ["A b. C d.", "E f. G h."]);
+        // A first segment over the document budget is still taken.
+        let segs = training_segments(text, 4, &Words, Some(1), &mut four);
+        assert_eq!(texts(text, &segs), ["A b. C d."]);
+        assert_eq!(model_input(title_prefix(" T ", true).as_deref(), text, &segs[0]), "T A b. C d.");
+        assert_eq!(title_prefix("T", false), None);
     }
 }

@@ -333,19 +333,7 @@ pub fn read_folds(path: &Path) -> Result<BTreeMap<String, usize>, EvalError> {
 pub fn make_folds(qids: &[String], k: usize, seed: u64) -> BTreeMap<String, usize> {
     let mut order: Vec<&String> = qids.iter().collect();
     order.sort();
-    // splitmix64: small, seeded, the same on every platform.
-    let mut state = seed;
-    let mut next = || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
-    for i in (1..order.len()).rev() {
-        let j = (next() % (i as u64 + 1)) as usize;
-        order.swap(i, j);
-    }
+    crate::rng::Rng::new(seed).shuffle(&mut order);
     order.into_iter().enumerate().map(|(i, q)| (q.clone(), i % k.max(1))).collect()
 }
 

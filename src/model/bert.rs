@@ -3,8 +3,12 @@
 //! scale folded into the query weights at load time); the mask is added only when the batch has padding;
 //! softmax is candle-nn's fused row kernel; the intermediate bias and the exact GELU are one pass on every core
 //! with a polynomial erf. Weights load from the same checkpoints (`bert.`-prefixed or not).
+//!
+//! For training, `Bert::trainable` builds the same model from differentiable operations only: candle-nn's
+//! fused LayerNorm and softmax, and the fused GELU, have no backward pass (LayerNorm's output is silently
+//! detached), and the folded query scale would go stale once the weights are updated.
 
-use candle_core::{CpuStorage, CustomOp2, DType, Layout, Module, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp2, DType, Layout, Module, Shape, Tensor, D};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use candle_transformers::models::bert::{Config, HiddenAct};
 
@@ -17,10 +21,33 @@ pub struct Bert {
     heads: usize,
     head_dim: usize,
     act: HiddenAct,
+    eps: f64,
+    differentiable: bool,
+}
+
+/// The query, key and value projections as one `[3h, h]` product.
+enum Qkv {
+    /// Concatenated at load time, the attention scale folded into the query rows (inference).
+    Fused(Linear),
+    /// The variables as they are, concatenated and scaled on every pass (training).
+    Parts { weights: [Tensor; 3], biases: [Tensor; 3], scale: f64 },
+}
+
+impl Qkv {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Qkv::Fused(linear) => linear.forward(x),
+            Qkv::Parts { weights: [wq, wk, wv], biases: [bq, bk, bv], scale } => {
+                let weight = Tensor::cat(&[&(wq * *scale)?, wk, wv], 0)?;
+                let bias = Tensor::cat(&[&(bq * *scale)?, bk, bv], 0)?;
+                Linear::new(weight, Some(bias)).forward(x)
+            }
+        }
+    }
 }
 
 struct Layer {
-    qkv: Linear,
+    qkv: Qkv,
     out: Linear,
     norm1: LayerNorm,
     /// The intermediate projection's weight and bias, kept apart so the bias joins the GELU's pass.
@@ -30,14 +57,17 @@ struct Layer {
 }
 
 impl Bert {
+    /// The inference model from a checkpoint.
     pub fn load(vb: VarBuilder, config: &Config) -> candle_core::Result<Bert> {
-        // Checkpoints name the encoder `bert.*`, `{model_type}.*` (sequence classifiers) or nothing (bare models).
-        let prefixes = ["bert".to_string(), config.model_type.clone().unwrap_or_default(), String::new()];
-        let vb = prefixes
-            .iter()
-            .map(|p| if p.is_empty() { vb.clone() } else { vb.pp(p) })
-            .find(|vb| vb.contains_tensor("embeddings.word_embeddings.weight"))
-            .unwrap_or(vb);
+        Bert::build(encoder_root(vb, config), config, false)
+    }
+
+    /// The training model: every operation differentiable; `vb` is the encoder's root (`bert.`).
+    pub fn trainable(vb: VarBuilder, config: &Config) -> candle_core::Result<Bert> {
+        Bert::build(vb, config, true)
+    }
+
+    fn build(vb: VarBuilder, config: &Config, differentiable: bool) -> candle_core::Result<Bert> {
         let h = config.hidden_size;
         let (heads, head_dim) = (config.num_attention_heads, h / config.num_attention_heads);
         let embedding = |rows: usize, name: &str| candle_nn::embedding(rows, h, vb.pp("embeddings").pp(name));
@@ -47,12 +77,17 @@ impl Bert {
             .map(|i| {
                 let vb = vb.pp(format!("encoder.layer.{i}"));
                 let attention = vb.pp("attention.self");
-                let part = |name: &str, factor: f64| -> candle_core::Result<(Tensor, Tensor)> {
+                let part = |name: &str| -> candle_core::Result<(Tensor, Tensor)> {
                     let vb = attention.pp(name);
-                    Ok(((vb.get((h, h), "weight")? * factor)?, (vb.get(h, "bias")? * factor)?))
+                    Ok((vb.get((h, h), "weight")?, vb.get(h, "bias")?))
                 };
-                let (q, k, v) = (part("query", scale)?, part("key", 1.0)?, part("value", 1.0)?);
-                let qkv = Linear::new(Tensor::cat(&[&q.0, &k.0, &v.0], 0)?, Some(Tensor::cat(&[&q.1, &k.1, &v.1], 0)?));
+                let (q, k, v) = (part("query")?, part("key")?, part("value")?);
+                let qkv = if differentiable {
+                    Qkv::Parts { weights: [q.0, k.0, v.0], biases: [q.1, k.1, v.1], scale }
+                } else {
+                    let weight = Tensor::cat(&[&(q.0 * scale)?, &k.0, &v.0], 0)?;
+                    Qkv::Fused(Linear::new(weight, Some(Tensor::cat(&[&(q.1 * scale)?, &k.1, &v.1], 0)?)))
+                };
                 Ok(Layer {
                     qkv,
                     out: candle_nn::linear(h, h, vb.pp("attention.output.dense"))?,
@@ -75,6 +110,8 @@ impl Bert {
             heads,
             head_dim,
             act: config.hidden_act,
+            eps: config.layer_norm_eps,
+            differentiable,
         })
     }
 
@@ -85,7 +122,7 @@ impl Bert {
         let positions = Tensor::arange(0u32, len as u32, ids.device())?;
         let x = (self.word.forward(ids)? + self.token_type.forward(types)?)?
             .broadcast_add(&self.position.forward(&positions)?)?;
-        let mut x = self.norm.forward(&x)?;
+        let mut x = self.normalize(&self.norm, &x)?;
         // Padding keys get the most negative value, so softmax gives them no weight: `[batch, 1, 1, len]`.
         let additive = match mask {
             Some(mask) => {
@@ -111,18 +148,40 @@ impl Bert {
             Some(additive) => scores.broadcast_add(additive)?,
             None => scores,
         };
-        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+        let probs = if self.differentiable {
+            candle_nn::ops::softmax(&scores, D::Minus1)?
+        } else {
+            candle_nn::ops::softmax_last_dim(&scores)?
+        };
         let context = probs.matmul(&v)?.transpose(1, 2)?.contiguous()?.reshape((batch, len, hidden))?;
-        let x = layer.norm1.forward(&(layer.out.forward(&context)? + x)?)?;
+        let x = self.normalize(&layer.norm1, &(layer.out.forward(&context)? + x)?)?;
         let (weight, bias) = &layer.inter;
         let inner = x.matmul(&weight.broadcast_left(batch)?.t()?)?;
         let inner = match self.act {
-            HiddenAct::Gelu => bias_gelu_erf(&inner, bias)?,
+            HiddenAct::Gelu if !self.differentiable => bias_gelu_erf(&inner, bias)?,
+            HiddenAct::Gelu => inner.broadcast_add(bias)?.gelu_erf()?,
             HiddenAct::GeluApproximate => inner.broadcast_add(bias)?.gelu()?,
             HiddenAct::Relu => inner.broadcast_add(bias)?.relu()?,
         };
-        layer.norm2.forward(&(layer.output.forward(&inner)? + x)?)
+        self.normalize(&layer.norm2, &(layer.output.forward(&inner)? + x)?)
     }
+
+    fn normalize(&self, norm: &LayerNorm, x: &Tensor) -> candle_core::Result<Tensor> {
+        match (self.differentiable, norm.bias()) {
+            (true, Some(bias)) => candle_nn::ops::layer_norm_slow(x, norm.weight(), bias, self.eps as f32),
+            _ => norm.forward(x),
+        }
+    }
+}
+
+/// Checkpoints name the encoder `bert.*`, `{model_type}.*` (sequence classifiers) or nothing (bare models).
+pub fn encoder_root<'a>(vb: VarBuilder<'a>, config: &Config) -> VarBuilder<'a> {
+    let prefixes = ["bert".to_string(), config.model_type.clone().unwrap_or_default(), String::new()];
+    prefixes
+        .iter()
+        .map(|p| if p.is_empty() { vb.clone() } else { vb.pp(p) })
+        .find(|vb| vb.contains_tensor("embeddings.word_embeddings.weight"))
+        .unwrap_or(vb)
 }
 
 /// The exact GELU of `x + bias` (bias along the last dimension), `y · Φ(y)`: on the CPU in f32 in one pass on

@@ -9,6 +9,7 @@ mod hub;
 mod queue;
 mod served;
 mod tokenize;
+mod trainable;
 mod vectors;
 
 use std::path::{Path, PathBuf};
@@ -25,6 +26,8 @@ pub use queue::{Cancel, JobTiming};
 pub use served::{Scores, ServeOptions, Served};
 pub use tokenize::Encoded;
 use tokenize::WordPieces;
+pub(crate) use trainable::replace_dir;
+pub use trainable::TrainableCrossEncoder;
 pub use vectors::VectorFile;
 
 #[derive(Debug, thiserror::Error)]
@@ -60,35 +63,62 @@ struct Backbone {
 impl Backbone {
     /// Loads the BERT weights (with or without a `bert.` prefix) and returns the variables for the heads.
     fn load(dir: &Path, device: &Device, dtype: DType) -> Result<(Backbone, VarBuilder<'static>), ModelError> {
-        let config_path = dir.join("config.json");
-        let config: Config =
-            serde_json::from_slice(&std::fs::read(&config_path).map_err(|e| load_err(&config_path, e))?)
-                .map_err(|e| load_err(&config_path, format!("not a BERT config: {e}")))?;
+        let (config, pieces) = read_config(dir)?;
         let vb = weights(dir, device, dtype)?;
-        let bert = Bert::load(vb.clone(), &config).map_err(|e| load_err(dir, format!("loading BERT weights: {e}")))?;
-        let pieces = WordPieces::load(&dir.join("tokenizer.json"), config.max_position_embeddings)?;
-        Ok((Backbone { bert, pieces, device: device.clone(), hidden_size: config.hidden_size }, vb))
+        Ok((Backbone::new(vb.clone(), &config, pieces, dir)?, vb))
+    }
+
+    fn new(vb: VarBuilder, config: &Config, pieces: WordPieces, origin: &Path) -> Result<Backbone, ModelError> {
+        let device = vb.device().clone();
+        let bert = Bert::load(vb, config).map_err(|e| load_err(origin, format!("loading BERT weights: {e}")))?;
+        Ok(Backbone { bert, pieces, device, hidden_size: config.hidden_size })
     }
 
     /// Final hidden states `[batch, len, hidden]` of right-padded inputs, and the attention mask `[batch, len]`.
     fn forward(&self, batch: &[Encoded]) -> Result<(Tensor, Tensor), ModelError> {
+        let inputs = Inputs::new(batch, self.pieces.pad_id, &self.device)?;
+        let hidden = self.bert.forward(&inputs.ids, &inputs.types, inputs.padded.then_some(&inputs.mask))?;
+        Ok((hidden, inputs.mask))
+    }
+}
+
+/// A batch of encoded inputs as tensors, right-padded to the longest.
+struct Inputs {
+    ids: Tensor,
+    types: Tensor,
+    mask: Tensor,
+    /// Whether any input is shorter than the longest (without padding the mask changes nothing, so the
+    /// encoder skips it).
+    padded: bool,
+}
+
+impl Inputs {
+    fn new(batch: &[Encoded], pad_id: u32, device: &Device) -> Result<Inputs, ModelError> {
         let len = batch.iter().map(|e| e.ids.len()).max().unwrap_or(0);
         let (mut ids, mut types, mut mask) = (Vec::new(), Vec::new(), Vec::new());
         for e in batch {
             let pad = len - e.ids.len();
-            ids.extend(e.ids.iter().copied().chain(std::iter::repeat_n(self.pieces.pad_id, pad)));
+            ids.extend(e.ids.iter().copied().chain(std::iter::repeat_n(pad_id, pad)));
             types.extend(e.type_ids.iter().copied().chain(std::iter::repeat_n(0, pad)));
             mask.extend(std::iter::repeat_n(1u32, e.ids.len()).chain(std::iter::repeat_n(0, pad)));
         }
         let shape = (batch.len(), len);
-        let ids = Tensor::from_vec(ids, shape, &self.device)?;
-        let types = Tensor::from_vec(types, shape, &self.device)?;
-        let mask = Tensor::from_vec(mask, shape, &self.device)?;
-        // Without padding the mask changes nothing, so the encoder skips it.
-        let padded = batch.iter().any(|e| e.ids.len() != len);
-        let hidden = self.bert.forward(&ids, &types, padded.then_some(&mask))?;
-        Ok((hidden, mask))
+        Ok(Inputs {
+            ids: Tensor::from_vec(ids, shape, device)?,
+            types: Tensor::from_vec(types, shape, device)?,
+            mask: Tensor::from_vec(mask, shape, device)?,
+            padded: batch.iter().any(|e| e.ids.len() != len),
+        })
     }
+}
+
+/// A directory's BERT configuration and tokenizer.
+fn read_config(dir: &Path) -> Result<(Config, WordPieces), ModelError> {
+    let config_path = dir.join("config.json");
+    let config: Config = serde_json::from_slice(&std::fs::read(&config_path).map_err(|e| load_err(&config_path, e))?)
+        .map_err(|e| load_err(&config_path, format!("not a BERT config: {e}")))?;
+    let pieces = WordPieces::load(&dir.join("tokenizer.json"), config.max_position_embeddings)?;
+    Ok((config, pieces))
 }
 
 /// The weight files of a directory: every `*.safetensors` (sharded checkpoints too) in name order, else
@@ -194,17 +224,23 @@ pub struct CrossEncoder {
 
 impl CrossEncoder {
     pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<CrossEncoder, ModelError> {
-        let (backbone, vb) = Backbone::load(dir, device, dtype)?;
+        let (config, pieces) = read_config(dir)?;
+        CrossEncoder::new(weights(dir, device, dtype)?, &config, pieces, dir)
+    }
+
+    /// The model over the variables of `vb`; `origin` names where they came from in errors.
+    fn new(vb: VarBuilder, config: &Config, pieces: WordPieces, origin: &Path) -> Result<CrossEncoder, ModelError> {
+        let backbone = Backbone::new(vb.clone(), config, pieces, origin)?;
         let h = backbone.hidden_size;
         let linear = |names: &[&str], out: usize| -> Result<Linear, ModelError> {
             names
                 .iter()
                 .find_map(|n| candle_nn::linear(h, out, vb.pp(*n)).ok())
-                .ok_or_else(|| load_err(dir, format!("no weights for {}", names.join(" or "))))
+                .ok_or_else(|| load_err(origin, format!("no weights for {}", names.join(" or "))))
         };
         let pooler = linear(&["bert.pooler.dense", "pooler.dense"], h)?;
         let labels = [2usize, 1].into_iter().find(|n| vb.pp("classifier").get((*n, h), "weight").is_ok());
-        let labels = labels.ok_or_else(|| load_err(dir, "no classifier with 1 or 2 labels (classifier.weight)"))?;
+        let labels = labels.ok_or_else(|| load_err(origin, "no classifier with 1 or 2 labels (classifier.weight)"))?;
         let classifier = linear(&["classifier"], labels)?;
         Ok(CrossEncoder { backbone, pooler, classifier, label: labels - 1 })
     }
@@ -399,9 +435,25 @@ impl Reranker {
 
 impl crate::segment::TokenCounter for Reranker {
     fn count(&self, text: &str) -> usize {
-        // A tokenizer error on valid UTF-8 would be a bug in the tokenizer file; words are a fair fallback.
-        self.count_tokens(text).unwrap_or_else(|_| text.split_whitespace().count())
+        count_or_words(self.count_tokens(text), text)
     }
+}
+
+impl crate::segment::TokenCounter for CrossEncoder {
+    fn count(&self, text: &str) -> usize {
+        count_or_words(self.count_tokens(text), text)
+    }
+}
+
+impl crate::segment::TokenCounter for TrainableCrossEncoder {
+    fn count(&self, text: &str) -> usize {
+        count_or_words(self.count_tokens(text), text)
+    }
+}
+
+/// A tokenizer error on valid UTF-8 would be a bug in the tokenizer file; words are a fair fallback.
+fn count_or_words(count: Result<usize, ModelError>, text: &str) -> usize {
+    count.unwrap_or_else(|_| text.split_whitespace().count())
 }
 
 pub(crate) fn cosine(a: &[f32], b: &[f32]) -> f32 {

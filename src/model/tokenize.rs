@@ -13,6 +13,7 @@ pub struct Encoded {
     pub type_ids: Vec<u32>,
 }
 
+#[derive(Clone)]
 pub(super) struct WordPieces {
     tokenizer: Tokenizer,
     cls_id: u32,

@@ -122,23 +122,11 @@ impl SegmentCache {
         doc: &'d StoredDoc,
         cap: usize,
     ) -> Vec<(Segment, Cow<'d, str>)> {
-        let title = doc.title.trim();
-        let prefix = (options.repeat_title && !title.is_empty()).then(|| format!("{title} "));
+        let prefix = segment::title_prefix(&doc.title, options.repeat_title);
         let title_tokens = prefix.as_deref().map_or(0, |p| segment::TokenCounter::count(served.model(), p));
         let strategy = options.strategy(served.segment_budget().saturating_sub(title_tokens).max(1));
         let segments = self.get(&doc.text, strategy, served.model());
-        segments
-            .iter()
-            .take(cap)
-            .map(|s| {
-                let text = s.text(&doc.text);
-                let input = match &prefix {
-                    Some(prefix) => Cow::Owned(format!("{prefix}{text}")),
-                    None => Cow::Borrowed(text),
-                };
-                (*s, input)
-            })
-            .collect()
+        segments.iter().take(cap).map(|s| (*s, segment::model_input(prefix.as_deref(), &doc.text, s))).collect()
     }
 }
 

@@ -216,3 +216,9 @@ pub fn fixture() -> &'static Fixture {
         Fixture { dir, server }
     })
 }
+
+/// The value of a `name<TAB>value` line of a command's output.
+pub fn tsv_value(out: &str, name: &str) -> f64 {
+    let line = out.lines().find(|l| l.starts_with(&format!("{name}\t"))).unwrap_or_else(|| panic!("no {name}: {out}"));
+    line.split('\t').nth(1).unwrap().parse().unwrap()
+}

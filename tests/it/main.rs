@@ -10,3 +10,4 @@ mod model;
 mod scoring;
 mod server;
 mod tiny;
+mod train;

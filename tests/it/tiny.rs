@@ -377,10 +377,7 @@ fn segment_selection_is_measured_against_gold_passages() {
         "passages.tsv",
     ];
     let out = crate::common::cli_ok(d, &args);
-    let value = |name: &str| -> f64 {
-        let line = out.lines().find(|l| l.starts_with(&format!("{name}\t"))).unwrap_or_else(|| panic!("{name}: {out}"));
-        line.split('\t').nth(1).unwrap().parse().unwrap()
-    };
+    let value = |name: &str| crate::common::tsv_value(&out, name);
     assert_eq!(value("questions"), 2.0, "{out}");
     assert!(value("segments_per_document") > 2.0, "{out}");
     assert_eq!(value("p1_first"), 0.5, "{out}");

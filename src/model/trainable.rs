@@ -1,0 +1,317 @@
+//! A cross-encoder to fine-tune: the BERT of a Hugging Face directory (a cross-encoder, or a bare or
+//! sentence-transformers encoder to which a pooler and a one-logit classifier are added) as candle variables,
+//! forward passes on the autograd graph, and checkpoints in the layout `CrossEncoder::load` reads.
+//!
+//! Variables are kept in f32 (the optimizer's master copy); with a half-precision `dtype` every pass casts
+//! them, so updates are never lost to rounding.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use candle_core::{DType, Device, IndexOp, Module, Shape, Tensor, Var};
+use candle_nn::var_builder::SimpleBackend;
+use candle_nn::{Linear, VarBuilder, VarMap};
+use candle_transformers::models::bert::Config;
+
+use super::bert::{encoder_root, Bert};
+use super::{load_err, read_config, weights, CrossEncoder, Encoded, Fnv, Inputs, ModelError, WordPieces};
+use crate::rng::Rng;
+
+/// Tokenizer and vocabulary files copied into every checkpoint, when the source has them.
+const TOKENIZER_FILES: [&str; 4] = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"];
+
+pub struct TrainableCrossEncoder {
+    varmap: VarMap,
+    /// The f32 model over the variables themselves (`None` when passes cast to half precision).
+    model: Option<Heads>,
+    pieces: WordPieces,
+    config: Config,
+    config_json: serde_json::Value,
+    source: PathBuf,
+    device: Device,
+    dtype: DType,
+    /// Variables that the source checkpoint lacked and were initialized (seeded).
+    initialized: Vec<String>,
+}
+
+/// The encoder with the pooler and classifier.
+struct Heads {
+    bert: Bert,
+    pooler: Linear,
+    classifier: Linear,
+}
+
+impl Heads {
+    fn build(vb: VarBuilder, config: &Config) -> candle_core::Result<Heads> {
+        let h = config.hidden_size;
+        Ok(Heads {
+            bert: Bert::trainable(vb.pp("bert"), config)?,
+            pooler: candle_nn::linear(h, h, vb.pp("bert.pooler.dense"))?,
+            classifier: candle_nn::linear(h, 1, vb.pp("classifier"))?,
+        })
+    }
+
+    fn forward(&self, inputs: &Inputs) -> candle_core::Result<Tensor> {
+        let hidden = self.bert.forward(&inputs.ids, &inputs.types, inputs.padded.then_some(&inputs.mask))?;
+        let pooled = self.pooler.forward(&hidden.i((.., 0))?)?.tanh()?;
+        self.classifier.forward(&pooled)?.squeeze(1)
+    }
+}
+
+impl TrainableCrossEncoder {
+    /// Starts from the weights in `dir`; what it lacks (a pooler, the one-logit classifier) is drawn from
+    /// `seed` as BERT initializes it (normal with the config's `initializer_range`, zero biases).
+    pub fn init(dir: &Path, device: &Device, dtype: DType, seed: u64) -> Result<TrainableCrossEncoder, ModelError> {
+        let (config, pieces) = read_config(dir)?;
+        let config_path = dir.join("config.json");
+        let config_json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&config_path).map_err(|e| load_err(&config_path, e))?)
+                .map_err(|e| load_err(&config_path, e))?;
+        let std = config_json.get("initializer_range").and_then(|v| v.as_f64()).unwrap_or(0.02);
+        let source = weights(dir, &Device::Cpu, DType::F32)?;
+        let varmap = VarMap::new();
+        let initialized = Arc::new(Mutex::new(Vec::new()));
+        let initializer = Initializer {
+            varmap: varmap.clone(),
+            source: encoder_root(source.clone(), &config),
+            heads: source,
+            seed,
+            std,
+            initialized: initialized.clone(),
+        };
+        let vb = VarBuilder::from_backend(Box::new(initializer), DType::F32, device.clone());
+        let heads = Heads::build(vb, &config).map_err(|e| load_err(dir, format!("building the model: {e}")))?;
+        let mut initialized = std::mem::take(&mut *initialized.lock().unwrap_or_else(|e| e.into_inner()));
+        initialized.sort();
+        let model = (dtype == DType::F32).then_some(heads);
+        Ok(TrainableCrossEncoder {
+            varmap,
+            model,
+            pieces,
+            config,
+            config_json,
+            source: dir.to_path_buf(),
+            device: device.clone(),
+            dtype,
+            initialized,
+        })
+    }
+
+    /// Names of the variables the source did not have.
+    pub fn initialized(&self) -> &[String] {
+        &self.initialized
+    }
+
+    pub fn encode(
+        &self,
+        query: &str,
+        segment: &str,
+        max_len: usize,
+        max_query_tokens: usize,
+    ) -> Result<Encoded, ModelError> {
+        self.pieces.pair(query, segment, max_len, max_query_tokens)
+    }
+
+    pub fn count_tokens(&self, text: &str) -> Result<usize, ModelError> {
+        self.pieces.count(text)
+    }
+
+    /// Logits `[batch]` on the autograd graph.
+    pub fn forward(&self, batch: &[Encoded]) -> Result<Tensor, ModelError> {
+        let inputs = Inputs::new(batch, self.pieces.pad_id, &self.device)?;
+        let logits = match &self.model {
+            Some(heads) => heads.forward(&inputs)?,
+            None => {
+                let vb = VarBuilder::from_backend(
+                    Box::new(Cast { varmap: self.varmap.clone(), dtype: self.dtype }),
+                    self.dtype,
+                    self.device.clone(),
+                );
+                Heads::build(vb, &self.config)?.forward(&inputs)?
+            }
+        };
+        Ok(logits.to_dtype(DType::F32)?)
+    }
+
+    /// Every variable with its checkpoint name, sorted by name.
+    pub fn variables(&self) -> Vec<(String, Var)> {
+        let data = self.varmap.data().lock().unwrap_or_else(|e| e.into_inner());
+        let mut vars: Vec<(String, Var)> = data.iter().map(|(n, v)| (n.clone(), v.clone())).collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        vars
+    }
+
+    /// An inference model over a copy of the current weights (fused kernels, no graph).
+    pub fn snapshot(&self) -> Result<CrossEncoder, ModelError> {
+        let tensors = self.weights()?;
+        let vb = VarBuilder::from_tensors(tensors, self.dtype, &self.device);
+        CrossEncoder::new(vb, &self.config, self.pieces.clone(), &self.source)
+    }
+
+    fn weights(&self) -> Result<HashMap<String, Tensor>, ModelError> {
+        self.variables().into_iter().map(|(n, v)| Ok((n, v.as_tensor().detach().copy()?))).collect()
+    }
+
+    /// Writes a checkpoint `CrossEncoder::load` reads: `config.json` (a one-label sequence classifier),
+    /// `model.safetensors`, and the source's tokenizer files. The directory is replaced whole, so an
+    /// interruption leaves the previous checkpoint.
+    pub fn save(&self, dir: &Path) -> Result<(), ModelError> {
+        let staging = staging_dir(dir);
+        let _ = std::fs::remove_dir_all(&staging);
+        std::fs::create_dir_all(&staging).map_err(|e| load_err(&staging, e))?;
+        self.save_weights(&staging.join("model.safetensors"))?;
+        let mut config = self.config_json.clone();
+        if let Some(map) = config.as_object_mut() {
+            map.insert("architectures".into(), serde_json::json!(["BertForSequenceClassification"]));
+            map.insert("num_labels".into(), serde_json::json!(1));
+            map.insert("id2label".into(), serde_json::json!({"0": "LABEL_0"}));
+            map.insert("label2id".into(), serde_json::json!({"LABEL_0": 0}));
+        }
+        let config_path = staging.join("config.json");
+        std::fs::write(&config_path, serde_json::to_vec_pretty(&config).unwrap_or_default())
+            .map_err(|e| load_err(&config_path, e))?;
+        for name in TOKENIZER_FILES {
+            let from = self.source.join(name);
+            if from.exists() {
+                std::fs::copy(&from, staging.join(name)).map_err(|e| load_err(&from, e))?;
+            }
+        }
+        replace_dir(&staging, dir)
+    }
+
+    /// The variables alone, as safetensors (for resuming).
+    pub fn save_weights(&self, path: &Path) -> Result<(), ModelError> {
+        candle_core::safetensors::save(&self.weights()?, path).map_err(|e| load_err(path, e))
+    }
+
+    /// Sets every variable from a file `save_weights` or `save` wrote.
+    pub fn load_weights(&self, path: &Path) -> Result<(), ModelError> {
+        let tensors = candle_core::safetensors::load(path, &self.device).map_err(|e| load_err(path, e))?;
+        for (name, var) in self.variables() {
+            let tensor = tensors.get(&name).ok_or_else(|| load_err(path, format!("no tensor {name}")))?;
+            var.set(&tensor.to_dtype(var.dtype())?).map_err(|e| load_err(path, format!("{name}: {e}")))?;
+        }
+        Ok(())
+    }
+}
+
+fn staging_dir(dir: &Path) -> PathBuf {
+    let mut name = dir.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(".partial");
+    dir.with_file_name(name)
+}
+
+/// Swaps `staging` in for `dir` (the old one is removed after the new one is in place).
+pub(crate) fn replace_dir(staging: &Path, dir: &Path) -> Result<(), ModelError> {
+    let mut old = dir.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    old.push(".old");
+    let old = dir.with_file_name(old);
+    let _ = std::fs::remove_dir_all(&old);
+    if dir.exists() {
+        std::fs::rename(dir, &old).map_err(|e| load_err(dir, e))?;
+    }
+    std::fs::rename(staging, dir).map_err(|e| load_err(dir, e))?;
+    let _ = std::fs::remove_dir_all(&old);
+    Ok(())
+}
+
+/// Creates each variable once: from the source checkpoint when it has the tensor with the right shape,
+/// else drawn from the seed.
+struct Initializer {
+    varmap: VarMap,
+    /// The source's encoder root (`bert.`, `{model_type}.` or bare) and its top level (heads).
+    source: VarBuilder<'static>,
+    heads: VarBuilder<'static>,
+    seed: u64,
+    std: f64,
+    initialized: Arc<Mutex<Vec<String>>>,
+}
+
+impl Initializer {
+    fn from_source(&self, shape: &Shape, name: &str) -> Option<Tensor> {
+        let (vb, name) = match name.strip_prefix("bert.") {
+            Some(rest) => (&self.source, rest),
+            None => (&self.heads, name),
+        };
+        // The pooler sits under the encoder root in some checkpoints and at the top in others.
+        let candidates = [name.to_string(), format!("bert.{name}")];
+        candidates.iter().find_map(|n| vb.get(shape.clone(), n).ok()).or_else(|| {
+            name.strip_prefix("pooler.").and_then(|rest| self.heads.get(shape.clone(), &format!("pooler.{rest}")).ok())
+        })
+    }
+
+    fn fresh(&self, shape: &Shape, name: &str, dtype: DType, device: &Device) -> candle_core::Result<Tensor> {
+        if name.ends_with(".bias") || name.ends_with("LayerNorm.beta") {
+            return Tensor::zeros(shape, dtype, device);
+        }
+        if name.contains("LayerNorm") {
+            return Tensor::ones(shape, dtype, device);
+        }
+        let mut hash = Fnv::default();
+        hash.write(name.as_bytes());
+        let mut rng = Rng::stream(self.seed, hash.0);
+        let values: Vec<f32> = (0..shape.elem_count()).map(|_| (rng.normal() * self.std) as f32).collect();
+        Tensor::from_vec(values, shape, device)?.to_dtype(dtype)
+    }
+}
+
+impl SimpleBackend for Initializer {
+    fn get(
+        &self,
+        shape: Shape,
+        name: &str,
+        _: candle_nn::Init,
+        dtype: DType,
+        device: &Device,
+    ) -> candle_core::Result<Tensor> {
+        let mut data = self.varmap.data().lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(var) = data.get(name) {
+            return Ok(var.as_tensor().clone());
+        }
+        let tensor = match self.from_source(&shape, name) {
+            Some(t) => t.to_dtype(dtype)?.to_device(device)?,
+            None => {
+                self.initialized.lock().unwrap_or_else(|e| e.into_inner()).push(name.to_string());
+                self.fresh(&shape, name, dtype, device)?
+            }
+        };
+        let var = Var::from_tensor(&tensor)?;
+        let out = var.as_tensor().clone();
+        data.insert(name.to_string(), var);
+        Ok(out)
+    }
+
+    fn get_unchecked(&self, name: &str, _: DType, _: &Device) -> candle_core::Result<Tensor> {
+        candle_core::bail!("the trainable model has no unshaped variable {name}")
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.varmap.data().lock().unwrap_or_else(|e| e.into_inner()).contains_key(name)
+    }
+}
+
+/// The variables cast to the compute dtype on every pass (the casts stay on the graph).
+struct Cast {
+    varmap: VarMap,
+    dtype: DType,
+}
+
+impl SimpleBackend for Cast {
+    fn get(&self, shape: Shape, name: &str, _: candle_nn::Init, _: DType, _: &Device) -> candle_core::Result<Tensor> {
+        let data = self.varmap.data().lock().unwrap_or_else(|e| e.into_inner());
+        let var = data.get(name).ok_or_else(|| candle_core::Error::Msg(format!("no variable {name}")))?;
+        if var.shape() != &shape {
+            candle_core::bail!("variable {name}: shape {:?}, expected {shape:?}", var.shape());
+        }
+        var.as_tensor().to_dtype(self.dtype)
+    }
+
+    fn get_unchecked(&self, name: &str, _: DType, _: &Device) -> candle_core::Result<Tensor> {
+        candle_core::bail!("the trainable model has no unshaped variable {name}")
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.varmap.data().lock().unwrap_or_else(|e| e.into_inner()).contains_key(name)
+    }
+}

@@ -1,0 +1,185 @@
+//! Training data: queries with judged-relevant documents and BM25 negatives, the examples of every step
+//! (drawn from the seed and the step number alone, so every model of a run and every resumed run sees the
+//! same ones), and documents cut into training segments.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex};
+
+use lru::LruCache;
+
+use super::{Loss, TrainError, TrainOptions};
+use crate::eval::Qrels;
+use crate::index::{Bm25Params, Collection};
+use crate::model::{Fnv, TrainableCrossEncoder};
+use crate::rng::Rng;
+use crate::segment::{self, Segment};
+
+/// A training (or dev) query: its judged-relevant documents in the collection and the BM25 candidates that
+/// are not judged relevant.
+#[derive(Debug, Clone)]
+pub struct Query {
+    pub qid: String,
+    pub text: String,
+    pub positives: Vec<String>,
+    pub negatives: Vec<String>,
+}
+
+/// The queries of `qids` that have a relevant document in the collection; `candidates` is the BM25 depth
+/// negatives come from.
+pub fn queries(
+    collection: &Collection,
+    topics: &[(String, String)],
+    qrels: &Qrels,
+    qids: &BTreeSet<String>,
+    candidates: usize,
+) -> Result<Vec<Query>, TrainError> {
+    let mut out = Vec::new();
+    for (qid, text) in topics.iter().filter(|(q, _)| qids.contains(q)) {
+        let judged = qrels.topics.get(qid);
+        let relevant = |docid: &str| judged.and_then(|j| j.get(docid)).is_some_and(|g| *g > 0);
+        let mut positives: Vec<String> =
+            judged.map(|j| j.iter().filter(|(_, g)| **g > 0).map(|(d, _)| d.clone()).collect()).unwrap_or_default();
+        positives.sort();
+        let mut present = Vec::new();
+        for docid in positives {
+            if collection.get(&docid)?.is_some() {
+                present.push(docid);
+            }
+        }
+        let hits = collection.search(text, candidates, Bm25Params::default())?;
+        let negatives: Vec<String> = hits.into_iter().map(|h| h.docid).filter(|d| !relevant(d)).collect();
+        if !present.is_empty() {
+            out.push(Query { qid: qid.clone(), text: text.clone(), positives: present, negatives });
+        }
+    }
+    Ok(out)
+}
+
+/// One training example: a query, one relevant document and its negatives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Example {
+    pub query: usize,
+    /// The relevant document first, then the negatives.
+    pub docs: Vec<String>,
+    /// Seeds each document's segment draw (`allp`).
+    pub seed: u64,
+}
+
+/// The examples of step `step` (1-based): queries with negatives, drawn from the run's seed and the step.
+pub fn examples(queries: &[Query], options: &TrainOptions, step: usize) -> Vec<Example> {
+    let usable: Vec<usize> = (0..queries.len()).filter(|&q| !queries[q].negatives.is_empty()).collect();
+    let negatives = match options.loss {
+        Loss::Hinge => 1,
+        Loss::Softmax => options.negatives,
+    };
+    let per_step = options.batch * options.accumulate;
+    (0..per_step)
+        .filter(|_| !usable.is_empty())
+        .map(|i| {
+            let mut rng = Rng::stream(options.seed, (step * per_step + i) as u64);
+            let query = usable[rng.below(usable.len())];
+            let q = &queries[query];
+            let mut docs = vec![q.positives[rng.below(q.positives.len())].clone()];
+            // Distinct negatives while there are enough, with repeats when a query has fewer.
+            let mut pool: Vec<&String> = q.negatives.iter().collect();
+            rng.shuffle(&mut pool);
+            docs.extend((0..negatives).map(|k| pool[k % pool.len()].clone()));
+            Example { query, docs, seed: rng.next_u64() }
+        })
+        .collect()
+}
+
+/// A document cut for training: its title prefix and leading segments (lengths drawn per document from the
+/// run's seed, so a document is cut the same way for every model and every iteration).
+pub struct TrainingDoc {
+    pub prefix: Option<String>,
+    pub text: String,
+    pub segments: Vec<Segment>,
+}
+
+impl TrainingDoc {
+    pub fn input(&self, index: usize) -> String {
+        self.segments
+            .get(index)
+            .map(|s| segment::model_input(self.prefix.as_deref(), &self.text, s).into_owned())
+            .unwrap_or_else(|| self.prefix.clone().unwrap_or_default())
+    }
+}
+
+/// Documents cut for training, fetched from the collection and kept in a bounded cache.
+pub struct Documents<'a> {
+    collection: &'a Collection,
+    options: &'a TrainOptions,
+    cache: Mutex<LruCache<String, Arc<TrainingDoc>>>,
+}
+
+const CACHED_DOCUMENTS: usize = 4096;
+
+impl<'a> Documents<'a> {
+    pub fn new(collection: &'a Collection, options: &'a TrainOptions) -> Documents<'a> {
+        let size = NonZeroUsize::new(CACHED_DOCUMENTS).unwrap_or(NonZeroUsize::MIN);
+        Documents { collection, options, cache: Mutex::new(LruCache::new(size)) }
+    }
+
+    pub fn get(&self, docid: &str, model: &TrainableCrossEncoder) -> Result<Arc<TrainingDoc>, TrainError> {
+        if let Some(doc) = self.cache.lock().unwrap_or_else(|e| e.into_inner()).get(docid) {
+            return Ok(doc.clone());
+        }
+        let stored = self
+            .collection
+            .get(docid)?
+            .ok_or_else(|| TrainError::Data(format!("document {docid} is not in the collection")))?;
+        let prefix = segment::title_prefix(&stored.title, self.options.repeat_title);
+        let title_tokens = prefix.as_deref().map_or(0, |p| segment::TokenCounter::count(model, p));
+        let max = self.options.segment_budget().saturating_sub(title_tokens).max(1);
+        let mut hash = Fnv::default();
+        hash.write(docid.as_bytes());
+        let mut rng = Rng::stream(self.options.seed, hash.0);
+        let random = self.options.random_lengths;
+        // Random budgets between half and all of the model's, so length carries no label.
+        let mut budgets = || if random { max / 2 + rng.below(max - max / 2 + 1) } else { max };
+        let segments = segment::training_segments(&stored.text, max, model, self.options.doc_tokens, &mut budgets);
+        let doc = Arc::new(TrainingDoc { prefix, text: stored.text, segments });
+        self.cache.lock().unwrap_or_else(|e| e.into_inner()).put(docid.to_string(), doc.clone());
+        Ok(doc)
+    }
+}
+
+/// Splits queries into training and dev: by folds (`train_folds`, `dev_fold`) when given, else a seeded
+/// sample of `dev_queries` for dev and the rest for training. The dev side is cut to a seeded sample of
+/// `dev_queries`.
+pub fn split(
+    qids: &[String],
+    folds: Option<&BTreeMap<String, usize>>,
+    options: &TrainOptions,
+) -> Result<(BTreeSet<String>, BTreeSet<String>), TrainError> {
+    let mut rng = Rng::stream(options.seed, 0xdef);
+    let (train, mut dev): (Vec<String>, Vec<String>) = match (folds, options.dev_fold) {
+        (Some(folds), Some(dev_fold)) => {
+            let fold = |q: &String| folds.get(q).copied();
+            let train = qids
+                .iter()
+                .filter(|q| fold(q).is_some_and(|f| options.train_folds.is_empty() || options.train_folds.contains(&f)))
+                .filter(|q| fold(q) != Some(dev_fold))
+                .cloned()
+                .collect();
+            (train, qids.iter().filter(|q| fold(q) == Some(dev_fold)).cloned().collect())
+        }
+        (None, Some(_)) => return Err(TrainError::Data("--dev-fold needs --folds".into())),
+        _ => {
+            let mut shuffled = qids.to_vec();
+            shuffled.sort();
+            rng.shuffle(&mut shuffled);
+            let dev = shuffled.split_off(shuffled.len().saturating_sub(options.dev_queries));
+            (shuffled, dev)
+        }
+    };
+    dev.sort();
+    rng.shuffle(&mut dev);
+    dev.truncate(options.dev_queries);
+    if train.is_empty() || dev.is_empty() {
+        return Err(TrainError::Data(format!("{} training and {} dev queries: need both", train.len(), dev.len())));
+    }
+    Ok((train.into_iter().collect(), dev.into_iter().collect()))
+}

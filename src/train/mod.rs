@@ -1,0 +1,448 @@
+//! Fine-tuning cross-encoders on long documents (`longrank train`): FirstP (first segments), all segments,
+//! and BeST (Query-driven Segment Selection for Ranking Long Documents, CIKM 2021) — train on the segment of
+//! each judged document that a model scores best, iterated EM-style.
+//!
+//! A run writes one directory per trained model under `--out` (`firstp`, `allp`, `best-1`, `best-2`, …),
+//! each with `model/` (the checkpoint selected on dev, a Hugging Face cross-encoder the server loads),
+//! `state/` (the latest weights and optimizer state, for resuming), `log.jsonl`, `curves.svg` and
+//! `dev-run.txt`; BeST iterations also keep `selections.tsv` (the segment each (query, document) trained on).
+//! `--method best` trains `allp` (θ⁽⁰⁾) and `best-1` side by side, `best-1` on the segments θ⁽⁰⁾ scores
+//! highest as it trains, then each further iteration from a fresh start on the segments its predecessor
+//! selects, until dev stops improving.
+
+mod data;
+mod dev;
+mod learner;
+mod optim;
+mod plot;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use candle_core::Device;
+use serde::{Deserialize, Serialize};
+
+use crate::eval::passages::{overlaps, Passage};
+use crate::eval::Qrels;
+use crate::index::{Collection, IndexError};
+use crate::model::{CrossEncoder, ModelError};
+
+pub use data::Query;
+use data::{Documents, Example};
+use dev::DevSet;
+use learner::{Learner, Selector};
+pub use optim::{learning_rate, AdamW};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    #[error("training: {0}")]
+    Candle(#[from] candle_core::Error),
+    #[error("{}: {message}", path.display())]
+    Io { path: PathBuf, message: String },
+    #[error("{0}")]
+    Data(String),
+}
+
+impl TrainError {
+    fn io(path: &Path, message: impl ToString) -> TrainError {
+        TrainError::Io { path: path.to_path_buf(), message: message.to_string() }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Method {
+    /// First segments only.
+    Firstp,
+    /// Every segment inherits its document's label (a random one per example).
+    Allp,
+    /// BeST: the segment the previous model scores highest.
+    Best,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Loss {
+    /// Pairwise hinge max(0, 1 − s⁺ + s⁻): one positive and one negative per example.
+    Hinge,
+    /// Softmax cross-entropy over one positive and `negatives` negatives.
+    Softmax,
+}
+
+/// The dev measure for early stopping and model selection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+pub enum DevMeasure {
+    #[value(name = "mrr@10")]
+    #[serde(rename = "mrr@10")]
+    Mrr10,
+    #[value(name = "ndcg@10")]
+    #[serde(rename = "ndcg@10")]
+    Ndcg10,
+}
+
+/// Everything that decides what a run computes (kept in `train.json`; a resumed run must match it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainOptions {
+    pub method: Method,
+    pub loss: Loss,
+    /// Negatives per example with the softmax loss.
+    pub negatives: usize,
+    /// BM25 depth negatives come from.
+    pub candidates: usize,
+    /// Longest model input in word pieces.
+    pub max_length: usize,
+    pub max_query_tokens: usize,
+    /// Leading tokens of a document that training segments come from (`None`: all).
+    pub doc_tokens: Option<usize>,
+    /// Draw each training segment's length between half and all of the budget.
+    pub random_lengths: bool,
+    pub repeat_title: bool,
+    /// Optimizer steps per model.
+    pub steps: usize,
+    /// Examples per forward pass, and passes per optimizer step.
+    pub batch: usize,
+    pub accumulate: usize,
+    pub lr: f64,
+    /// Share of the steps spent warming up.
+    pub warmup: f64,
+    pub weight_decay: f64,
+    pub seed: u64,
+    pub checkpoint_every: usize,
+    pub eval_every: usize,
+    /// Evaluations without a dev gain before a model stops (0: never stop early).
+    pub patience: usize,
+    pub dev_measure: DevMeasure,
+    pub dev_queries: usize,
+    pub dev_depth: usize,
+    /// BeST iterations at most.
+    pub iterations: usize,
+    pub train_folds: Vec<usize>,
+    pub dev_fold: Option<usize>,
+    /// Padded tokens per inference pass (selection and dev scoring).
+    pub batch_tokens: usize,
+}
+
+impl Default for TrainOptions {
+    fn default() -> Self {
+        TrainOptions {
+            method: Method::Best,
+            loss: Loss::Hinge,
+            negatives: 10,
+            candidates: 100,
+            max_length: 256,
+            max_query_tokens: 64,
+            doc_tokens: Some(2048),
+            random_lengths: true,
+            repeat_title: true,
+            steps: 1000,
+            batch: 8,
+            accumulate: 1,
+            lr: 2e-5,
+            warmup: 0.1,
+            weight_decay: 0.01,
+            seed: 42,
+            checkpoint_every: 50,
+            eval_every: 200,
+            patience: 3,
+            dev_measure: DevMeasure::Mrr10,
+            dev_queries: 100,
+            dev_depth: 5,
+            iterations: 3,
+            train_folds: Vec::new(),
+            dev_fold: None,
+            batch_tokens: 8192,
+        }
+    }
+}
+
+impl TrainOptions {
+    /// Word pieces a segment may have: the input less the query budget and the special tokens (as the
+    /// server's re-ranking cuts them).
+    pub fn segment_budget(&self) -> usize {
+        self.max_length.saturating_sub(self.max_query_tokens + 3).max(1)
+    }
+
+    fn validate(&self) -> Result<(), TrainError> {
+        let bad = |m: &str| Err(TrainError::Data(m.to_string()));
+        if self.steps == 0 || self.batch == 0 || self.accumulate == 0 {
+            return bad("steps, batch and accumulate must be at least 1");
+        }
+        if self.loss == Loss::Softmax && self.negatives == 0 {
+            return bad("the softmax loss needs at least one negative");
+        }
+        if self.max_length <= self.max_query_tokens + 4 {
+            return bad("max_length must leave room for a segment after the query");
+        }
+        if self.eval_every == 0 || self.checkpoint_every == 0 {
+            return bad("eval_every and checkpoint_every must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// What a run reports as it goes: phases with their size and progress within them.
+pub trait Progress {
+    fn phase(&self, name: &str, total: u64);
+    fn set(&self, done: u64, message: &str);
+}
+
+/// The data a run trains and selects on.
+pub struct TrainData<'a> {
+    pub collection: &'a Collection,
+    /// (qid, query text).
+    pub topics: Vec<(String, String)>,
+    pub qrels: Qrels,
+    pub folds: Option<BTreeMap<String, usize>>,
+    /// Gold passages, to report how often the document budget covers them.
+    pub passages: Option<BTreeMap<String, Vec<Passage>>>,
+}
+
+/// One trained model's outcome.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ModelReport {
+    pub name: String,
+    pub dir: PathBuf,
+    pub steps: usize,
+    pub best_dev: Option<f64>,
+    pub best_step: Option<usize>,
+    pub stopped_early: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrainReport {
+    pub models: Vec<ModelReport>,
+    /// The model to use: the best on dev.
+    pub selected: Option<String>,
+    pub train_queries: usize,
+    pub dev_queries: usize,
+    /// Share of (training query, relevant document) pairs whose gold passage overlaps a training segment.
+    pub budget_covers_gold: Option<f64>,
+}
+
+/// Trains the models `options.method` calls for, starting each from `init`, resuming what `out` holds.
+#[allow(clippy::too_many_arguments)]
+pub fn train(
+    data: &TrainData,
+    init: &Path,
+    out: &Path,
+    options: &TrainOptions,
+    device: &Device,
+    dtype: candle_core::DType,
+    progress: &dyn Progress,
+) -> Result<TrainReport, TrainError> {
+    options.validate()?;
+    std::fs::create_dir_all(out).map_err(|e| TrainError::io(out, e))?;
+    check_options(out, init, options)?;
+    let qids: Vec<String> = data.topics.iter().map(|(q, _)| q.clone()).collect();
+    let (train_qids, dev_qids) = data::split(&qids, data.folds.as_ref(), options)?;
+    progress.phase("preparing queries", 0);
+    let queries = data::queries(data.collection, &data.topics, &data.qrels, &train_qids, options.candidates)?;
+    if queries.iter().all(|q| q.negatives.is_empty()) {
+        return Err(TrainError::Data("no training query has both a relevant document and BM25 negatives".into()));
+    }
+    let dev = DevSet::new(data.collection, &data.topics, &data.qrels, &dev_qids, options)?;
+    let docs = Documents::new(data.collection, options);
+    let run = Run { queries: &queries, dev: &dev, docs: &docs, options, init, out, device, dtype, progress };
+    let budget_covers_gold = match &data.passages {
+        Some(passages) => Some(run.coverage(passages)?),
+        None => None,
+    };
+    let models = match options.method {
+        Method::Firstp => vec![run.train_one("firstp", Selector::First)?],
+        Method::Allp => vec![run.train_one("allp", Selector::Random)?],
+        Method::Best => run.best()?,
+    };
+    // The best on dev; among equals the earliest (the cheaper iteration).
+    let selected = models
+        .iter()
+        .filter_map(|m| Some((m.best_dev?, &m.name)))
+        .fold(None, |best: Option<(f64, &String)>, (dev, name)| match best {
+            Some((b, _)) if b >= dev => best,
+            _ => Some((dev, name)),
+        })
+        .map(|(_, name)| name.clone());
+    let report =
+        TrainReport { models, selected, train_queries: queries.len(), dev_queries: dev.len(), budget_covers_gold };
+    let path = out.join("summary.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&report).unwrap_or_default())
+        .map_err(|e| TrainError::io(&path, e))?;
+    Ok(report)
+}
+
+/// Writes `train.json` on a new run; a resumed run must have been started with the same options.
+fn check_options(out: &Path, init: &Path, options: &TrainOptions) -> Result<(), TrainError> {
+    let path = out.join("train.json");
+    let current = serde_json::json!({ "init": init, "options": options });
+    if path.exists() {
+        let text = std::fs::read(&path).map_err(|e| TrainError::io(&path, e))?;
+        let before: serde_json::Value = serde_json::from_slice(&text).map_err(|e| TrainError::io(&path, e))?;
+        if before != current {
+            return Err(TrainError::io(
+                &path,
+                "this directory holds a run with other options or another initial model: resume it with the \
+                 same ones, or train into a new --out",
+            ));
+        }
+        return Ok(());
+    }
+    std::fs::write(&path, serde_json::to_vec_pretty(&current).unwrap_or_default()).map_err(|e| TrainError::io(&path, e))
+}
+
+struct Run<'a> {
+    queries: &'a [Query],
+    dev: &'a DevSet,
+    docs: &'a Documents<'a>,
+    options: &'a TrainOptions,
+    init: &'a Path,
+    out: &'a Path,
+    device: &'a Device,
+    dtype: candle_core::DType,
+    progress: &'a dyn Progress,
+}
+
+impl Run<'_> {
+    fn learner(&self, name: &str, selector: Selector) -> Result<Learner, TrainError> {
+        Learner::open(name, &self.out.join(name), selector, self)
+    }
+
+    fn train_one(&self, name: &str, selector: Selector) -> Result<ModelReport, TrainError> {
+        let mut learners = vec![self.learner(name, selector)?];
+        self.train_together(&mut learners)?;
+        Ok(learners.remove(0).report())
+    }
+
+    /// BeST: θ⁽⁰⁾ (`allp`) and θ⁽¹⁾ side by side, then iterations from fresh starts while dev improves.
+    fn best(&self) -> Result<Vec<ModelReport>, TrainError> {
+        let mut learners = vec![self.learner("allp", Selector::Random)?, self.learner("best-1", Selector::Online(0))?];
+        self.train_together(&mut learners)?;
+        let mut reports: Vec<ModelReport> = learners.iter().map(|l| l.report()).collect();
+        for iteration in 2..=self.options.iterations {
+            let previous = &reports[reports.len() - 1];
+            let name = format!("best-{iteration}");
+            let selections = self.select(&previous.dir.join("model"), &self.out.join(&name))?;
+            let report = self.train_one(&name, Selector::Fixed(selections))?;
+            let improved = report.best_dev.unwrap_or(f64::MIN) > previous.best_dev.unwrap_or(f64::MIN);
+            reports.push(report);
+            if !improved {
+                break;
+            }
+        }
+        Ok(reports)
+    }
+
+    /// Steps the learners over the same examples until each is done.
+    fn train_together(&self, learners: &mut [Learner]) -> Result<(), TrainError> {
+        let start = learners.iter().map(|l| l.step()).min().unwrap_or(0);
+        let names: Vec<&str> = learners.iter().map(|l| l.name()).collect();
+        self.progress.phase(&format!("training {}", names.join(" + ")), self.options.steps as u64);
+        let started = std::time::Instant::now();
+        for step in start + 1..=self.options.steps {
+            if learners.iter().all(|l| l.done()) {
+                break;
+            }
+            let examples = data::examples(self.queries, self.options, step);
+            // Online selectors read their model as it was before this step's updates.
+            let snapshots: Vec<Option<CrossEncoder>> = (0..learners.len())
+                .map(|i| {
+                    let wanted = learners.iter().any(|l| matches!(l.selector(), Selector::Online(j) if *j == i));
+                    wanted.then(|| learners[i].model().snapshot()).transpose()
+                })
+                .collect::<Result<_, _>>()?;
+            let mut losses = Vec::new();
+            for learner in learners.iter_mut().filter(|l| !l.done() && l.step() < step) {
+                let loss = learner.train_step(step, &examples, &snapshots, self)?;
+                losses.push(format!("{} {loss:.4}", learner.name()));
+            }
+            let done = step - start;
+            let rate = (done * self.options.batch * self.options.accumulate) as f64 / started.elapsed().as_secs_f64();
+            self.progress.set(step as u64, &format!("loss {} · {rate:.2} examples/s", losses.join(", ")));
+            for learner in learners.iter_mut().filter(|l| !l.done()) {
+                if step % self.options.eval_every == 0 || step == self.options.steps {
+                    learner.evaluate(self)?;
+                }
+                if step % self.options.checkpoint_every == 0 || step == self.options.steps || learner.done() {
+                    learner.checkpoint()?;
+                }
+            }
+        }
+        for learner in learners.iter_mut() {
+            learner.finish()?;
+        }
+        Ok(())
+    }
+
+    /// The segment of each training (query, document) that the model in `model_dir` scores highest, for
+    /// every pair the run's examples use; kept in `dir/selections.tsv`, which a resumed run extends.
+    fn select(&self, model_dir: &Path, dir: &Path) -> Result<HashMap<(String, String), usize>, TrainError> {
+        std::fs::create_dir_all(dir).map_err(|e| TrainError::io(dir, e))?;
+        let path = dir.join("selections.tsv");
+        let mut selections = learner::read_selections(&path)?;
+        let mut pairs: Vec<(usize, String)> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for step in 1..=self.options.steps {
+            for example in data::examples(self.queries, self.options, step) {
+                for docid in example.docs {
+                    let key = (self.queries[example.query].qid.clone(), docid.clone());
+                    if !selections.contains_key(&key) && seen.insert(key) {
+                        pairs.push((example.query, docid));
+                    }
+                }
+            }
+        }
+        let scorer = CrossEncoder::load(model_dir, self.device, self.dtype)?;
+        let trainable =
+            crate::model::TrainableCrossEncoder::init(self.init, self.device, self.dtype, self.options.seed)?;
+        self.progress.phase(&format!("selecting segments with {}", model_dir.display()), pairs.len() as u64);
+        let mut file =
+            std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| TrainError::io(&path, e))?;
+        for (done, (query, docid)) in pairs.iter().enumerate() {
+            let doc = self.docs.get(docid, &trainable)?;
+            let best = learner::best_segment(&scorer, &self.queries[*query].text, &doc, self.options)?;
+            let qid = &self.queries[*query].qid;
+            std::io::Write::write_all(&mut file, format!("{qid}\t{docid}\t{best}\n").as_bytes())
+                .map_err(|e| TrainError::io(&path, e))?;
+            selections.insert((qid.clone(), docid.clone()), best);
+            self.progress.set(done as u64 + 1, "");
+        }
+        Ok(selections)
+    }
+
+    /// How often a training query's gold passage lies in the segments training may use.
+    fn coverage(&self, passages: &BTreeMap<String, Vec<Passage>>) -> Result<f64, TrainError> {
+        let trainable =
+            crate::model::TrainableCrossEncoder::init(self.init, self.device, self.dtype, self.options.seed)?;
+        let (mut covered, mut total) = (0usize, 0usize);
+        for query in self.queries {
+            for passage in passages.get(&query.qid).into_iter().flatten().filter(|p| query.positives.contains(&p.docid))
+            {
+                let doc = self.docs.get(&passage.docid, &trainable)?;
+                total += 1;
+                covered += doc.segments.iter().any(|s| overlaps(s.start, s.end, passage)) as usize;
+            }
+        }
+        Ok(covered as f64 / total.max(1) as f64)
+    }
+}
+
+/// The examples' segment inputs for one model: the relevant document's first, then its negatives'.
+fn inputs_of(
+    examples: &[Example],
+    choose: &mut dyn FnMut(&Example, usize, &data::TrainingDoc) -> Result<usize, TrainError>,
+    run: &Run,
+    model: &crate::model::TrainableCrossEncoder,
+) -> Result<Vec<(String, String)>, TrainError> {
+    let mut out = Vec::new();
+    for example in examples {
+        let query = &run.queries[example.query].text;
+        for (position, docid) in example.docs.iter().enumerate() {
+            let doc = run.docs.get(docid, model)?;
+            let index = choose(example, position, &doc)?;
+            out.push((query.clone(), doc.input(index)));
+        }
+    }
+    Ok(out)
+}

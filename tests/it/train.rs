@@ -1,0 +1,312 @@
+//! `longrank train` on tiny random BERTs: every variable gets a gradient, the training forward pass agrees
+//! with inference, a synthetic task where the relevant sentence sits anywhere in long documents is learned
+//! and BeST beats FirstP on it, a killed run resumes where its checkpoint left it, and the server scores a
+//! trained checkpoint exactly as training's dev evaluation did.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use candle_core::{DType, Device};
+use longrank::model::{CrossEncoder, TrainableCrossEncoder};
+use serde_json::{json, Value};
+
+use crate::common::{cli_ok, post_json, tsv_value, TestServer, BIN};
+use crate::tiny::tiny_cross_encoder;
+
+#[test]
+fn every_variable_receives_a_gradient_and_training_scores_as_inference() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_cross_encoder(dir.path(), 3);
+    let model = TrainableCrossEncoder::init(dir.path(), &Device::Cpu, DType::F32, 1).unwrap();
+    assert!(model.initialized().is_empty(), "the tiny model has every weight: {:?}", model.initialized());
+    // Unequal lengths, so the padding mask is on the graph too.
+    let pairs = [("a river", "the river runs north."), ("hills", "a long text about hills and valleys, and more.")];
+    let encoded: Vec<_> = pairs.iter().map(|(q, s)| model.encode(q, s, 64, 16).unwrap()).collect();
+    let logits = model.forward(&encoded).unwrap();
+    let grads = logits.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+    let vars = model.variables();
+    assert!(vars.len() > 30, "{} variables", vars.len());
+    for (name, var) in &vars {
+        let grad = grads.get(var.as_tensor()).unwrap_or_else(|| panic!("{name} received no gradient"));
+        let size = grad.abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(size > 0.0, "{name}: zero gradient");
+    }
+    // The differentiable pass, the fused inference model over the same weights, and the saved checkpoint
+    // loaded as the server loads it all give the same logits.
+    let trained: Vec<f32> = logits.to_vec1().unwrap();
+    let inference = model.snapshot().unwrap().score(&encoded).unwrap();
+    model.save(&dir.path().join("saved")).unwrap();
+    let loaded =
+        CrossEncoder::load(&dir.path().join("saved"), &Device::Cpu, DType::F32).unwrap().score(&encoded).unwrap();
+    for ((a, b), c) in trained.iter().zip(&inference).zip(&loaded) {
+        assert!((a - b).abs() < 1e-5 && (a - c).abs() < 1e-5, "{trained:?} {inference:?} {loaded:?}");
+    }
+
+    // A bare encoder (no pooler, no classifier) gets seeded heads: the same seed, the same heads.
+    let bare = tempfile::tempdir().unwrap();
+    tiny_cross_encoder(bare.path(), 3);
+    let tensors = candle_core::safetensors::load(bare.path().join("model.safetensors"), &Device::Cpu).unwrap();
+    let kept: std::collections::HashMap<_, _> =
+        tensors.into_iter().filter(|(n, _)| !n.contains("pooler") && !n.starts_with("classifier")).collect();
+    candle_core::safetensors::save(&kept, bare.path().join("model.safetensors")).unwrap();
+    let a = TrainableCrossEncoder::init(bare.path(), &Device::Cpu, DType::F32, 9).unwrap();
+    let b = TrainableCrossEncoder::init(bare.path(), &Device::Cpu, DType::F32, 9).unwrap();
+    assert_eq!(
+        a.initialized(),
+        ["bert.pooler.dense.bias", "bert.pooler.dense.weight", "classifier.bias", "classifier.weight"]
+    );
+    let logits = |m: &TrainableCrossEncoder| m.forward(&encoded).unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(logits(&a), logits(&b));
+}
+
+const FILLER: [&str; 12] =
+    ["the", "river", "stone", "cloud", "bird", "tree", "lamp", "road", "hill", "moon", "wind", "rain"];
+
+/// A collection where each topic's one relevant document holds the sentence "zz zz zz." somewhere among
+/// eight (rarely in the first segment) and four other documents share the topic's word without it; the
+/// gold passage is that sentence.
+fn synthetic_collection(dir: &Path) {
+    let mut state = 12345u64;
+    let mut next = |n: usize| {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((state >> 33) as usize) % n
+    };
+    let (mut docs, mut topics, mut qrels, mut folds) = (String::new(), String::new(), String::new(), String::new());
+    let mut passages = String::new();
+    for t in 0..40 {
+        let word = format!(
+            "{}{}{}",
+            ["ka", "lo", "mi", "no", "pu"][t % 5],
+            ["be", "do", "fi", "gu"][(t / 5) % 4],
+            ["x", "y"][t / 20]
+        );
+        topics.push_str(&format!("t{t}\t{word}\n"));
+        folds.push_str(&format!("t{t}\t{}\n", if t < 28 { 0 } else { 1 }));
+        let needle_at = 1 + next(7);
+        for d in 0..5 {
+            let docid = format!("t{t}d{d}");
+            // Negatives have a sentence of the same shape in another letter, so only the needle tells.
+            let odd_at = if d == 0 { needle_at } else { next(8) };
+            let sentences: Vec<String> = (0..8)
+                .map(|s| match (s == odd_at, d) {
+                    (true, 0) => "zz zz zz.".to_string(),
+                    (true, _) => "qq qq qq.".to_string(),
+                    _ => format!("{} {word} {} {}.", FILLER[next(12)], FILLER[next(12)], FILLER[next(12)]),
+                })
+                .collect();
+            if d == 0 {
+                let start: usize = sentences[..needle_at].iter().map(|s| s.len() + 1).sum();
+                passages.push_str(&format!("t{t}\t{docid}\t{start}\t{}\n", start + sentences[needle_at].len()));
+            }
+            docs.push_str(&format!("{}\n", json!({"docid": docid, "title": "", "text": sentences.join(" ")})));
+            qrels.push_str(&format!("t{t} 0 {docid} {}\n", (d == 0) as u8));
+        }
+    }
+    for (name, text) in [
+        ("docs.jsonl", docs),
+        ("topics.tsv", topics),
+        ("qrels.txt", qrels),
+        ("folds.tsv", folds),
+        ("passages.tsv", passages),
+    ] {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+    cli_ok(dir, &["index", "--collection", "synthetic", dir.join("docs.jsonl").to_str().unwrap()]);
+}
+
+fn train_args<'a>(model: &'a str, out: &'a str, method: &'a str, steps: &'a str) -> Vec<&'a str> {
+    vec![
+        "train",
+        "--topics",
+        "topics.tsv",
+        "--qrels",
+        "qrels.txt",
+        "--folds",
+        "folds.tsv",
+        "--dev-fold",
+        "1",
+        "--init",
+        model,
+        "--out",
+        out,
+        "--method",
+        method,
+        "--steps",
+        steps,
+        "--batch",
+        "8",
+        "--lr",
+        "2e-3",
+        "--warmup",
+        "0.05",
+        "--max-length",
+        "64",
+        "--max-query-tokens",
+        "16",
+        "--doc-tokens",
+        "all",
+        "--eval-every",
+        "20",
+        "--checkpoint-every",
+        "5",
+        "--patience",
+        "0",
+        "--candidates",
+        "5",
+        "--dev-depth",
+        "5",
+        "--iterations",
+        "2",
+        "--seed",
+        "5",
+    ]
+}
+
+fn summary(dir: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap()
+}
+
+fn best_dev(summary: &Value, name: &str) -> f64 {
+    let models = summary["models"].as_array().unwrap();
+    let model = models.iter().find(|m| m["name"] == name).unwrap_or_else(|| panic!("no {name}: {summary}"));
+    model["best_dev"].as_f64().unwrap()
+}
+
+#[test]
+fn best_segment_training_learns_a_buried_sentence_and_beats_firstp() {
+    let models = tempfile::tempdir().unwrap();
+    tiny_cross_encoder(models.path(), 11);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    synthetic_collection(d);
+    let model = models.path().to_str().unwrap();
+    cli_ok(d, &train_args(model, "firstp", "firstp", "80"));
+    let best_out = cli_ok(d, &train_args(model, "best", "best", "80"));
+    let (firstp, best) = (summary(&d.join("firstp")), summary(&d.join("best")));
+    let firstp_mrr = best_dev(&firstp, "firstp");
+    let allp_mrr = best_dev(&best, "allp");
+    let best_mrr = best_dev(&best, "best-1").max(best_dev(&best, "best-2"));
+    eprintln!("dev MRR@10: firstp {firstp_mrr:.3}, allp {allp_mrr:.3}, best {best_mrr:.3}\n{best_out}");
+    assert!(best_mrr >= 0.9, "BeST learned the task: {best_mrr}");
+    assert!(best_mrr > firstp_mrr + 0.2, "BeST {best_mrr} vs FirstP {firstp_mrr}");
+    let selections = std::fs::read_to_string(d.join("best/best-2/selections.tsv")).unwrap();
+    assert!(selections.lines().count() > 20, "{selections}");
+    for name in ["allp", "best-1", "best-2"] {
+        let path = d.join("best").join(name);
+        assert!(path.join("model/model.safetensors").exists() && path.join("curves.svg").exists(), "{name}");
+    }
+
+    // The paper's Table 2 on trained checkpoints: the best segment of the relevant document is the needle's.
+    let config = "[model]\nmax_length = 64\nmax_query_tokens = 16\n[model.segments]\nrepeat_title = true\n";
+    std::fs::write(d.join("config.toml"), config).unwrap();
+    let selection = |model: &Path| {
+        let args = [
+            "--config",
+            "config.toml",
+            "--model",
+            model.to_str().unwrap(),
+            "eval-segments",
+            "--topics",
+            "topics.tsv",
+            "--passages",
+            "passages.tsv",
+        ];
+        let out = cli_ok(d, &args);
+        (tsv_value(&out, "p1_model"), tsv_value(&out, "p1_first"))
+    };
+    let (best_p1, first_p1) = selection(&d.join("best/best-2/model"));
+    assert!(best_p1 >= 0.9 && first_p1 < 0.5, "BeST selects the needle: P@1 {best_p1}, first segment {first_p1}");
+
+    // The server loads the selected checkpoint and scores dev's candidates as training's dev run did.
+    let selected = d.join("best").join(best["selected"].as_str().unwrap());
+    let env = [
+        ("LONGRANK_CONFIG", d.join("config.toml").to_str().unwrap().to_string()),
+        ("LONGRANK_MODEL_PATH", selected.join("model").to_str().unwrap().to_string()),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let server = TestServer::start(d, &env).wait_ready();
+    let dev_run = std::fs::read_to_string(selected.join("dev-run.txt")).unwrap();
+    let topics = std::fs::read_to_string(d.join("topics.tsv")).unwrap();
+    let mut compared = 0;
+    for line in dev_run.lines().take(10) {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        let (qid, docid, score): (&str, &str, f64) = (cols[0], cols[2], cols[4].parse().unwrap());
+        let query = topics.lines().find_map(|l| l.strip_prefix(&format!("{qid}\t"))).unwrap();
+        let body = json!({"query": query, "pipeline": "maxp", "depth": 5, "k": 5}).to_string();
+        let reply = post_json(&server.url("/search"), &body);
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let hits = reply.json()["results"].as_array().unwrap().clone();
+        let hit = hits.iter().find(|h| h["docid"] == docid).unwrap_or_else(|| panic!("{docid} not in {hits:?}"));
+        let served = hit["model_score"].as_f64().unwrap();
+        assert!((served - score).abs() < 1e-4, "{qid} {docid}: served {served}, dev run {score}");
+        compared += 1;
+    }
+    assert_eq!(compared, 10);
+}
+
+/// Losses by step from a log.
+fn losses(log: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter_map(|e| Some((e["step"].as_u64()?, e.get("loss")?.as_f64()?)))
+        .collect()
+}
+
+#[test]
+fn a_killed_run_resumes_from_its_last_checkpoint_and_trains_as_if_never_stopped() {
+    let models = tempfile::tempdir().unwrap();
+    tiny_cross_encoder(models.path(), 13);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    synthetic_collection(d);
+    let model = models.path().to_str().unwrap();
+    cli_ok(d, &train_args(model, "whole", "allp", "60"));
+
+    let args = train_args(model, "killed", "allp", "60");
+    let mut child = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(d)
+        .args(&args)
+        .current_dir(d)
+        .env("RUST_LOG", "warn")
+        .env("LONGRANK_MODEL_PATH", "")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let progress = d.join("killed/allp/state/progress.json");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let checkpointed = loop {
+        let step = std::fs::read(&progress)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|v| v["step"].as_u64());
+        if step.is_some_and(|s| s >= 15) {
+            break step.unwrap();
+        }
+        assert!(Instant::now() < deadline && child.try_wait().unwrap().is_none(), "no checkpoint at step 15");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    assert!(checkpointed < 60, "the run finished before it was killed");
+
+    cli_ok(d, &args);
+    let (whole, resumed) = (losses(&d.join("whole/allp/log.jsonl")), losses(&d.join("killed/allp/log.jsonl")));
+    assert_eq!(resumed.iter().map(|(s, _)| *s).collect::<Vec<_>>(), (1..=60).collect::<Vec<_>>(), "each step once");
+    for ((step, a), (_, b)) in whole.iter().zip(&resumed) {
+        assert!((a - b).abs() < 1e-4, "step {step}: uninterrupted {a}, resumed {b}");
+    }
+    assert_eq!(best_dev(&summary(&d.join("whole")), "allp"), best_dev(&summary(&d.join("killed")), "allp"));
+
+    // Other options in the same directory are refused, naming the file.
+    let mut other = args.clone();
+    let seed = other.iter().position(|a| *a == "--seed").unwrap();
+    other[seed + 1] = "6";
+    let out = crate::common::cli(d, &other);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("train.json"), "{}", String::from_utf8_lossy(&out.stderr));
+}
