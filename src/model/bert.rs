@@ -5,12 +5,15 @@
 //! with a polynomial erf. Weights load from the same checkpoints (`bert.`-prefixed or not).
 //!
 //! For training, `Bert::trainable` builds the same model from differentiable operations only: candle-nn's
-//! fused LayerNorm and softmax, and the fused GELU, have no backward pass (LayerNorm's output is silently
-//! detached), and the folded query scale would go stale once the weights are updated.
+//! fused LayerNorm and softmax have no backward pass (LayerNorm's output is silently detached), so our fused
+//! kernels with backward passes (`kernels.rs`) take their place, and the folded query scale would go stale
+//! once the weights are updated.
 
-use candle_core::{CpuStorage, CustomOp2, DType, Layout, Module, Shape, Tensor, D};
+use candle_core::{Module, Tensor};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use candle_transformers::models::bert::{Config, HiddenAct};
+
+use super::kernels;
 
 pub struct Bert {
     word: Embedding,
@@ -40,7 +43,7 @@ impl Qkv {
             Qkv::Parts { weights: [wq, wk, wv], biases: [bq, bk, bv], scale } => {
                 let weight = Tensor::cat(&[&(wq * *scale)?, wk, wv], 0)?;
                 let bias = Tensor::cat(&[&(bq * *scale)?, bk, bv], 0)?;
-                Linear::new(weight, Some(bias)).forward(x)
+                affine(x, &weight, Some(&bias))
             }
         }
     }
@@ -148,30 +151,56 @@ impl Bert {
             Some(additive) => scores.broadcast_add(additive)?,
             None => scores,
         };
-        let probs = if self.differentiable {
-            candle_nn::ops::softmax(&scores, D::Minus1)?
-        } else {
-            candle_nn::ops::softmax_last_dim(&scores)?
-        };
+        let probs =
+            if self.differentiable { kernels::softmax(&scores)? } else { candle_nn::ops::softmax_last_dim(&scores)? };
         let context = probs.matmul(&v)?.transpose(1, 2)?.contiguous()?.reshape((batch, len, hidden))?;
-        let x = self.normalize(&layer.norm1, &(layer.out.forward(&context)? + x)?)?;
+        let x = self.normalize(&layer.norm1, &(self.linear(&context, &layer.out)? + x)?)?;
         let (weight, bias) = &layer.inter;
-        let inner = x.matmul(&weight.broadcast_left(batch)?.t()?)?;
+        let inner = if self.differentiable {
+            affine(&x, weight, None)?
+        } else {
+            x.matmul(&weight.broadcast_left(batch)?.t()?)?
+        };
         let inner = match self.act {
-            HiddenAct::Gelu if !self.differentiable => bias_gelu_erf(&inner, bias)?,
-            HiddenAct::Gelu => inner.broadcast_add(bias)?.gelu_erf()?,
+            HiddenAct::Gelu => kernels::bias_gelu(&inner, bias)?,
             HiddenAct::GeluApproximate => inner.broadcast_add(bias)?.gelu()?,
             HiddenAct::Relu => inner.broadcast_add(bias)?.relu()?,
         };
-        self.normalize(&layer.norm2, &(layer.output.forward(&inner)? + x)?)
+        self.normalize(&layer.norm2, &(self.linear(&inner, &layer.output)? + x)?)
+    }
+
+    /// Inference keeps candle-nn's product with the weight broadcast over the batch (a few % faster here);
+    /// training takes one product over all rows.
+    fn linear(&self, x: &Tensor, linear: &Linear) -> candle_core::Result<Tensor> {
+        if self.differentiable {
+            affine(x, linear.weight(), linear.bias())
+        } else {
+            linear.forward(x)
+        }
     }
 
     fn normalize(&self, norm: &LayerNorm, x: &Tensor) -> candle_core::Result<Tensor> {
         match (self.differentiable, norm.bias()) {
-            (true, Some(bias)) => candle_nn::ops::layer_norm_slow(x, norm.weight(), bias, self.eps as f32),
+            (true, Some(bias)) => kernels::layer_norm(x, norm.weight(), bias, self.eps),
             _ => norm.forward(x),
         }
     }
+}
+
+/// `x · Wᵀ + b` over the last dimension as one matrix product of all rows: the weight's gradient is then one
+/// product too, where a weight broadcast over the batch (candle-nn's `Linear`) gets a gradient per batch
+/// element, summed after.
+fn affine(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Tensor> {
+    let mut dims = x.dims().to_vec();
+    let inputs = dims.pop().unwrap_or(1);
+    let rows = x.elem_count() / inputs.max(1);
+    let y = x.reshape((rows, inputs))?.matmul(&weight.t()?)?;
+    let y = match bias {
+        Some(bias) => y.broadcast_add(bias)?,
+        None => y,
+    };
+    dims.push(weight.dim(0)?);
+    y.reshape(dims)
 }
 
 /// Checkpoints name the encoder `bert.*`, `{model_type}.*` (sequence classifiers) or nothing (bare models).
@@ -182,86 +211,4 @@ pub fn encoder_root<'a>(vb: VarBuilder<'a>, config: &Config) -> VarBuilder<'a> {
         .map(|p| if p.is_empty() { vb.clone() } else { vb.pp(p) })
         .find(|vb| vb.contains_tensor("embeddings.word_embeddings.weight"))
         .unwrap_or(vb)
-}
-
-/// The exact GELU of `x + bias` (bias along the last dimension), `y · Φ(y)`: on the CPU in f32 in one pass on
-/// every core with a polynomial erf (absolute error under 1.5e-7), elsewhere candle's own ops.
-fn bias_gelu_erf(x: &Tensor, bias: &Tensor) -> candle_core::Result<Tensor> {
-    if x.device().is_cpu() && x.dtype() == DType::F32 {
-        x.apply_op2_no_bwd(bias, &BiasGelu)
-    } else {
-        x.broadcast_add(bias)?.gelu_erf()
-    }
-}
-
-struct BiasGelu;
-
-impl CustomOp2 for BiasGelu {
-    fn name(&self) -> &'static str {
-        "bias-gelu-erf"
-    }
-
-    fn cpu_fwd(
-        &self,
-        storage: &CpuStorage,
-        layout: &Layout,
-        bias_storage: &CpuStorage,
-        bias_layout: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (Some((start, end)), Some((bias_start, bias_end))) =
-            (layout.contiguous_offsets(), bias_layout.contiguous_offsets())
-        else {
-            candle_core::bail!("bias-gelu-erf needs contiguous tensors");
-        };
-        let input = &storage.as_slice::<f32>()?[start..end];
-        let bias = &bias_storage.as_slice::<f32>()?[bias_start..bias_end];
-        if layout.shape().dims().last() != Some(&bias.len()) {
-            candle_core::bail!("bias-gelu-erf: a bias of {} for rows of {:?}", bias.len(), layout.shape());
-        }
-        let mut output = vec![0f32; input.len()];
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        // Whole rows per thread, so each chunk starts at bias[0].
-        let rows_per_chunk = (input.len() / bias.len()).div_ceil(threads).max(1);
-        let chunk = rows_per_chunk * bias.len();
-        std::thread::scope(|scope| {
-            for (inp, out) in input.chunks(chunk).zip(output.chunks_mut(chunk)) {
-                scope.spawn(move || {
-                    for (row_in, row_out) in inp.chunks(bias.len()).zip(out.chunks_mut(bias.len())) {
-                        for ((o, &v), &b) in row_out.iter_mut().zip(row_in).zip(bias) {
-                            let y = v + b;
-                            *o = 0.5 * y * (1.0 + erf(y * std::f32::consts::FRAC_1_SQRT_2));
-                        }
-                    }
-                });
-            }
-        });
-        Ok((CpuStorage::F32(output), layout.shape().clone()))
-    }
-}
-
-/// erf by Abramowitz and Stegun 7.1.26 (absolute error under 1.5e-7), branch-free so it vectorizes.
-fn erf(x: f32) -> f32 {
-    let a = x.abs();
-    let t = 1.0 / (1.0 + 0.327_591_1 * a);
-    let poly = t * (0.254_829_6 + t * (-0.284_496_74 + t * (1.421_413_7 + t * (-1.453_152_1 + t * 1.061_405_4))));
-    (1.0 - poly * (-a * a).exp()).copysign(x)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_fused_bias_gelu_matches_candles_exact_one() {
-        let values: Vec<f32> = (0..20_000).map(|i| (i as f32 - 10_000.0) / 1_000.0).collect();
-        let device = candle_core::Device::Cpu;
-        let x = Tensor::new(values.as_slice(), &device).unwrap().reshape((2, 100, 100)).unwrap();
-        let bias: Vec<f32> = (0..100).map(|i| (i as f32 - 50.0) / 25.0).collect();
-        let bias = Tensor::new(bias.as_slice(), &device).unwrap();
-        let ours = bias_gelu_erf(&x, &bias).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let exact =
-            x.broadcast_add(&bias).unwrap().gelu_erf().unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let worst = ours.iter().zip(&exact).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        assert!(worst < 2e-6, "largest difference {worst}");
-    }
 }

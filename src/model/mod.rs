@@ -6,6 +6,7 @@
 
 mod bert;
 mod hub;
+mod kernels;
 mod queue;
 mod served;
 mod tokenize;

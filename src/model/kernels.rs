@@ -1,0 +1,425 @@
+//! Fused CPU kernels with their backward passes, for f32 tensors: bias + exact GELU, softmax over the last
+//! dimension, LayerNorm. Each replaces a chain of whole-tensor candle operations (and, in training, the
+//! chain's backward and the zero-filled gradient buffers candle allocates for every node) with one pass over
+//! rows on every core. Elsewhere (GPU, half precision) the same functions fall back to candle's composite
+//! operations, which are differentiable too.
+
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor, D};
+
+/// The exact GELU of `x + bias` (bias along the last dimension), `y · Φ(y)`, with a polynomial erf
+/// (absolute error under 1.5e-7).
+pub fn bias_gelu(x: &Tensor, bias: &Tensor) -> candle_core::Result<Tensor> {
+    if fused(x) {
+        x.contiguous()?.apply_op2(bias, BiasGelu)
+    } else {
+        x.broadcast_add(bias)?.gelu_erf()
+    }
+}
+
+/// Softmax over the last dimension.
+pub fn softmax(x: &Tensor) -> candle_core::Result<Tensor> {
+    if fused(x) {
+        x.contiguous()?.apply_op1(Softmax)
+    } else {
+        candle_nn::ops::softmax(x, D::Minus1)
+    }
+}
+
+/// LayerNorm over the last dimension with weight and bias.
+pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    if fused(x) {
+        x.contiguous()?.apply_op3(weight, bias, LayerNorm { eps: eps as f32 })
+    } else {
+        candle_nn::ops::layer_norm_slow(x, weight, bias, eps as f32)
+    }
+}
+
+fn fused(x: &Tensor) -> bool {
+    x.device().is_cpu() && x.dtype() == DType::F32
+}
+
+/// `f` over groups of whole rows of `width`, in parallel: `f(first_row, input rows, output rows)`.
+fn rows<F>(input: &[f32], width: usize, output: &mut [f32], f: F)
+where
+    F: Fn(usize, &[f32], &mut [f32]) + Sync,
+{
+    let rows = input.len() / width.max(1);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per_chunk = rows.div_ceil(threads).max(1);
+    let chunk = per_chunk * width;
+    std::thread::scope(|scope| {
+        for (i, (inp, out)) in input.chunks(chunk).zip(output.chunks_mut(chunk)).enumerate() {
+            let f = &f;
+            scope.spawn(move || f(i * per_chunk, inp, out));
+        }
+    });
+}
+
+fn slice<'a>(storage: &'a CpuStorage, layout: &Layout, what: &str) -> candle_core::Result<&'a [f32]> {
+    match layout.contiguous_offsets() {
+        Some((start, end)) => Ok(&storage.as_slice::<f32>()?[start..end]),
+        None => candle_core::bail!("{what} needs contiguous tensors"),
+    }
+}
+
+fn last_dim(layout: &Layout) -> usize {
+    layout.shape().dims().last().copied().unwrap_or(1)
+}
+
+/// erf by Abramowitz and Stegun 7.1.26 (absolute error under 1.5e-7), branch-free so it vectorizes.
+fn erf(x: f32) -> f32 {
+    let a = x.abs();
+    let t = 1.0 / (1.0 + 0.327_591_1 * a);
+    let poly = t * (0.254_829_6 + t * (-0.284_496_74 + t * (1.421_413_7 + t * (-1.453_152_1 + t * 1.061_405_4))));
+    (1.0 - poly * (-a * a).exp()).copysign(x)
+}
+
+struct BiasGelu;
+
+impl CustomOp2 for BiasGelu {
+    fn name(&self) -> &'static str {
+        "bias-gelu-erf"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s: &CpuStorage,
+        l: &Layout,
+        bs: &CpuStorage,
+        bl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (input, bias) = (slice(s, l, self.name())?, slice(bs, bl, self.name())?);
+        if last_dim(l) != bias.len() {
+            candle_core::bail!("bias-gelu-erf: a bias of {} for rows of {:?}", bias.len(), l.shape());
+        }
+        let mut output = vec![0f32; input.len()];
+        rows(input, bias.len(), &mut output, |_, inp, out| {
+            for (row_in, row_out) in inp.chunks(bias.len()).zip(out.chunks_mut(bias.len())) {
+                for ((o, &v), &b) in row_out.iter_mut().zip(row_in).zip(bias) {
+                    let y = v + b;
+                    *o = 0.5 * y * (1.0 + erf(y * std::f32::consts::FRAC_1_SQRT_2));
+                }
+            }
+        });
+        Ok((CpuStorage::F32(output), l.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        bias: &Tensor,
+        _: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        // One pass gives d(x + b) for every row and, as one more row, its sum over rows (the bias gradient).
+        let packed = x.apply_op3_no_bwd(bias, &grad.contiguous()?, &BiasGeluBackward)?;
+        let rows = x.elem_count() / bias.elem_count();
+        Ok((Some(packed.narrow(0, 0, rows)?.reshape(x.shape())?), Some(packed.get(rows)?)))
+    }
+}
+
+struct BiasGeluBackward;
+
+impl CustomOp3 for BiasGeluBackward {
+    fn name(&self) -> &'static str {
+        "bias-gelu-erf-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s: &CpuStorage,
+        l: &Layout,
+        bs: &CpuStorage,
+        bl: &Layout,
+        gs: &CpuStorage,
+        gl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (input, bias, grad) = (slice(s, l, self.name())?, slice(bs, bl, self.name())?, slice(gs, gl, self.name())?);
+        let width = bias.len();
+        let n = input.len() / width;
+        let mut output = vec![0f32; input.len() + width];
+        let (dx, _) = output.split_at_mut(input.len());
+        let inv_sqrt_2pi = 0.5 * std::f32::consts::FRAC_2_SQRT_PI * std::f32::consts::FRAC_1_SQRT_2;
+        rows(input, width, dx, |first, inp, out| {
+            let grad = &grad[first * width..first * width + inp.len()];
+            for ((row_in, row_out), row_g) in inp.chunks(width).zip(out.chunks_mut(width)).zip(grad.chunks(width)) {
+                for (((o, &v), &b), &g) in row_out.iter_mut().zip(row_in).zip(bias).zip(row_g) {
+                    let y = v + b;
+                    let cdf = 0.5 * (1.0 + erf(y * std::f32::consts::FRAC_1_SQRT_2));
+                    *o = g * (cdf + y * inv_sqrt_2pi * (-0.5 * y * y).exp());
+                }
+            }
+        });
+        let (dx, db) = output.split_at_mut(input.len());
+        for row in dx.chunks(width) {
+            for (d, v) in db.iter_mut().zip(row) {
+                *d += v;
+            }
+        }
+        Ok((CpuStorage::F32(output), Shape::from((n + 1, width))))
+    }
+}
+
+struct Softmax;
+
+impl CustomOp1 for Softmax {
+    fn name(&self) -> &'static str {
+        "softmax-last-dim"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let input = slice(s, l, self.name())?;
+        let width = last_dim(l);
+        let mut output = vec![0f32; input.len()];
+        rows(input, width, &mut output, |_, inp, out| {
+            for (row_in, row_out) in inp.chunks(width).zip(out.chunks_mut(width)) {
+                let max = row_in.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0.0;
+                for (o, &v) in row_out.iter_mut().zip(row_in) {
+                    *o = (v - max).exp();
+                    sum += *o;
+                }
+                let scale = 1.0 / sum;
+                row_out.iter_mut().for_each(|o| *o *= scale);
+            }
+        });
+        Ok((CpuStorage::F32(output), l.shape().clone()))
+    }
+
+    fn bwd(&self, _: &Tensor, probs: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(probs.apply_op2_no_bwd(&grad.contiguous()?, &SoftmaxBackward)?))
+    }
+}
+
+/// dx = y ⊙ (g − Σ g ⊙ y), per row.
+struct SoftmaxBackward;
+
+impl CustomOp2 for SoftmaxBackward {
+    fn name(&self) -> &'static str {
+        "softmax-last-dim-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s: &CpuStorage,
+        l: &Layout,
+        gs: &CpuStorage,
+        gl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (probs, grad) = (slice(s, l, self.name())?, slice(gs, gl, self.name())?);
+        let width = last_dim(l);
+        let mut output = vec![0f32; probs.len()];
+        rows(probs, width, &mut output, |first, inp, out| {
+            let grad = &grad[first * width..first * width + inp.len()];
+            for ((y, o), g) in inp.chunks(width).zip(out.chunks_mut(width)).zip(grad.chunks(width)) {
+                let dot: f32 = y.iter().zip(g).map(|(a, b)| a * b).sum();
+                for ((o, &y), &g) in o.iter_mut().zip(y).zip(g) {
+                    *o = y * (g - dot);
+                }
+            }
+        });
+        Ok((CpuStorage::F32(output), l.shape().clone()))
+    }
+}
+
+struct LayerNorm {
+    eps: f32,
+}
+
+/// A row's mean and 1 / standard deviation.
+fn moments(row: &[f32], eps: f32) -> (f32, f32) {
+    let n = row.len() as f32;
+    let mean = row.iter().sum::<f32>() / n;
+    let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+    (mean, 1.0 / (var + eps).sqrt())
+}
+
+impl CustomOp3 for LayerNorm {
+    fn name(&self) -> &'static str {
+        "layer-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s: &CpuStorage,
+        l: &Layout,
+        ws: &CpuStorage,
+        wl: &Layout,
+        bs: &CpuStorage,
+        bl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (input, weight, bias) =
+            (slice(s, l, self.name())?, slice(ws, wl, self.name())?, slice(bs, bl, self.name())?);
+        let width = weight.len();
+        if last_dim(l) != width || bias.len() != width {
+            candle_core::bail!("layer-norm: weight {} and bias {} for rows of {:?}", width, bias.len(), l.shape());
+        }
+        let mut output = vec![0f32; input.len()];
+        rows(input, width, &mut output, |_, inp, out| {
+            for (row_in, row_out) in inp.chunks(width).zip(out.chunks_mut(width)) {
+                let (mean, rstd) = moments(row_in, self.eps);
+                for (((o, &v), &w), &b) in row_out.iter_mut().zip(row_in).zip(weight).zip(bias) {
+                    *o = (v - mean) * rstd * w + b;
+                }
+            }
+        });
+        Ok((CpuStorage::F32(output), l.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let packed = x.apply_op3_no_bwd(weight, &grad.contiguous()?, &LayerNormBackward { eps: self.eps })?;
+        let rows = x.elem_count() / weight.elem_count();
+        let dx = packed.narrow(0, 0, rows)?.reshape(x.shape())?;
+        Ok((Some(dx), Some(packed.get(rows)?), Some(packed.get(rows + 1)?)))
+    }
+}
+
+/// dx = rstd · (g⊙w − mean(g⊙w) − x̂ · mean(g⊙w⊙x̂)) per row, then the weight's Σ g⊙x̂ and the bias's Σ g over
+/// rows as two more rows.
+struct LayerNormBackward {
+    eps: f32,
+}
+
+impl CustomOp3 for LayerNormBackward {
+    fn name(&self) -> &'static str {
+        "layer-norm-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s: &CpuStorage,
+        l: &Layout,
+        ws: &CpuStorage,
+        wl: &Layout,
+        gs: &CpuStorage,
+        gl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (input, weight, grad) =
+            (slice(s, l, self.name())?, slice(ws, wl, self.name())?, slice(gs, gl, self.name())?);
+        let width = weight.len();
+        let n = input.len() / width;
+        let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+        let per_chunk = n.div_ceil(threads).max(1);
+        let mut output = vec![0f32; input.len() + 2 * width];
+        let (dx, sums) = output.split_at_mut(input.len());
+        // Each thread sums its rows' weight and bias gradients apart; the partial sums are added after.
+        let partials: Vec<Vec<f32>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = input
+                .chunks(per_chunk * width)
+                .zip(dx.chunks_mut(per_chunk * width))
+                .zip(grad.chunks(per_chunk * width))
+                .map(|((inp, out), g)| {
+                    scope.spawn(move || {
+                        let mut partial = vec![0f32; 2 * width];
+                        let mut gw = vec![0f32; width];
+                        for ((x, o), g) in inp.chunks(width).zip(out.chunks_mut(width)).zip(g.chunks(width)) {
+                            let (mean, rstd) = moments(x, self.eps);
+                            let (mut mean_gw, mut mean_gw_xhat) = (0.0, 0.0);
+                            for (i, ((&x, &g), &w)) in x.iter().zip(g).zip(weight).enumerate() {
+                                let xhat = (x - mean) * rstd;
+                                gw[i] = g * w;
+                                mean_gw += gw[i];
+                                mean_gw_xhat += gw[i] * xhat;
+                                partial[i] += g * xhat;
+                                partial[width + i] += g;
+                            }
+                            let (mean_gw, mean_gw_xhat) = (mean_gw / width as f32, mean_gw_xhat / width as f32);
+                            for (i, (o, &x)) in o.iter_mut().zip(x).enumerate() {
+                                let xhat = (x - mean) * rstd;
+                                *o = rstd * (gw[i] - mean_gw - xhat * mean_gw_xhat);
+                            }
+                        }
+                        partial
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_default()).collect()
+        });
+        for partial in partials {
+            for (s, p) in sums.iter_mut().zip(partial) {
+                *s += p;
+            }
+        }
+        Ok((CpuStorage::F32(output), Shape::from((n + 2, width))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    fn random(shape: &[usize], seed: u64, scale: f64) -> Tensor {
+        let mut rng = crate::rng::Rng::new(seed);
+        let n = shape.iter().product();
+        let values: Vec<f32> = (0..n).map(|_| (rng.normal() * scale) as f32).collect();
+        Tensor::from_vec(values, shape, &Device::Cpu).unwrap()
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
+    }
+
+    /// Values and gradients of `fused` and `plain` on the same variables, under a random linear loss.
+    fn compare(
+        inputs: &[Tensor],
+        fused: impl Fn(&[Tensor]) -> Tensor,
+        plain: impl Fn(&[Tensor]) -> Tensor,
+        tolerance: f32,
+    ) {
+        let vars: Vec<Var> = inputs.iter().map(|t| Var::from_tensor(t).unwrap()).collect();
+        let tensors: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+        let (a, b) = (fused(&tensors), plain(&tensors));
+        assert!(max_diff(&a, &b) < tolerance, "values differ by {}", max_diff(&a, &b));
+        let weights = random(a.dims(), 99, 1.0);
+        let ga = (&a * &weights).unwrap().sum_all().unwrap().backward().unwrap();
+        let gb = (&b * &weights).unwrap().sum_all().unwrap().backward().unwrap();
+        for (i, v) in vars.iter().enumerate() {
+            let (x, y) = (ga.get(v.as_tensor()).unwrap(), gb.get(v.as_tensor()).unwrap());
+            let scale = y.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap().max(1.0);
+            assert!(max_diff(x, y) / scale < tolerance, "gradient {i} differs by {}", max_diff(x, y));
+        }
+    }
+
+    #[test]
+    fn fused_bias_gelu_matches_candles_exact_one_with_gradients() {
+        let x = random(&[3, 50, 64], 1, 3.0);
+        let bias = random(&[64], 2, 1.0);
+        compare(
+            &[x, bias],
+            |t| t[0].apply_op2(&t[1], BiasGelu).unwrap(),
+            |t| t[0].broadcast_add(&t[1]).unwrap().gelu_erf().unwrap(),
+            2e-5,
+        );
+    }
+
+    #[test]
+    fn fused_softmax_matches_the_composite_one_with_gradients() {
+        let x = random(&[2, 3, 40, 40], 3, 4.0);
+        compare(
+            &[x],
+            |t| t[0].apply_op1(Softmax).unwrap(),
+            |t| candle_nn::ops::softmax(&t[0], D::Minus1).unwrap(),
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn fused_layer_norm_matches_the_composite_one_with_gradients() {
+        let x = (random(&[4, 30, 48], 4, 2.0) + 0.5).unwrap();
+        let (w, b) = ((random(&[48], 5, 0.3) + 1.0).unwrap(), random(&[48], 6, 0.3));
+        compare(
+            &[x, w, b],
+            |t| t[0].apply_op3(&t[1], &t[2], LayerNorm { eps: 1e-12 }).unwrap(),
+            |t| candle_nn::ops::layer_norm_slow(&t[0], &t[1], &t[2], 1e-12).unwrap(),
+            1e-4,
+        );
+    }
+}
