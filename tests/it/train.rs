@@ -263,9 +263,13 @@ fn a_killed_run_resumes_from_its_last_checkpoint_and_trains_as_if_never_stopped(
     let d = dir.path();
     synthetic_collection(d);
     let model = models.path().to_str().unwrap();
-    cli_ok(d, &train_args(model, "whole", "allp", "60"));
+    // The softmax loss over three negatives, two passes per step: those paths resume exactly too.
+    let extra = ["--loss", "softmax", "--negatives", "3", "--accumulate", "2"];
+    let whole: Vec<&str> = train_args(model, "whole", "allp", "60").into_iter().chain(extra).collect();
+    cli_ok(d, &whole);
+    assert!(best_dev(&summary(&d.join("whole")), "allp") >= 0.9, "learned with the softmax loss");
 
-    let args = train_args(model, "killed", "allp", "60");
+    let args: Vec<&str> = train_args(model, "killed", "allp", "60").into_iter().chain(extra).collect();
     let mut child = Command::new(BIN)
         .arg("--data-dir")
         .arg(d)
