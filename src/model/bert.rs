@@ -20,6 +20,12 @@ pub struct Bert {
     position: Embedding,
     token_type: Embedding,
     norm: LayerNorm,
+    encoder: Encoder,
+}
+
+/// A stack of transformer layers over input vectors: BERT's encoder, or (Co-BERT) a few layers over other
+/// representations.
+pub struct Encoder {
     layers: Vec<Layer>,
     heads: usize,
     head_dim: usize,
@@ -72,13 +78,38 @@ impl Bert {
 
     fn build(vb: VarBuilder, config: &Config, differentiable: bool) -> candle_core::Result<Bert> {
         let h = config.hidden_size;
-        let (heads, head_dim) = (config.num_attention_heads, h / config.num_attention_heads);
         let embedding = |rows: usize, name: &str| candle_nn::embedding(rows, h, vb.pp("embeddings").pp(name));
+        Ok(Bert {
+            word: embedding(config.vocab_size, "word_embeddings")?,
+            position: embedding(config.max_position_embeddings, "position_embeddings")?,
+            token_type: embedding(config.type_vocab_size, "token_type_embeddings")?,
+            norm: candle_nn::layer_norm(h, config.layer_norm_eps, vb.pp("embeddings.LayerNorm"))?,
+            encoder: Encoder::load(vb.pp("encoder"), config, config.num_hidden_layers, differentiable)?,
+        })
+    }
+
+    /// Final hidden states `[batch, len, hidden]`; `mask` (`[batch, len]`, 1 for tokens, 0 for padding) is
+    /// needed only when the batch has padding.
+    pub fn forward(&self, ids: &Tensor, types: &Tensor, mask: Option<&Tensor>) -> candle_core::Result<Tensor> {
+        let len = ids.dim(1)?;
+        let positions = Tensor::arange(0u32, len as u32, ids.device())?;
+        let x = (self.word.forward(ids)? + self.token_type.forward(types)?)?
+            .broadcast_add(&self.position.forward(&positions)?)?;
+        let x = self.encoder.normalize(&self.norm, &x)?;
+        self.encoder.forward(&x, mask)
+    }
+}
+
+impl Encoder {
+    /// `count` layers `layer.0` … under `vb` (an encoder root), shaped by `config`.
+    pub fn load(vb: VarBuilder, config: &Config, count: usize, differentiable: bool) -> candle_core::Result<Encoder> {
+        let h = config.hidden_size;
+        let (heads, head_dim) = (config.num_attention_heads, h / config.num_attention_heads);
         let norm = |vb: VarBuilder| candle_nn::layer_norm(h, config.layer_norm_eps, vb);
         let scale = 1.0 / (head_dim as f64).sqrt();
-        let layers = (0..config.num_hidden_layers)
+        let layers = (0..count)
             .map(|i| {
-                let vb = vb.pp(format!("encoder.layer.{i}"));
+                let vb = vb.pp(format!("layer.{i}"));
                 let attention = vb.pp("attention.self");
                 let part = |name: &str| -> candle_core::Result<(Tensor, Tensor)> {
                     let vb = attention.pp(name);
@@ -104,28 +135,13 @@ impl Bert {
                 })
             })
             .collect::<candle_core::Result<Vec<_>>>()?;
-        Ok(Bert {
-            word: embedding(config.vocab_size, "word_embeddings")?,
-            position: embedding(config.max_position_embeddings, "position_embeddings")?,
-            token_type: embedding(config.type_vocab_size, "token_type_embeddings")?,
-            norm: norm(vb.pp("embeddings.LayerNorm"))?,
-            layers,
-            heads,
-            head_dim,
-            act: config.hidden_act,
-            eps: config.layer_norm_eps,
-            differentiable,
-        })
+        Ok(Encoder { layers, heads, head_dim, act: config.hidden_act, eps: config.layer_norm_eps, differentiable })
     }
 
-    /// Final hidden states `[batch, len, hidden]`; `mask` (`[batch, len]`, 1 for tokens, 0 for padding) is
-    /// needed only when the batch has padding.
-    pub fn forward(&self, ids: &Tensor, types: &Tensor, mask: Option<&Tensor>) -> candle_core::Result<Tensor> {
-        let (batch, len) = ids.dims2()?;
-        let positions = Tensor::arange(0u32, len as u32, ids.device())?;
-        let x = (self.word.forward(ids)? + self.token_type.forward(types)?)?
-            .broadcast_add(&self.position.forward(&positions)?)?;
-        let mut x = self.normalize(&self.norm, &x)?;
+    /// The final states of `x` (`[batch, len, hidden]`); `mask` (`[batch, len]`, 1 for positions, 0 for
+    /// padding) only when the batch has padding.
+    pub fn forward(&self, x: &Tensor, mask: Option<&Tensor>) -> candle_core::Result<Tensor> {
+        let (batch, len, _) = x.dims3()?;
         // Padding keys get the most negative value, so softmax gives them no weight: `[batch, 1, 1, len]`.
         let additive = match mask {
             Some(mask) => {
@@ -135,6 +151,7 @@ impl Bert {
             }
             None => None,
         };
+        let mut x = x.clone();
         for layer in &self.layers {
             x = self.layer(layer, &x, additive.as_ref())?;
         }
@@ -179,7 +196,7 @@ impl Bert {
         }
     }
 
-    fn normalize(&self, norm: &LayerNorm, x: &Tensor) -> candle_core::Result<Tensor> {
+    pub fn normalize(&self, norm: &LayerNorm, x: &Tensor) -> candle_core::Result<Tensor> {
         match (self.differentiable, norm.bias()) {
             (true, Some(bias)) => kernels::layer_norm(x, norm.weight(), bias, self.eps),
             _ => norm.forward(x),
