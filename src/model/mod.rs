@@ -5,6 +5,7 @@
 //! truncates and pads to 128 on its own, which the loader switches off.
 
 mod bert;
+pub mod cobert;
 mod hub;
 mod kernels;
 mod queue;
@@ -59,6 +60,7 @@ struct Backbone {
     pieces: WordPieces,
     device: Device,
     hidden_size: usize,
+    config: Config,
 }
 
 impl Backbone {
@@ -72,7 +74,7 @@ impl Backbone {
     fn new(vb: VarBuilder, config: &Config, pieces: WordPieces, origin: &Path) -> Result<Backbone, ModelError> {
         let device = vb.device().clone();
         let bert = Bert::load(vb, config).map_err(|e| load_err(origin, format!("loading BERT weights: {e}")))?;
-        Ok(Backbone { bert, pieces, device, hidden_size: config.hidden_size })
+        Ok(Backbone { bert, pieces, device, hidden_size: config.hidden_size, config: config.clone() })
     }
 
     /// Final hidden states `[batch, len, hidden]` of right-padded inputs, and the attention mask `[batch, len]`.
@@ -81,6 +83,13 @@ impl Backbone {
         let hidden = self.bert.forward(&inputs.ids, &inputs.types, inputs.padded.then_some(&inputs.mask))?;
         Ok((hidden, inputs.mask))
     }
+}
+
+/// FLOPs of one BERT encoder pass over `len` positions (multiply-adds counted as two): per layer the four
+/// attention projections (8·L·h²), the feed-forward (4·L·h·i) and the attention products (4·L²·h).
+pub fn encoder_flops(config: &Config, layers: usize, len: usize) -> f64 {
+    let (l, h, i) = (len as f64, config.hidden_size as f64, config.intermediate_size as f64);
+    layers as f64 * (8.0 * l * h * h + 4.0 * l * h * i + 4.0 * l * l * h)
 }
 
 /// A batch of encoded inputs as tensors, right-padded to the longest.
@@ -268,6 +277,13 @@ impl CrossEncoder {
         let pooled = self.pooler.forward(&cls)?.tanh()?;
         let logits = self.classifier.forward(&pooled)?;
         Ok(logits.i((.., self.label))?.to_dtype(DType::F32)?.to_vec1::<f32>()?)
+    }
+
+    /// FLOPs of scoring one pair of `len` word pieces: the encoder, the pooler and the classifier.
+    pub fn pair_flops(&self, len: usize) -> f64 {
+        let config = &self.backbone.config;
+        let h = config.hidden_size as f64;
+        encoder_flops(config, config.num_hidden_layers, len) + 2.0 * h * h + 2.0 * h * (self.label + 1) as f64
     }
 
     /// Token counts as this model's tokenizer sees them (for the segmenter's budget).

@@ -36,6 +36,8 @@ pub struct Scores {
     pub timing: JobTiming,
     /// Inputs that went through the model (the rest came from caches).
     pub computed: usize,
+    /// FLOPs of the model passes the scores take, cached ones included (cross-encoders).
+    pub flops: Option<f64>,
 }
 
 pub struct Served {
@@ -82,10 +84,17 @@ impl Served {
                     .iter()
                     .map(|&i| m.encode(query, texts[i], self.options.max_length, self.options.max_query_tokens))
                     .collect::<Result<Vec<_>, _>>()?;
-                let (outputs, timing) = self.queue.run(inputs, cancel)?;
+                let lengths: Vec<usize> = inputs.iter().map(|e| e.ids.len()).collect();
+                let (mut outputs, timing) = self.queue.run(inputs, cancel)?;
+                // The cache keeps each pair's length with its score, so that FLOPs count cached pairs too.
+                for (output, len) in outputs.iter_mut().zip(lengths) {
+                    output.push(len as f32);
+                }
                 self.remember(&keys, &missing, outputs, &mut found);
-                let scores = found.iter().map(|o| o.as_ref().expect("every pair scored")[0]).collect();
-                Ok(Scores { scores, timing, computed: missing.len() })
+                let pairs: Vec<&Arc<[f32]>> = found.iter().map(|o| o.as_ref().expect("every pair scored")).collect();
+                let flops = pairs.iter().map(|o| m.pair_flops(o[1] as usize)).sum();
+                let scores = pairs.iter().map(|o| o[0]).collect();
+                Ok(Scores { scores, timing, computed: missing.len(), flops: Some(flops) })
             }
             Reranker::Bi(m) => {
                 // The query goes last, so segment i stays at index i.
@@ -114,7 +123,7 @@ impl Served {
                 self.remember(&keys, &missing, outputs, &mut found);
                 let q = found.pop().flatten().expect("the query embedded");
                 let scores = found.iter().map(|e| cosine(&q, e.as_ref().expect("every text embedded"))).collect();
-                Ok(Scores { scores, timing, computed: missing.len() })
+                Ok(Scores { scores, timing, computed: missing.len(), flops: None })
             }
         }
     }

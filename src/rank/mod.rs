@@ -182,6 +182,10 @@ pub struct ModelTiming {
     pub pairs: usize,
     /// Of those, pairs the model computed (the rest came from caches).
     pub computed: usize,
+    /// FLOPs of the model passes behind the scores, from the model's shape and each pair's word pieces,
+    /// cached pairs included (cross-encoders).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flops: Option<f64>,
 }
 
 impl ModelTiming {
@@ -191,6 +195,7 @@ impl ModelTiming {
             inference_ms: reranked.scores.inference_ms(),
             pairs: reranked.pairs,
             computed: reranked.scores.computed,
+            flops: reranked.scores.flops,
         }
     }
 }

@@ -424,3 +424,21 @@ fn the_configuration_sets_a_model_kind_that_detection_would_get_wrong() {
         post_json(&server.url("/search"), r#"{"query": "oil", "pipeline": "maxp", "model": "ce", "depth": 3}"#).json();
     assert_eq!(v["model"], "ce", "{v}");
 }
+
+#[test]
+fn flops_count_every_pair_from_the_model_shape_cached_or_not() {
+    let models = tempfile::tempdir().unwrap();
+    tiny_cross_encoder(models.path(), 5);
+    let dir = tempfile::tempdir().unwrap();
+    let server =
+        TestServer::start(dir.path(), &[("LONGRANK_MODEL_PATH", models.path().to_str().unwrap())]).wait_ready();
+    // Characters are word pieces here: [CLS] a b [SEP] c d [SEP] is 7, [CLS] a b [SEP] e [SEP] is 6.
+    let body = json!({"query": "ab", "documents": [{"text": "cd"}, {"text": "e"}], "pipeline": "maxp"}).to_string();
+    // Per pair: 2 layers × (8·L·32² + 4·L·32·64 + 4·L²·32), the pooler 2·32², the classifier 2·32.
+    let pair = |l: f64| 2.0 * (8.0 * l * 1024.0 + 4.0 * l * 2048.0 + 4.0 * l * l * 32.0) + 2048.0 + 64.0;
+    for computed in [2, 0] {
+        let reply = post_json(&server.url("/rerank"), &body).json();
+        assert_eq!(reply["timing"]["computed"], computed, "{reply}");
+        assert_eq!(reply["timing"]["flops"].as_f64().unwrap(), pair(7.0) + pair(6.0), "{reply}");
+    }
+}
