@@ -13,13 +13,54 @@
 //! Ablations: no calibration (r̂_j = r_j), no groupwise scorer (r̂_j scored alone by W_rel, b_rel), no averaging
 //! (r̂_j = c_j).
 
-use candle_core::{IndexOp, Module, Tensor, D};
+use std::path::Path;
+
+use candle_core::{DType, Device, IndexOp, Module, Tensor, D};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use candle_transformers::models::bert::Config;
 use serde::{Deserialize, Serialize};
 
 use super::bert::Encoder;
-use super::encoder_flops;
+use super::{encoder_flops, load_err, read_config, read_json, CrossEncoder, ModelError};
+
+/// The heads' configuration file, whose presence makes a directory a Co-BERT model.
+pub const CONFIG_FILE: &str = "cobert.json";
+/// The heads' weights beside the backbone's.
+pub const WEIGHTS_FILE: &str = "cobert.safetensors";
+
+/// A Co-BERT model: the cross-encoder whose MaxP is the first round and whose `[CLS]` states are the
+/// interaction representations (the backbone frozen after its own training: the second round reuses the
+/// first round's pass over each best passage), and the heads.
+pub struct CoBert {
+    pub cross: CrossEncoder,
+    pub heads: CoBertHeads,
+    pub backbone: Config,
+}
+
+impl CoBert {
+    pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<CoBert, ModelError> {
+        let cross = CrossEncoder::load(dir, device, dtype)?;
+        let (backbone, _) = read_config(dir)?;
+        let config: CoBertConfig = read_json(&dir.join(CONFIG_FILE))?;
+        let weights = dir.join(WEIGHTS_FILE);
+        // SAFETY: read-only mapping, as for every checkpoint.
+        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[&weights], dtype, device) }
+            .map_err(|e| load_err(&weights, e))?;
+        let heads = CoBertHeads::new(vb.pp("cobert"), &backbone, config, false).map_err(|e| load_err(&weights, e))?;
+        Ok(CoBert { cross, heads, backbone })
+    }
+
+    /// Scores of the candidates (in first-round order) from their best passages' `[CLS]` states and their
+    /// first-round scores.
+    pub fn rescore(&self, states: &[&[f32]], first_round: &[f32]) -> Result<Vec<f32>, ModelError> {
+        let device = self.cross.device();
+        let h = self.backbone.hidden_size;
+        let flat: Vec<f32> = states.iter().flat_map(|s| s.iter().copied()).collect();
+        let r = Tensor::from_vec(flat, (states.len(), h), device)?.to_dtype(self.cross.dtype())?;
+        let first = Tensor::new(first_round, device)?.to_dtype(self.cross.dtype())?;
+        Ok(self.heads.forward(&r, &first)?.to_dtype(DType::F32)?.to_vec1()?)
+    }
+}
 
 /// Co-BERT's shape and ablations (`cobert.json` in a checkpoint).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -269,14 +269,27 @@ impl CrossEncoder {
 
     /// Logits of a batch of encoded pairs.
     pub fn score(&self, batch: &[Encoded]) -> Result<Vec<f32>, ModelError> {
+        Ok(self.score_with_states(batch)?.0)
+    }
+
+    /// Logits and final `[CLS]` states `[batch, hidden]` of a batch of encoded pairs.
+    pub fn score_with_states(&self, batch: &[Encoded]) -> Result<(Vec<f32>, Tensor), ModelError> {
         if batch.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Tensor::zeros((0, self.backbone.hidden_size), DType::F32, &self.backbone.device)?));
         }
         let (hidden, _) = self.backbone.forward(batch)?;
         let cls = hidden.i((.., 0))?;
         let pooled = self.pooler.forward(&cls)?.tanh()?;
         let logits = self.classifier.forward(&pooled)?;
-        Ok(logits.i((.., self.label))?.to_dtype(DType::F32)?.to_vec1::<f32>()?)
+        Ok((logits.i((.., self.label))?.to_dtype(DType::F32)?.to_vec1::<f32>()?, cls))
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.backbone.device
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.pooler.weight().dtype()
     }
 
     /// FLOPs of scoring one pair of `len` word pieces: the encoder, the pooler and the classifier.
@@ -389,6 +402,7 @@ impl BiEncoder {
 pub enum Reranker {
     Cross(CrossEncoder),
     Bi(BiEncoder),
+    CoBert(cobert::CoBert),
 }
 
 /// What a model directory holds: detected (`auto`: sentence-transformers' `modules.json` means a bi-encoder) or
@@ -410,6 +424,9 @@ impl Reranker {
             Kind::CrossEncoder => false,
             Kind::BiEncoder => true,
         };
+        if kind == Kind::Auto && dir.join(cobert::CONFIG_FILE).exists() {
+            return Ok(Reranker::CoBert(cobert::CoBert::load(dir, device, dtype)?));
+        }
         if bi {
             Ok(Reranker::Bi(BiEncoder::load(dir, device, dtype)?))
         } else {
@@ -421,12 +438,13 @@ impl Reranker {
         match self {
             Reranker::Cross(_) => "cross-encoder",
             Reranker::Bi(_) => "bi-encoder",
+            Reranker::CoBert(_) => "co-bert",
         }
     }
 
     pub fn count_tokens(&self, text: &str) -> Result<usize, ModelError> {
         match self {
-            Reranker::Cross(m) => m.count_tokens(text),
+            Reranker::Cross(m) | Reranker::CoBert(cobert::CoBert { cross: m, .. }) => m.count_tokens(text),
             Reranker::Bi(m) => m.count_tokens(text),
         }
     }
@@ -435,17 +453,25 @@ impl Reranker {
     /// query budget and the special tokens (cross-encoder), or the input less `[CLS]`/`[SEP]` (bi-encoder).
     pub fn segment_budget(&self, max_length: usize, max_query_tokens: usize) -> usize {
         match self {
-            Reranker::Cross(m) => max_length.min(m.backbone.pieces.max_len).saturating_sub(max_query_tokens + 3),
+            Reranker::Cross(m) | Reranker::CoBert(cobert::CoBert { cross: m, .. }) => {
+                max_length.min(m.backbone.pieces.max_len).saturating_sub(max_query_tokens + 3)
+            }
             Reranker::Bi(m) => m.max_seq_length.saturating_sub(2),
         }
         .max(1)
     }
 
-    /// One output per encoded input: `[logit]` (cross-encoder) or the embedding (bi-encoder).
+    /// One output per encoded input: `[logit]` (cross-encoder), the embedding (bi-encoder), or the logit
+    /// and the `[CLS]` state (Co-BERT, whose second round reads the first round's states).
     pub fn forward(&self, batch: &[Encoded]) -> Result<Vec<Vec<f32>>, ModelError> {
         match self {
             Reranker::Cross(m) => Ok(m.score(batch)?.into_iter().map(|s| vec![s]).collect()),
             Reranker::Bi(m) => m.embed(batch),
+            Reranker::CoBert(m) => {
+                let (logits, states) = m.cross.score_with_states(batch)?;
+                let states = states.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+                Ok(logits.into_iter().zip(states).map(|(l, s)| std::iter::once(l).chain(s).collect()).collect())
+            }
         }
     }
 }
@@ -479,7 +505,7 @@ pub(crate) fn cosine(a: &[f32], b: &[f32]) -> f32 {
     dot / (norm(a) * norm(b)).max(1e-12)
 }
 
-fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ModelError> {
+pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ModelError> {
     let bytes = std::fs::read(path).map_err(|e| load_err(path, e))?;
     serde_json::from_slice(&bytes).map_err(|e| load_err(path, e))
 }

@@ -77,24 +77,12 @@ impl Served {
         cancel: &Cancel,
     ) -> Result<Scores, ModelError> {
         match &*self.model {
-            Reranker::Cross(m) => {
-                let keys: Vec<u64> = texts.iter().map(|t| key(Some(query), t)).collect();
-                let (mut found, missing) = self.cached(&keys);
-                let inputs = missing
-                    .iter()
-                    .map(|&i| m.encode(query, texts[i], self.options.max_length, self.options.max_query_tokens))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let lengths: Vec<usize> = inputs.iter().map(|e| e.ids.len()).collect();
-                let (mut outputs, timing) = self.queue.run(inputs, cancel)?;
-                // The cache keeps each pair's length with its score, so that FLOPs count cached pairs too.
-                for (output, len) in outputs.iter_mut().zip(lengths) {
-                    output.push(len as f32);
-                }
-                self.remember(&keys, &missing, outputs, &mut found);
-                let pairs: Vec<&Arc<[f32]>> = found.iter().map(|o| o.as_ref().expect("every pair scored")).collect();
-                let flops = pairs.iter().map(|o| m.pair_flops(o[1] as usize)).sum();
+            Reranker::Cross(m) | Reranker::CoBert(super::cobert::CoBert { cross: m, .. }) => {
+                let (pairs, timing, computed) = self.pair_outputs(m, query, texts, cancel)?;
+                // Each output ends with the pair's length, so FLOPs count cached pairs too.
+                let flops = pairs.iter().map(|o| m.pair_flops(o[o.len() - 1] as usize)).sum();
                 let scores = pairs.iter().map(|o| o[0]).collect();
-                Ok(Scores { scores, timing, computed: missing.len(), flops: Some(flops) })
+                Ok(Scores { scores, timing, computed, flops: Some(flops) })
             }
             Reranker::Bi(m) => {
                 // The query goes last, so segment i stays at index i.
@@ -126,6 +114,41 @@ impl Served {
                 Ok(Scores { scores, timing, computed: missing.len(), flops: None })
             }
         }
+    }
+
+    /// A cross-encoder's outputs for every (query, text) pair, from the cache or the model, each with the
+    /// pair's length in word pieces appended.
+    fn pair_outputs(
+        &self,
+        m: &super::CrossEncoder,
+        query: &str,
+        texts: &[&str],
+        cancel: &Cancel,
+    ) -> Result<(Vec<Arc<[f32]>>, JobTiming, usize), ModelError> {
+        let keys: Vec<u64> = texts.iter().map(|t| key(Some(query), t)).collect();
+        let (mut found, missing) = self.cached(&keys);
+        let inputs = missing
+            .iter()
+            .map(|&i| m.encode(query, texts[i], self.options.max_length, self.options.max_query_tokens))
+            .collect::<Result<Vec<_>, _>>()?;
+        let lengths: Vec<usize> = inputs.iter().map(|e| e.ids.len()).collect();
+        let (mut outputs, timing) = self.queue.run(inputs, cancel)?;
+        for (output, len) in outputs.iter_mut().zip(lengths) {
+            output.push(len as f32);
+        }
+        self.remember(&keys, &missing, outputs, &mut found);
+        let found = found.into_iter().map(|o| o.expect("every pair scored")).collect();
+        Ok((found, timing, missing.len()))
+    }
+
+    /// Co-BERT's second round: the outputs (logit, `[CLS]` state, length) of (query, text) pairs, normally
+    /// cached by the first round.
+    pub fn interactions(&self, query: &str, texts: &[&str], cancel: &Cancel) -> Result<Vec<Arc<[f32]>>, ModelError> {
+        let Reranker::CoBert(m) = &*self.model else {
+            return Err(ModelError::Unsupported("the cobert pipeline needs a Co-BERT model".into()));
+        };
+        let (outputs, _, _) = self.pair_outputs(&m.cross, query, texts, cancel)?;
+        Ok(outputs)
     }
 
     /// Embeds texts ahead of queries into a collection's embedding file (bi-encoders; `longrank embed`).

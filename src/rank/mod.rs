@@ -77,11 +77,22 @@ pub enum Pipeline {
     /// Every segment scored; a document scores the mean.
     #[serde(rename = "avgp")]
     AvgP,
+    /// MaxP, then Co-BERT's heads re-score the candidates from their best passages, calibrated against the
+    /// top ones and scored in groups (needs a Co-BERT model).
+    #[serde(rename = "cobert")]
+    CoBert,
 }
 
 impl Pipeline {
-    pub const ALL: [Pipeline; 6] =
-        [Pipeline::Bm25, Pipeline::Bm25Rm3, Pipeline::FirstP, Pipeline::MaxP, Pipeline::SumP, Pipeline::AvgP];
+    pub const ALL: [Pipeline; 7] = [
+        Pipeline::Bm25,
+        Pipeline::Bm25Rm3,
+        Pipeline::FirstP,
+        Pipeline::MaxP,
+        Pipeline::SumP,
+        Pipeline::AvgP,
+        Pipeline::CoBert,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -91,6 +102,7 @@ impl Pipeline {
             Pipeline::MaxP => "maxp",
             Pipeline::SumP => "sump",
             Pipeline::AvgP => "avgp",
+            Pipeline::CoBert => "cobert",
         }
     }
 
@@ -843,6 +855,6 @@ mod tests {
         assert_eq!(Pipeline::parse("bm25").unwrap(), Pipeline::Bm25);
         assert_eq!(Pipeline::parse("bm25+rm3").unwrap(), Pipeline::Bm25Rm3);
         let err = Pipeline::parse("magic").unwrap_err();
-        assert_eq!(err.to_string(), "unknown pipeline \"magic\"; available: bm25, bm25+rm3, firstp, maxp, sump, avgp");
+        assert_eq!(err.to_string(), "unknown pipeline \"magic\"; available: bm25, bm25+rm3, firstp, maxp, sump, avgp, cobert");
     }
 }

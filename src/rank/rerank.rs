@@ -53,7 +53,8 @@ pub fn aggregate(pipeline: Pipeline, scores: &[f32]) -> f32 {
     }
     match pipeline {
         Pipeline::FirstP => scores[0],
-        Pipeline::MaxP => scores.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+        // Co-BERT's first round is MaxP.
+        Pipeline::MaxP | Pipeline::CoBert => scores.iter().copied().fold(f32::NEG_INFINITY, f32::max),
         Pipeline::SumP => scores.iter().sum(),
         Pipeline::AvgP => scores.iter().sum::<f32>() / scores.len() as f32,
         Pipeline::Bm25 | Pipeline::Bm25Rm3 => unreachable!("first-stage pipelines are not aggregated"),
@@ -164,15 +165,25 @@ pub fn rerank(job: &Reranking<'_>, docs: Vec<Candidate>) -> Result<Reranked, Ran
         }
     }
     let texts: Vec<&str> = texts.iter().map(|t| t.as_ref()).collect();
-    let scores = served.score(job.query, &texts, job.vectors, job.cancel).map_err(RankError::Model)?;
+    let mut scores = served.score(job.query, &texts, job.vectors, job.cancel).map_err(RankError::Model)?;
     let mut per_doc: Vec<Vec<ScoredSegment>> = vec![Vec::new(); docs.len()];
-    for ((d, s), &score) in pairs.iter().zip(&scores.scores) {
+    let mut best_input: Vec<Option<(f32, usize)>> = vec![None; docs.len()];
+    for (i, ((d, s), &score)) in pairs.iter().zip(&scores.scores).enumerate() {
         per_doc[*d].push(ScoredSegment { index: s.index, start: s.start, end: s.end, score, text: None });
+        if best_input[*d].is_none_or(|(best, _)| score > best) {
+            best_input[*d] = Some((score, i));
+        }
     }
-    let model_scores: Vec<f32> = per_doc
+    let mut model_scores: Vec<f32> = per_doc
         .iter()
         .map(|segments| aggregate(job.pipeline, &segments.iter().map(|s| s.score).collect::<Vec<_>>()))
         .collect();
+    if job.pipeline == Pipeline::CoBert {
+        let best: Vec<&str> = best_input.iter().map(|b| b.map_or("", |(_, i)| texts[i])).collect();
+        let (rescored, flops) = cobert(job, &best, &model_scores)?;
+        model_scores = rescored;
+        scores.flops = scores.flops.map(|f| f + flops);
+    }
     let finals = match job.options.interpolate {
         Some(weight) => {
             let first: Option<Vec<f32>> = docs.iter().map(|c| c.first_stage_score).collect();
@@ -198,6 +209,34 @@ pub fn rerank(job: &Reranking<'_>, docs: Vec<Candidate>) -> Result<Reranked, Ran
     // A stable sort keeps the first-stage order among equal scores.
     ranked.sort_by(|a, b| b.score.total_cmp(&a.score));
     Ok(Reranked { ranked, scores, pairs: pairs.len() })
+}
+
+/// Co-BERT's second round: the heads over the candidates' best passages in first-round order; the scores
+/// come back in the candidates' order, with the heads' FLOPs (the backbone's passes over the best passages
+/// are the first round's).
+fn cobert(job: &Reranking<'_>, best: &[&str], first_round: &[f32]) -> Result<(Vec<f32>, f64), RankError> {
+    let served = &job.model.served;
+    let crate::model::Reranker::CoBert(model) = served.model() else {
+        return Err(RankError::InvalidParameter(format!(
+            "pipeline cobert needs a Co-BERT model (a directory with {}), and {} is a {}",
+            crate::model::cobert::CONFIG_FILE,
+            job.model.name,
+            served.model().kind()
+        )));
+    };
+    let mut order: Vec<usize> = (0..best.len()).collect();
+    order.sort_by(|&a, &b| first_round[b].total_cmp(&first_round[a]));
+    let texts: Vec<&str> = order.iter().map(|&d| best[d]).collect();
+    let outputs = served.interactions(job.query, &texts, job.cancel).map_err(RankError::Model)?;
+    let hidden = model.backbone.hidden_size;
+    let states: Vec<&[f32]> = outputs.iter().map(|o| &o[1..1 + hidden]).collect();
+    let ordered_first: Vec<f32> = order.iter().map(|&d| first_round[d]).collect();
+    let rescored = model.rescore(&states, &ordered_first).map_err(RankError::Model)?;
+    let mut scores = vec![0f32; best.len()];
+    for (&d, s) in order.iter().zip(rescored) {
+        scores[d] = s;
+    }
+    Ok((scores, model.heads.flops(&model.backbone, best.len())))
 }
 
 #[cfg(test)]

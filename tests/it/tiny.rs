@@ -442,3 +442,80 @@ fn flops_count_every_pair_from_the_model_shape_cached_or_not() {
         assert_eq!(reply["timing"]["flops"].as_f64().unwrap(), pair(7.0) + pair(6.0), "{reply}");
     }
 }
+
+/// Adds seeded random Co-BERT heads (2 prototypes, groups of 3 overlapping by 1) to a tiny cross-encoder.
+fn tiny_cobert(dir: &Path, seed: u64) {
+    use candle_nn::{VarBuilder, VarMap};
+    use longrank::model::cobert::{CoBertConfig, CoBertHeads};
+    tiny_cross_encoder(dir, seed);
+    let config = CoBertConfig { prototypes: 2, group: 3, overlap: 1, ..Default::default() };
+    std::fs::write(dir.join("cobert.json"), serde_json::to_string(&config).unwrap()).unwrap();
+    let backbone = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, candle_core::DType::F32, &Device::Cpu);
+    CoBertHeads::new(vb.pp("cobert"), &backbone, config, false).unwrap();
+    let mut state = seed;
+    for var in varmap.all_vars() {
+        let values: Vec<f32> = (0..var.elem_count())
+            .map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.4
+            })
+            .collect();
+        var.set(&Tensor::from_vec(values, var.shape(), &Device::Cpu).unwrap()).unwrap();
+    }
+    varmap.save(dir.join("cobert.safetensors")).unwrap();
+}
+
+#[test]
+fn the_cobert_pipeline_rescores_maxp_candidates_with_its_heads() {
+    let models = tempfile::tempdir().unwrap();
+    let (cobert, plain) = (models.path().join("cobert"), models.path().join("plain"));
+    tiny_cobert(&cobert, 21);
+    tiny_cross_encoder(&plain, 21);
+    let dir = gov2_data_dir();
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, format!("[model.named]\nplain = {:?}\n", plain.to_str().unwrap())).unwrap();
+    let env = [("LONGRANK_MODEL_PATH", cobert.to_str().unwrap()), ("LONGRANK_CONFIG", config.to_str().unwrap())];
+    let server = TestServer::start(dir.path(), &env).wait_ready();
+    let search = |pipeline: &str, model: &str| {
+        let query = "oil pearls history national park industry texas tax energy wildlife";
+        let body = json!({"query": query, "pipeline": pipeline, "depth": 7, "k": 7, "model": model});
+        post_json(&server.url("/search"), &body.to_string())
+    };
+    let maxp = search("maxp", "default").json();
+    let cobert_reply = search("cobert", "default");
+    assert_eq!(cobert_reply.status, 200, "{}", cobert_reply.body);
+    let co = cobert_reply.json();
+    // The same candidates, re-scored: the first round's pairs come from the cache.
+    assert_eq!(co["timing"]["computed"], 0, "{co}");
+    let ids = |v: &Value| {
+        let mut ids: Vec<String> =
+            v["results"].as_array().unwrap().iter().map(|h| h["docid"].as_str().unwrap().to_string()).collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(ids(&maxp), ids(&co));
+    assert_eq!(ids(&co).len(), 4, "the sample's documents that match");
+    let maxp_scores: HashMap<String, f64> = maxp["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| (h["docid"].as_str().unwrap().to_string(), h["model_score"].as_f64().unwrap()))
+        .collect();
+    assert!(co["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|h| h["model_score"].as_f64() != maxp_scores.get(h["docid"].as_str().unwrap()).copied()));
+    // FLOPs: MaxP's plus the heads' for 4 candidates (h = 32, i = 64): 8 calibrations of 2 positions over 2
+    // layers with their projections and weighted sums, 2 groups (0-2, 2-3, padded to 3) over 4 layers with
+    // their scores.
+    let layer = |l: f64| 8.0 * l * 1024.0 + 4.0 * l * 2048.0 + 4.0 * l * l * 32.0;
+    let heads =
+        8.0 * (2.0 * layer(2.0) + 2.0 * 1024.0) + 2.0 * 8.0 * 32.0 + 2.0 * (4.0 * layer(3.0) + 2.0 * 3.0 * 32.0);
+    let (co_flops, maxp_flops) = (co["timing"]["flops"].as_f64().unwrap(), maxp["timing"]["flops"].as_f64().unwrap());
+    assert!((co_flops - maxp_flops - heads).abs() < 1.0, "{co_flops} - {maxp_flops} vs {heads}");
+    // A plain cross-encoder has no heads.
+    search("cobert", "plain").assert_error(400, "invalid_parameter");
+}
