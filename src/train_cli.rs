@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use longrank::config::Config;
 use longrank::eval::{self, Qrels, TopicField};
+use longrank::model::cobert::CoBertConfig;
 use longrank::train::{self, DevMeasure, Loss, Method, TrainData, TrainOptions};
 
 #[derive(clap::Args)]
@@ -92,6 +93,26 @@ pub struct TrainArgs {
     /// BeST iterations at most.
     #[arg(long, default_value_t = 3)]
     iterations: usize,
+    /// Co-BERT: first-stage candidates per query (k).
+    #[arg(long, default_value_t = 100)]
+    cobert_depth: usize,
+    /// Co-BERT: prototypes m, group size n, overlap o.
+    #[arg(long, default_value_t = 4)]
+    prototypes: usize,
+    #[arg(long, default_value_t = 60)]
+    group: usize,
+    #[arg(long, default_value_t = 4)]
+    overlap: usize,
+    /// Co-BERT ablations: no calibration, no groupwise scorer, calibration without the averaging.
+    #[arg(long)]
+    no_calibration: bool,
+    #[arg(long)]
+    no_groupwise: bool,
+    #[arg(long)]
+    no_average: bool,
+    /// Co-BERT's heads drawn from the seed rather than copied from the backbone's last layers.
+    #[arg(long)]
+    random_heads: bool,
 }
 
 impl TrainArgs {
@@ -127,6 +148,19 @@ impl TrainArgs {
             train_folds: self.train_folds.clone(),
             dev_fold: self.dev_fold,
             batch_tokens: config.model.max_batch_tokens,
+            cobert: (self.method == Method::Cobert).then(|| train::CoBertTraining {
+                heads: CoBertConfig {
+                    prototypes: self.prototypes,
+                    group: self.group,
+                    overlap: self.overlap,
+                    calibrate: !self.no_calibration,
+                    groupwise: !self.no_groupwise,
+                    average: !self.no_average,
+                    ..CoBertConfig::default()
+                },
+                depth: self.cobert_depth,
+                from_backbone: !self.random_heads,
+            }),
         })
     }
 }

@@ -180,29 +180,42 @@ impl CoBertHeads {
     /// Scores `[k]` of the candidates whose representations `r` (`[k, hidden]`) and first-round scores
     /// (`[k]`) are given in first-round order.
     pub fn forward(&self, r: &Tensor, first_round: &Tensor) -> candle_core::Result<Tensor> {
-        let calibrated = if self.config.calibrate { self.calibrate(r, first_round)? } else { r.clone() };
-        if self.config.groupwise {
-            self.score_groups(&calibrated)
-        } else {
-            self.relevance.forward(&calibrated)?.squeeze(1)
+        let m = self.config.prototypes.min(r.dim(0)?);
+        let calibrated = self.calibrate(r, &r.narrow(0, 0, m)?, &first_round.narrow(0, 0, m)?)?;
+        if !self.config.groupwise {
+            return self.score_alone(&calibrated);
         }
+        let groups = groups(r.dim(0)?, self.config.group, self.config.overlap);
+        let scores = self.score_groups(&calibrated, &groups)?;
+        // A document's score comes from the first group holding it: the part of each group past its carried
+        // documents.
+        let parts: Vec<Tensor> = groups
+            .iter()
+            .enumerate()
+            .map(|(i, g)| scores.i(i)?.narrow(0, g.carried, g.len - g.carried))
+            .collect::<candle_core::Result<_>>()?;
+        Tensor::cat(&parts, 0)
     }
 
-    /// r̂ `[k, hidden]`.
-    pub fn calibrate(&self, r: &Tensor, first_round: &Tensor) -> candle_core::Result<Tensor> {
+    /// r̂ `[k, hidden]` of candidates `r` against the prototypes' representations `[m, hidden]` and
+    /// first-round scores `[m]` (r itself when calibration is off).
+    pub fn calibrate(&self, r: &Tensor, prototypes: &Tensor, prototype_scores: &Tensor) -> candle_core::Result<Tensor> {
+        if !self.config.calibrate {
+            return Ok(r.clone());
+        }
         let (k, h) = r.dims2()?;
-        let m = self.config.prototypes.min(k);
-        let t = r.narrow(0, 0, m)?;
+        let m = prototypes.dim(0)?;
         // [k, m, 2, h]: for every candidate j and prototype i the pair (t_i, r_j).
-        let pairs = Tensor::stack(&[t.unsqueeze(0)?.expand((k, m, h))?, r.unsqueeze(1)?.expand((k, m, h))?], 2)?
-            .reshape((k * m, 2, h))?;
+        let pairs =
+            Tensor::stack(&[prototypes.unsqueeze(0)?.expand((k, m, h))?, r.unsqueeze(1)?.expand((k, m, h))?], 2)?
+                .reshape((k * m, 2, h))?;
         let ids = Tensor::new(&[0u32, 1], r.device())?;
         let embedded = pairs
             .broadcast_add(&self.calibrator_position.forward(&ids)?)?
             .broadcast_add(&self.calibrator_type.forward(&ids)?)?;
         let states = self.calibrator.forward(&self.calibrator.normalize(&self.calibrator_norm, &embedded)?, None)?;
         let c = self.project.forward(&states.i((.., 1))?)?.reshape((k, m, h))?;
-        let weights = candle_nn::ops::softmax(&first_round.narrow(0, 0, m)?, D::Minus1)?;
+        let weights = candle_nn::ops::softmax(prototype_scores, D::Minus1)?;
         let c = c.broadcast_mul(&weights.reshape((1, m, 1))?)?.sum(1)?;
         if self.config.average {
             (r + c)? / 2.0
@@ -211,15 +224,20 @@ impl CoBertHeads {
         }
     }
 
-    /// Each candidate's score from the first group that holds it.
-    fn score_groups(&self, calibrated: &Tensor) -> candle_core::Result<Tensor> {
-        let (k, h) = calibrated.dims2()?;
-        let groups = groups(k, self.config.group, self.config.overlap);
+    /// Scores `[k]` of calibrated candidates each alone (the no-groupwise ablation: W_rel, b_rel).
+    pub fn score_alone(&self, calibrated: &Tensor) -> candle_core::Result<Tensor> {
+        self.relevance.forward(calibrated)?.squeeze(1)
+    }
+
+    /// Scores `[groups, n]` of every position of each group of `calibrated` (`n` the longest group; padding
+    /// positions are masked out and their scores meaningless).
+    pub fn score_groups(&self, calibrated: &Tensor, groups: &[Group]) -> candle_core::Result<Tensor> {
+        let h = calibrated.dim(1)?;
         let n = groups.iter().map(|g| g.len).max().unwrap_or(0);
         let device = calibrated.device();
         let mut sequences = Vec::new();
         let (mut types, mut mask) = (Vec::new(), Vec::new());
-        for g in &groups {
+        for g in groups {
             let mut sequence = calibrated.narrow(0, g.start, g.len)?;
             if g.len < n {
                 sequence = Tensor::cat(&[&sequence, &Tensor::zeros((n - g.len, h), sequence.dtype(), device)?], 0)?;
@@ -235,15 +253,7 @@ impl CoBertHeads {
         let mask = Tensor::from_vec(mask, (groups.len(), n), device)?;
         let states =
             self.groupwise.forward(&self.groupwise.normalize(&self.group_norm, &embedded)?, padded.then_some(&mask))?;
-        let scores = self.score.forward(&states)?.squeeze(2)?;
-        // A document's score comes from the first group holding it: the part of each group past its carried
-        // documents.
-        let parts: Vec<Tensor> = groups
-            .iter()
-            .enumerate()
-            .map(|(i, g)| scores.i(i)?.narrow(0, g.carried, g.len - g.carried))
-            .collect::<candle_core::Result<_>>()?;
-        Tensor::cat(&parts, 0)
+        self.score.forward(&states)?.squeeze(2)
     }
 }
 
@@ -341,9 +351,13 @@ mod tests {
         assert_eq!(all[..6], fewer[..6], "earlier groups do not depend on later ones");
         // Without overlap, groups [0, 4) and [4, 6) (padded to 4): the second scores as it does alone.
         let disjoint = CoBertHeads { config: CoBertConfig { overlap: 0, ..heads.config }, ..heads };
-        let calibrated = disjoint.calibrate(&r.narrow(0, 0, 6).unwrap(), &first).unwrap();
-        let padded: Vec<f32> = disjoint.score_groups(&calibrated).unwrap().to_vec1().unwrap();
-        let alone: Vec<f32> = disjoint.score_groups(&calibrated.narrow(0, 4, 2).unwrap()).unwrap().to_vec1().unwrap();
+        let six = r.narrow(0, 0, 6).unwrap();
+        let calibrated =
+            disjoint.calibrate(&six, &six.narrow(0, 0, 2).unwrap(), &first.narrow(0, 0, 2).unwrap()).unwrap();
+        let padded: Vec<f32> = disjoint.forward(&six, &first.narrow(0, 0, 6).unwrap()).unwrap().to_vec1().unwrap();
+        let last = [Group { start: 0, len: 2, carried: 0 }];
+        let alone = disjoint.score_groups(&calibrated.narrow(0, 4, 2).unwrap(), &last).unwrap();
+        let alone: Vec<f32> = alone.squeeze(0).unwrap().to_vec1().unwrap();
         for (a, b) in alone.iter().zip(&padded[4..]) {
             assert!((a - b).abs() < 1e-5, "{alone:?} vs {padded:?}");
         }
@@ -363,10 +377,11 @@ mod tests {
         let (a, b) = (scores(&calibrated, &r, &first), scores(&calibrated, &other, &first));
         assert!(a[1..].iter().zip(&b[1..]).all(|(x, y)| x != y), "{a:?} {b:?}");
         // Averaging: r̂ = (r + c) / 2; without it r̂ = c.
-        let averaged = calibrated.calibrate(&r, &first).unwrap();
+        let (t, w) = (r.narrow(0, 0, 2).unwrap(), first.narrow(0, 0, 2).unwrap());
+        let averaged = calibrated.calibrate(&r, &t, &w).unwrap();
         let unaveraged_heads =
             CoBertHeads { config: CoBertConfig { average: false, ..calibrated.config }, ..calibrated };
-        let c = unaveraged_heads.calibrate(&r, &first).unwrap();
+        let c = unaveraged_heads.calibrate(&r, &t, &w).unwrap();
         let expected = ((&r + &c).unwrap() / 2.0).unwrap();
         let diff = (averaged - expected).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
         assert!(diff < 1e-6);

@@ -29,7 +29,7 @@ pub use served::{Scores, ServeOptions, Served};
 pub use tokenize::Encoded;
 use tokenize::WordPieces;
 pub(crate) use trainable::replace_dir;
-pub use trainable::TrainableCrossEncoder;
+pub use trainable::{CoBertInit, TrainableCrossEncoder};
 pub use vectors::VectorFile;
 
 #[derive(Debug, thiserror::Error)]

@@ -15,6 +15,7 @@ use candle_nn::{Linear, VarBuilder, VarMap};
 use candle_transformers::models::bert::Config;
 
 use super::bert::{encoder_root, Bert};
+use super::cobert::{CoBertConfig, CoBertHeads};
 use super::{load_err, read_config, weights, CrossEncoder, Encoded, Fnv, Inputs, ModelError, WordPieces};
 use crate::rng::Rng;
 
@@ -33,6 +34,16 @@ pub struct TrainableCrossEncoder {
     dtype: DType,
     /// Variables that the source checkpoint lacked and were initialized (seeded).
     initialized: Vec<String>,
+    /// Co-BERT's heads, when training them (their variables are named `cobert.*`).
+    cobert: Option<CoBertHeads>,
+}
+
+/// Co-BERT heads to add to a trainable model: their shape, and whether their layers start as copies of the
+/// backbone's last layers (else drawn from the seed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CoBertInit {
+    pub config: CoBertConfig,
+    pub from_backbone: bool,
 }
 
 /// The encoder with the pooler and classifier.
@@ -63,6 +74,17 @@ impl TrainableCrossEncoder {
     /// Starts from the weights in `dir`; what it lacks (a pooler, the one-logit classifier) is drawn from
     /// `seed` as BERT initializes it (normal with the config's `initializer_range`, zero biases).
     pub fn init(dir: &Path, device: &Device, dtype: DType, seed: u64) -> Result<TrainableCrossEncoder, ModelError> {
+        TrainableCrossEncoder::init_with(dir, device, dtype, seed, None)
+    }
+
+    /// `init`, with Co-BERT heads when `cobert` is given.
+    pub fn init_with(
+        dir: &Path,
+        device: &Device,
+        dtype: DType,
+        seed: u64,
+        cobert: Option<CoBertInit>,
+    ) -> Result<TrainableCrossEncoder, ModelError> {
         let (config, pieces) = read_config(dir)?;
         let config_path = dir.join("config.json");
         let config_json: serde_json::Value =
@@ -79,9 +101,15 @@ impl TrainableCrossEncoder {
             seed,
             std,
             initialized: initialized.clone(),
+            layers: config.num_hidden_layers,
+            cobert: cobert.filter(|c| c.from_backbone).map(|c| c.config),
         };
         let vb = VarBuilder::from_backend(Box::new(initializer), DType::F32, device.clone());
-        let heads = Heads::build(vb, &config).map_err(|e| load_err(dir, format!("building the model: {e}")))?;
+        let heads = Heads::build(vb.clone(), &config).map_err(|e| load_err(dir, format!("building the model: {e}")))?;
+        let cobert = cobert
+            .map(|c| CoBertHeads::new(vb.pp("cobert"), &config, c.config, true))
+            .transpose()
+            .map_err(|e| load_err(dir, format!("building Co-BERT's heads: {e}")))?;
         let mut initialized = std::mem::take(&mut *initialized.lock().unwrap_or_else(|e| e.into_inner()));
         initialized.sort();
         let model = (dtype == DType::F32).then_some(heads);
@@ -95,7 +123,13 @@ impl TrainableCrossEncoder {
             device: device.clone(),
             dtype,
             initialized,
+            cobert,
         })
+    }
+
+    /// Co-BERT's heads, when the model was built with them.
+    pub fn cobert(&self) -> Option<&CoBertHeads> {
+        self.cobert.as_ref()
     }
 
     /// Names of the variables the source did not have.
@@ -160,7 +194,17 @@ impl TrainableCrossEncoder {
         let staging = staging_dir(dir);
         let _ = std::fs::remove_dir_all(&staging);
         std::fs::create_dir_all(&staging).map_err(|e| load_err(&staging, e))?;
-        self.save_weights(&staging.join("model.safetensors"))?;
+        let (heads, backbone): (HashMap<String, Tensor>, HashMap<String, Tensor>) =
+            self.weights()?.into_iter().partition(|(name, _)| name.starts_with("cobert."));
+        let path = staging.join("model.safetensors");
+        candle_core::safetensors::save(&backbone, &path).map_err(|e| load_err(&path, e))?;
+        if let Some(cobert) = &self.cobert {
+            let path = staging.join(super::cobert::WEIGHTS_FILE);
+            candle_core::safetensors::save(&heads, &path).map_err(|e| load_err(&path, e))?;
+            let path = staging.join(super::cobert::CONFIG_FILE);
+            std::fs::write(&path, serde_json::to_vec_pretty(cobert.config()).unwrap_or_default())
+                .map_err(|e| load_err(&path, e))?;
+        }
         let mut config = self.config_json.clone();
         if let Some(map) = config.as_object_mut() {
             map.insert("architectures".into(), serde_json::json!(["BertForSequenceClassification"]));
@@ -226,10 +270,16 @@ struct Initializer {
     seed: u64,
     std: f64,
     initialized: Arc<Mutex<Vec<String>>>,
+    /// The backbone's layer count, and the Co-BERT heads to start from its layers (if any).
+    layers: usize,
+    cobert: Option<CoBertConfig>,
 }
 
 impl Initializer {
     fn from_source(&self, shape: &Shape, name: &str) -> Option<Tensor> {
+        if let Some(rest) = name.strip_prefix("cobert.") {
+            return self.cobert_from_backbone(shape, rest);
+        }
         let (vb, name) = match name.strip_prefix("bert.") {
             Some(rest) => (&self.source, rest),
             None => (&self.heads, name),
@@ -239,6 +289,34 @@ impl Initializer {
         candidates.iter().find_map(|n| vb.get(shape.clone(), n).ok()).or_else(|| {
             name.strip_prefix("pooler.").and_then(|rest| self.heads.get(shape.clone(), &format!("pooler.{rest}")).ok())
         })
+    }
+
+    /// Co-BERT's encoder layers start as the backbone's last ones (layer i of c as layer L − c + i), their
+    /// embeddings' LayerNorm, type and (calibrator) first two position rows as the backbone's; projections
+    /// and scores are drawn.
+    fn cobert_from_backbone(&self, shape: &Shape, name: &str) -> Option<Tensor> {
+        let config = self.cobert?;
+        let (part, rest) = name.split_once('.')?;
+        let count = match part {
+            "calibrator" => config.calibrator_layers,
+            "groupwise" => config.groupwise_layers,
+            _ => return None,
+        };
+        let source = if let Some(rest) = rest.strip_prefix("encoder.layer.") {
+            let (i, tail) = rest.split_once('.')?;
+            let i: usize = i.parse().ok()?;
+            let layer = if count <= self.layers { self.layers - count + i } else { i % self.layers.max(1) };
+            format!("encoder.layer.{layer}.{tail}")
+        } else if rest.starts_with("embeddings.") {
+            rest.to_string()
+        } else {
+            return None;
+        };
+        let tensor = self.source.get_unchecked(&source).ok()?;
+        let rows = shape.dims().first().copied()?;
+        let tensor =
+            if tensor.rank() == 2 && tensor.dim(0).ok()? >= rows { tensor.narrow(0, 0, rows).ok()? } else { tensor };
+        (tensor.shape() == shape).then_some(tensor)
     }
 
     fn fresh(&self, shape: &Shape, name: &str, dtype: DType, device: &Device) -> candle_core::Result<Tensor> {

@@ -855,6 +855,9 @@ mod tests {
         assert_eq!(Pipeline::parse("bm25").unwrap(), Pipeline::Bm25);
         assert_eq!(Pipeline::parse("bm25+rm3").unwrap(), Pipeline::Bm25Rm3);
         let err = Pipeline::parse("magic").unwrap_err();
-        assert_eq!(err.to_string(), "unknown pipeline \"magic\"; available: bm25, bm25+rm3, firstp, maxp, sump, avgp, cobert");
+        assert_eq!(
+            err.to_string(),
+            "unknown pipeline \"magic\"; available: bm25, bm25+rm3, firstp, maxp, sump, avgp, cobert"
+        );
     }
 }

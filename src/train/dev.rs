@@ -97,25 +97,41 @@ impl DevSet {
                 .collect();
             run.topics.insert(qid.clone(), docs);
         }
-        let measures = [Measure::RecipRank, Measure::NdcgCut(vec![10])];
-        let options_eval = EvalOptions { max_docs: Some(10), complete: true, ..Default::default() };
-        let values = eval::evaluate(&run, &self.qrels, &measures, options_eval).all_map();
-        let mut named = BTreeMap::new();
-        named.insert("mrr@10".to_string(), values.get("recip_rank").copied().unwrap_or(0.0));
-        named.insert("ndcg@10".to_string(), values.get("ndcg_cut_10").copied().unwrap_or(0.0));
-        let value = named[match options.dev_measure {
-            DevMeasure::Mrr10 => "mrr@10",
-            DevMeasure::Ndcg10 => "ndcg@10",
-        }];
+        let (value, named) = measure(&run, &self.qrels, options);
         Ok((value, named, run))
     }
 }
 
+/// MRR@10 and nDCG@10 of a run (every judged query counted), and the dev measure among them.
+pub fn measure(run: &Run, qrels: &Qrels, options: &TrainOptions) -> (f64, BTreeMap<String, f64>) {
+    let measures = [Measure::RecipRank, Measure::NdcgCut(vec![10])];
+    let options_eval = EvalOptions { max_docs: Some(10), complete: true, ..Default::default() };
+    let values = eval::evaluate(run, qrels, &measures, options_eval).all_map();
+    let mut named = BTreeMap::new();
+    named.insert("mrr@10".to_string(), values.get("recip_rank").copied().unwrap_or(0.0));
+    named.insert("ndcg@10".to_string(), values.get("ndcg_cut_10").copied().unwrap_or(0.0));
+    let value = named[match options.dev_measure {
+        DevMeasure::Mrr10 => "mrr@10",
+        DevMeasure::Ndcg10 => "ndcg@10",
+    }];
+    (value, named)
+}
+
 /// Scores inputs in batches of at most `batch_tokens` padded tokens, grouped by length.
 pub fn score_batched(scorer: &CrossEncoder, encoded: &[Encoded], batch_tokens: usize) -> Result<Vec<f32>, TrainError> {
+    score_batched_with(encoded, batch_tokens, |batch| Ok(scorer.score(batch)?))
+}
+
+/// `score` over inputs in batches of at most `batch_tokens` padded tokens, grouped by length; the outputs
+/// in the inputs' order.
+pub fn score_batched_with<T: Clone + Default>(
+    encoded: &[Encoded],
+    batch_tokens: usize,
+    mut score: impl FnMut(&[Encoded]) -> Result<Vec<T>, TrainError>,
+) -> Result<Vec<T>, TrainError> {
     let mut order: Vec<usize> = (0..encoded.len()).collect();
     order.sort_by_key(|&i| encoded[i].ids.len());
-    let mut scores = vec![0f32; encoded.len()];
+    let mut outputs = vec![T::default(); encoded.len()];
     let mut start = 0;
     while start < order.len() {
         let mut end = start + 1;
@@ -123,10 +139,10 @@ pub fn score_batched(scorer: &CrossEncoder, encoded: &[Encoded], batch_tokens: u
             end += 1;
         }
         let batch: Vec<Encoded> = order[start..end].iter().map(|&i| encoded[i].clone()).collect();
-        for (&i, score) in order[start..end].iter().zip(scorer.score(&batch)?) {
-            scores[i] = score;
+        for (&i, output) in order[start..end].iter().zip(score(&batch)?) {
+            outputs[i] = output;
         }
         start = end;
     }
-    Ok(scores)
+    Ok(outputs)
 }

@@ -28,13 +28,13 @@ pub enum Selector {
 
 /// What `state/progress.json` keeps between checkpoints.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-struct Progress {
-    step: usize,
-    best_dev: Option<f64>,
-    best_step: Option<usize>,
-    evals_without_gain: usize,
-    done: bool,
-    stopped_early: bool,
+pub(super) struct Progress {
+    pub step: usize,
+    pub best_dev: Option<f64>,
+    pub best_step: Option<usize>,
+    pub evals_without_gain: usize,
+    pub done: bool,
+    pub stopped_early: bool,
 }
 
 pub struct Learner {
@@ -233,21 +233,11 @@ impl Learner {
 
     /// Saves the weights, optimizer state and progress, replacing the previous checkpoint whole.
     pub fn checkpoint(&mut self) -> Result<(), TrainError> {
-        let state = self.dir.join("state");
-        let staging = self.dir.join("state.partial");
-        let _ = std::fs::remove_dir_all(&staging);
-        std::fs::create_dir_all(&staging).map_err(|e| TrainError::io(&staging, e))?;
-        self.model.save_weights(&staging.join("weights.safetensors"))?;
-        self.optimizer.save(&staging.join("optimizer.safetensors"))?;
-        let path = staging.join("progress.json");
-        std::fs::write(&path, serde_json::to_vec_pretty(&self.progress).unwrap_or_default())
-            .map_err(|e| TrainError::io(&path, e))?;
         if !self.chosen.is_empty() {
             write_selections(&self.dir.join("selections.tsv"), &self.chosen)?;
         }
         self.log.sync_data().map_err(|e| TrainError::io(&self.dir.join("log.jsonl"), e))?;
-        crate::model::replace_dir(&staging, &state)?;
-        Ok(())
+        save_state(&self.dir, &self.model, &self.optimizer, &self.progress)
     }
 
     /// Marks the model done once it has taken every step.
@@ -290,8 +280,27 @@ pub fn best_segment(
     Ok(scores.iter().enumerate().fold(0, |best, (i, s)| if *s > scores[best] { i } else { best }))
 }
 
+/// Writes `dir/state` (weights, optimizer state, progress), replacing the previous one whole.
+pub(super) fn save_state(
+    dir: &Path,
+    model: &TrainableCrossEncoder,
+    optimizer: &AdamW,
+    progress: &Progress,
+) -> Result<(), TrainError> {
+    let staging = dir.join("state.partial");
+    let _ = std::fs::remove_dir_all(&staging);
+    std::fs::create_dir_all(&staging).map_err(|e| TrainError::io(&staging, e))?;
+    model.save_weights(&staging.join("weights.safetensors"))?;
+    optimizer.save(&staging.join("optimizer.safetensors"))?;
+    let path = staging.join("progress.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(progress).unwrap_or_default())
+        .map_err(|e| TrainError::io(&path, e))?;
+    crate::model::replace_dir(&staging, &dir.join("state"))?;
+    Ok(())
+}
+
 /// Keeps the log's entries up to `step` (a resumed run redoes what came after its checkpoint).
-fn truncate_log(path: &Path, step: usize) -> Result<Vec<serde_json::Value>, TrainError> {
+pub(super) fn truncate_log(path: &Path, step: usize) -> Result<Vec<serde_json::Value>, TrainError> {
     if !path.exists() {
         return Ok(Vec::new());
     }

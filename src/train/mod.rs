@@ -10,6 +10,7 @@
 //! highest as it trains, then each further iteration from a fresh start on the segments its predecessor
 //! selects, until dev stops improving.
 
+mod cobert;
 mod data;
 mod dev;
 mod learner;
@@ -27,6 +28,7 @@ use crate::eval::Qrels;
 use crate::index::{Collection, IndexError};
 use crate::model::{CrossEncoder, ModelError};
 
+pub use cobert::CoBertTraining;
 pub use data::Query;
 use data::{Documents, Example};
 use dev::DevSet;
@@ -62,6 +64,8 @@ pub enum Method {
     Allp,
     /// BeST: the segment the previous model scores highest.
     Best,
+    /// Co-BERT's heads over the frozen model (its first round and `[CLS]` states).
+    Cobert,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -124,6 +128,9 @@ pub struct TrainOptions {
     pub dev_fold: Option<usize>,
     /// Padded tokens per inference pass (selection and dev scoring).
     pub batch_tokens: usize,
+    /// Co-BERT's heads and first round (`--method cobert`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cobert: Option<CoBertTraining>,
 }
 
 impl Default for TrainOptions {
@@ -155,6 +162,7 @@ impl Default for TrainOptions {
             train_folds: Vec::new(),
             dev_fold: None,
             batch_tokens: 8192,
+            cobert: None,
         }
     }
 }
@@ -239,6 +247,24 @@ pub fn train(
     check_options(out, init, options)?;
     let qids: Vec<String> = data.topics.iter().map(|(q, _)| q.clone()).collect();
     let (train_qids, dev_qids) = data::split(&qids, data.folds.as_ref(), options)?;
+    if options.method == Method::Cobert {
+        let settings =
+            options.cobert.ok_or_else(|| TrainError::Data("--method cobert needs Co-BERT settings".into()))?;
+        let split = (&train_qids, &dev_qids);
+        let model = cobert::train(
+            data.collection,
+            &data.topics,
+            &data.qrels,
+            split,
+            init,
+            out,
+            options,
+            &settings,
+            device,
+            progress,
+        )?;
+        return finish(out, vec![model], train_qids.len(), dev_qids.len(), None);
+    }
     progress.phase("preparing queries", 0);
     let queries = data::queries(data.collection, &data.topics, &data.qrels, &train_qids, options.candidates)?;
     if queries.iter().all(|q| q.negatives.is_empty()) {
@@ -255,7 +281,19 @@ pub fn train(
         Method::Firstp => vec![run.train_one("firstp", Selector::First)?],
         Method::Allp => vec![run.train_one("allp", Selector::Random)?],
         Method::Best => run.best()?,
+        Method::Cobert => unreachable!("trained above"),
     };
+    finish(out, models, queries.len(), dev.len(), budget_covers_gold)
+}
+
+/// The run's report, also written to `summary.json`.
+fn finish(
+    out: &Path,
+    models: Vec<ModelReport>,
+    train_queries: usize,
+    dev_queries: usize,
+    budget_covers_gold: Option<f64>,
+) -> Result<TrainReport, TrainError> {
     // The best on dev; among equals the earliest (the cheaper iteration).
     let selected = models
         .iter()
@@ -265,8 +303,7 @@ pub fn train(
             _ => Some((dev, name)),
         })
         .map(|(_, name)| name.clone());
-    let report =
-        TrainReport { models, selected, train_queries: queries.len(), dev_queries: dev.len(), budget_covers_gold };
+    let report = TrainReport { models, selected, train_queries, dev_queries, budget_covers_gold };
     let path = out.join("summary.json");
     std::fs::write(&path, serde_json::to_vec_pretty(&report).unwrap_or_default())
         .map_err(|e| TrainError::io(&path, e))?;

@@ -220,20 +220,28 @@ fn best_segment_training_learns_a_buried_sentence_and_beats_firstp() {
 
     // The server loads the selected checkpoint and scores dev's candidates as training's dev run did.
     let selected = d.join("best").join(best["selected"].as_str().unwrap());
+    served_as_in_training(d, &selected.join("model"), &selected.join("dev-run.txt"), "maxp");
+}
+
+/// The server, with training's input settings and `model`, gives the first ten (query, document) pairs of
+/// a dev run the same model scores.
+fn served_as_in_training(d: &Path, model: &Path, dev_run: &Path, pipeline: &str) {
+    let config = "[model]\nmax_length = 64\nmax_query_tokens = 16\n[model.segments]\nrepeat_title = true\n";
+    std::fs::write(d.join("serve.toml"), config).unwrap();
     let env = [
-        ("LONGRANK_CONFIG", d.join("config.toml").to_str().unwrap().to_string()),
-        ("LONGRANK_MODEL_PATH", selected.join("model").to_str().unwrap().to_string()),
+        ("LONGRANK_CONFIG", d.join("serve.toml").to_str().unwrap().to_string()),
+        ("LONGRANK_MODEL_PATH", model.to_str().unwrap().to_string()),
     ];
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let server = TestServer::start(d, &env).wait_ready();
-    let dev_run = std::fs::read_to_string(selected.join("dev-run.txt")).unwrap();
+    let dev_run = std::fs::read_to_string(dev_run).unwrap();
     let topics = std::fs::read_to_string(d.join("topics.tsv")).unwrap();
     let mut compared = 0;
     for line in dev_run.lines().take(10) {
         let cols: Vec<&str> = line.split_whitespace().collect();
         let (qid, docid, score): (&str, &str, f64) = (cols[0], cols[2], cols[4].parse().unwrap());
         let query = topics.lines().find_map(|l| l.strip_prefix(&format!("{qid}\t"))).unwrap();
-        let body = json!({"query": query, "pipeline": "maxp", "depth": 5, "k": 5}).to_string();
+        let body = json!({"query": query, "pipeline": pipeline, "depth": 5, "k": 5}).to_string();
         let reply = post_json(&server.url("/search"), &body);
         assert_eq!(reply.status, 200, "{}", reply.body);
         let hits = reply.json()["results"].as_array().unwrap().clone();
@@ -313,4 +321,33 @@ fn a_killed_run_resumes_from_its_last_checkpoint_and_trains_as_if_never_stopped(
     let out = crate::common::cli(d, &other);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("train.json"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn cobert_heads_train_over_a_frozen_model_and_the_server_scores_as_training_did() {
+    let models = tempfile::tempdir().unwrap();
+    tiny_cross_encoder(models.path(), 17);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    synthetic_collection(d);
+    let model = models.path().to_str().unwrap();
+    let cobert = ["--cobert-depth", "5", "--prototypes", "2", "--group", "3", "--overlap", "1"];
+    let args: Vec<&str> = train_args(model, "co", "cobert", "30").into_iter().chain(cobert).collect();
+    cli_ok(d, &args);
+    let report = summary(&d.join("co"));
+    assert!(best_dev(&report, "cobert") > 0.0, "{report}");
+    let steps: Vec<u64> = losses(&d.join("co/cobert/log.jsonl")).into_iter().map(|(s, _)| s).collect();
+    assert_eq!(steps, (1..=30).collect::<Vec<_>>());
+    let saved = d.join("co/cobert/model");
+    for file in ["cobert.json", "cobert.safetensors", "model.safetensors", "config.json", "tokenizer.json"] {
+        assert!(saved.join(file).exists(), "{file}");
+    }
+    // A second run finds everything done: the first round is not recomputed, nothing retrains.
+    let features = std::fs::read_to_string(d.join("co/cobert/features-train.jsonl")).unwrap();
+    assert_eq!(features.lines().count(), 28, "one line per training query");
+    cli_ok(d, &args);
+    assert!(std::fs::read_to_string(d.join("co/cobert/features-train.jsonl")).unwrap() == features, "recomputed");
+
+    // The server loads the checkpoint as a Co-BERT model and scores dev's candidates as training did.
+    served_as_in_training(d, &saved, &d.join("co/cobert/dev-run.txt"), "cobert");
 }

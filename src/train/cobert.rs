@@ -1,0 +1,332 @@
+//! Co-BERT training with the backbone frozen (`--method cobert`): the first round (MaxP with the model to
+//! start from) runs once per query and keeps, for each of its top-`depth` BM25 candidates, the best
+//! passage's score and final `[CLS]` state (in `features-train.jsonl` / `features-dev.jsonl`, resumable);
+//! then only the heads train, on groups of candidates drawn across queries, with per-document binary
+//! cross-entropy. The checkpoint is the starting cross-encoder with `cobert.json` and `cobert.safetensors`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::Path;
+
+use candle_core::{DType, Tensor};
+use serde::{Deserialize, Serialize};
+
+use super::dev::score_batched_with;
+use super::learner::{save_state, truncate_log, Progress as State};
+use super::optim::{learning_rate, AdamW};
+use super::{ModelReport, Progress, TrainError, TrainOptions};
+use crate::eval::{Qrels, Run, Scored};
+use crate::index::{Bm25Params, Collection};
+use crate::model::cobert::{groups, CoBertConfig};
+use crate::model::{CoBertInit, CrossEncoder, TrainableCrossEncoder};
+use crate::rng::Rng;
+use crate::segment::{self, Strategy, TokenCounter};
+
+/// What `--method cobert` adds to the options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoBertTraining {
+    pub heads: CoBertConfig,
+    /// First-stage candidates per query (k).
+    pub depth: usize,
+    /// Heads' layers from the backbone's last layers, else drawn from the seed.
+    pub from_backbone: bool,
+}
+
+/// One query's first round: candidates in first-round order with their best passage's score and state.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Features {
+    pub qid: String,
+    pub docids: Vec<String>,
+    pub first_round: Vec<f32>,
+    /// `[k × hidden]`, row-major.
+    pub states: Vec<f32>,
+}
+
+/// The first round of every query of `qids`, from `path` where computed before (a torn last line is
+/// recomputed), the rest computed and appended.
+#[allow(clippy::too_many_arguments)]
+fn features(
+    path: &Path,
+    collection: &Collection,
+    topics: &[(String, String)],
+    qids: &BTreeSet<String>,
+    model: &CrossEncoder,
+    options: &TrainOptions,
+    depth: usize,
+    progress: &dyn Progress,
+) -> Result<Vec<Features>, TrainError> {
+    let mut done: BTreeMap<String, Features> = BTreeMap::new();
+    if path.exists() {
+        let text = std::fs::read_to_string(path).map_err(|e| TrainError::io(path, e))?;
+        let mut kept = String::new();
+        for line in text.lines() {
+            // A line cut by an interruption does not parse: it is dropped and its query recomputed.
+            if let Ok(f) = serde_json::from_str::<Features>(line) {
+                kept.push_str(line);
+                kept.push('\n');
+                done.insert(f.qid.clone(), f);
+            }
+        }
+        if kept != text {
+            std::fs::write(path, kept).map_err(|e| TrainError::io(path, e))?;
+        }
+    }
+    let todo: Vec<&(String, String)> =
+        topics.iter().filter(|(q, _)| qids.contains(q) && !done.contains_key(q)).collect();
+    progress.phase(&format!("first round into {}", path.display()), todo.len() as u64);
+    let mut file =
+        std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| TrainError::io(path, e))?;
+    let budget = options.segment_budget();
+    for (n, (qid, query)) in todo.into_iter().enumerate() {
+        let hits = collection.search(query, depth, Bm25Params::default())?;
+        let (mut encoded, mut owners) = (Vec::new(), Vec::new());
+        for (d, hit) in hits.iter().enumerate() {
+            let Some(doc) = collection.get(&hit.docid)? else { continue };
+            let prefix = segment::title_prefix(&doc.title, options.repeat_title);
+            let title_tokens = prefix.as_deref().map_or(0, |p| model.count(p));
+            let strategy = Strategy::Sentences { max_tokens: budget.saturating_sub(title_tokens).max(1) };
+            let mut cut = segment::segment(&doc.text, strategy, model, None);
+            if cut.is_empty() {
+                cut.push(segment::Segment { index: 0, start: 0, end: 0 });
+            }
+            for s in &cut {
+                let input = segment::model_input(prefix.as_deref(), &doc.text, s);
+                encoded.push(model.encode(query, &input, options.max_length, options.max_query_tokens)?);
+                owners.push(d);
+            }
+        }
+        let outputs = score_batched_with(&encoded, options.batch_tokens, |batch| {
+            let (scores, states) = model.score_with_states(batch)?;
+            let states = states.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+            Ok(scores.into_iter().zip(states).collect::<Vec<_>>())
+        })?;
+        let mut best: Vec<Option<(f32, Vec<f32>)>> = vec![None; hits.len()];
+        for (d, (score, state)) in owners.into_iter().zip(outputs) {
+            if best[d].as_ref().is_none_or(|(b, _)| score > *b) {
+                best[d] = Some((score, state));
+            }
+        }
+        let mut ranked: Vec<(String, f32, Vec<f32>)> =
+            hits.iter().zip(best).filter_map(|(h, b)| b.map(|(s, v)| (h.docid.clone(), s, v))).collect();
+        ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let f = Features {
+            qid: qid.clone(),
+            docids: ranked.iter().map(|r| r.0.clone()).collect(),
+            first_round: ranked.iter().map(|r| r.1).collect(),
+            states: ranked.into_iter().flat_map(|r| r.2).collect(),
+        };
+        writeln!(file, "{}", serde_json::to_string(&f).unwrap_or_default()).map_err(|e| TrainError::io(path, e))?;
+        done.insert(qid.clone(), f);
+        progress.set(n as u64 + 1, qid);
+    }
+    Ok(done.into_values().filter(|f| !f.docids.is_empty()).collect())
+}
+
+/// Trains Co-BERT's heads over the frozen model `init` into `out/cobert`.
+#[allow(clippy::too_many_arguments)]
+pub fn train(
+    collection: &Collection,
+    topics: &[(String, String)],
+    qrels: &Qrels,
+    (train_qids, dev_qids): (&BTreeSet<String>, &BTreeSet<String>),
+    init: &Path,
+    out: &Path,
+    options: &TrainOptions,
+    cobert: &CoBertTraining,
+    device: &candle_core::Device,
+    progress: &dyn Progress,
+) -> Result<ModelReport, TrainError> {
+    let dir = out.join("cobert");
+    std::fs::create_dir_all(&dir).map_err(|e| TrainError::io(&dir, e))?;
+    let heads_init = CoBertInit { config: cobert.heads, from_backbone: cobert.from_backbone };
+    let model = TrainableCrossEncoder::init_with(init, device, DType::F32, options.seed, Some(heads_init))?;
+    let first_round = model.snapshot()?;
+    let train = features(
+        &dir.join("features-train.jsonl"),
+        collection,
+        topics,
+        train_qids,
+        &first_round,
+        options,
+        cobert.depth,
+        progress,
+    )?;
+    let dev = features(
+        &dir.join("features-dev.jsonl"),
+        collection,
+        topics,
+        dev_qids,
+        &first_round,
+        options,
+        cobert.depth,
+        progress,
+    )?;
+    let relevant = |qid: &str, docid: &str| qrels.topics.get(qid).and_then(|j| j.get(docid)).is_some_and(|g| *g > 0);
+    // Every group of every training query with a relevant candidate.
+    let pool: Vec<(usize, usize, usize, usize)> = train
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| f.docids.iter().any(|d| relevant(&f.qid, d)))
+        .flat_map(|(q, f)| {
+            groups(f.docids.len(), cobert.heads.group, cobert.heads.overlap)
+                .into_iter()
+                .map(move |g| (q, g.start, g.len, g.carried))
+        })
+        .collect();
+    if pool.is_empty() || dev.is_empty() {
+        return Err(TrainError::Data(
+            "Co-BERT needs training queries with a relevant candidate, and dev queries".into(),
+        ));
+    }
+    let heads = model.cobert().ok_or_else(|| TrainError::Data("no Co-BERT heads".into()))?;
+    // The heads' variables that the configured parts use (an ablated part stays as initialized).
+    let unused: Vec<&str> = [
+        (cobert.heads.groupwise, "cobert.relevance."),
+        (!cobert.heads.groupwise, "cobert.groupwise."),
+        (!cobert.heads.calibrate, "cobert.calibrator."),
+    ]
+    .into_iter()
+    .filter_map(|(off, prefix)| off.then_some(prefix))
+    .collect();
+    let vars: Vec<_> = model
+        .variables()
+        .into_iter()
+        .filter(|(n, _)| n.starts_with("cobert.") && !unused.iter().any(|p| n.starts_with(p)))
+        .collect();
+    let mut optimizer = AdamW::new(vars.clone(), options.weight_decay)?;
+    let state_dir = dir.join("state");
+    let mut state = State::default();
+    if state_dir.join("progress.json").exists() {
+        let path = state_dir.join("progress.json");
+        state = serde_json::from_slice(&std::fs::read(&path).map_err(|e| TrainError::io(&path, e))?)
+            .map_err(|e| TrainError::io(&path, e))?;
+        model.load_weights(&state_dir.join("weights.safetensors"))?;
+        optimizer.load(&state_dir.join("optimizer.safetensors"), state.step)?;
+    }
+    let log_path = dir.join("log.jsonl");
+    truncate_log(&log_path, state.step)?;
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|e| TrainError::io(&log_path, e))?;
+    let hidden = first_round_hidden(&train)?;
+    let tensor = |f: &Features, start: usize, len: usize| -> Result<(Tensor, Tensor), TrainError> {
+        let r = Tensor::from_vec(f.states[start * hidden..(start + len) * hidden].to_vec(), (len, hidden), device)?;
+        let s = Tensor::from_vec(f.first_round[start..start + len].to_vec(), len, device)?;
+        Ok((r, s))
+    };
+    progress.phase("training cobert", options.steps as u64);
+    let warmup = (options.warmup * options.steps as f64).round() as usize;
+    while state.step < options.steps && !state.done {
+        let step = state.step + 1;
+        let mut rng = Rng::stream(options.seed, step as u64);
+        let mut total: Option<Tensor> = None;
+        for _ in 0..options.batch {
+            let (q, start, len, carried) = pool[rng.below(pool.len())];
+            let f = &train[q];
+            let m = cobert.heads.prototypes.min(f.docids.len());
+            let (prototypes, prototype_scores) = tensor(f, 0, m)?;
+            let (r, _) = tensor(f, start, len)?;
+            let calibrated = heads.calibrate(&r, &prototypes, &prototype_scores)?;
+            let logits = if cobert.heads.groupwise {
+                let group = [crate::model::cobert::Group { start: 0, len, carried }];
+                heads.score_groups(&calibrated, &group)?.squeeze(0)?
+            } else {
+                heads.score_alone(&calibrated)?
+            };
+            let labels: Vec<f32> =
+                f.docids[start..start + len].iter().map(|d| relevant(&f.qid, d) as u8 as f32).collect();
+            let y = Tensor::from_vec(labels, len, device)?;
+            // Binary cross-entropy with logits: max(x, 0) − x·y + log(1 + e^(−|x|)).
+            let loss =
+                ((logits.relu()? - (&logits * &y)?)? + ((logits.abs()? * -1.0)?.exp()? + 1.0)?.log()?)?.mean_all()?;
+            total = Some(match total {
+                Some(t) => (t + loss)?,
+                None => loss,
+            });
+        }
+        let loss = (total.ok_or_else(|| TrainError::Data("empty batch".into()))? / options.batch as f64)?;
+        let grads = loss.backward()?;
+        let grads: Vec<Tensor> = vars
+            .iter()
+            .map(|(n, v)| {
+                grads.get(v.as_tensor()).cloned().ok_or_else(|| TrainError::Data(format!("{n} received no gradient")))
+            })
+            .collect::<Result<_, _>>()?;
+        let lr = learning_rate(options.lr, step, warmup, options.steps);
+        optimizer.step(&grads, lr)?;
+        state.step = step;
+        let loss = loss.to_scalar::<f32>()? as f64;
+        writeln!(log, "{}", serde_json::json!({"step": step, "loss": loss, "lr": lr}))
+            .map_err(|e| TrainError::io(&log_path, e))?;
+        progress.set(step as u64, &format!("loss {loss:.4}"));
+        if step % options.eval_every == 0 || step == options.steps {
+            let (value, measures, run) = evaluate(&model, &dev, qrels, options, hidden, device)?;
+            let gain = state.best_dev.is_none_or(|best| value > best);
+            if gain {
+                model.save(&dir.join("model"))?;
+                let mut text = Vec::new();
+                run.write(&mut text).map_err(|e| TrainError::io(&dir, e))?;
+                std::fs::write(dir.join("dev-run.txt"), text).map_err(|e| TrainError::io(&dir, e))?;
+                (state.best_dev, state.best_step, state.evals_without_gain) = (Some(value), Some(step), 0);
+            } else {
+                state.evals_without_gain += 1;
+                if options.patience > 0 && state.evals_without_gain >= options.patience {
+                    (state.done, state.stopped_early) = (true, true);
+                }
+            }
+            writeln!(log, "{}", serde_json::json!({"step": step, "dev": measures, "selected": gain}))
+                .map_err(|e| TrainError::io(&log_path, e))?;
+            super::plot::write_curves(&log_path, &dir.join("curves.svg"), "cobert")?;
+        }
+        if step % options.checkpoint_every == 0 || step == options.steps || state.done {
+            state.done |= step == options.steps;
+            log.sync_data().map_err(|e| TrainError::io(&log_path, e))?;
+            save_state(&dir, &model, &optimizer, &state)?;
+        }
+    }
+    Ok(ModelReport {
+        name: "cobert".into(),
+        dir,
+        steps: state.step,
+        best_dev: state.best_dev,
+        best_step: state.best_step,
+        stopped_early: state.stopped_early,
+    })
+}
+
+fn first_round_hidden(features: &[Features]) -> Result<usize, TrainError> {
+    features
+        .iter()
+        .find(|f| !f.docids.is_empty())
+        .map(|f| f.states.len() / f.docids.len())
+        .ok_or_else(|| TrainError::Data("no query has first-stage candidates".into()))
+}
+
+/// Co-BERT's ranking of each dev query's candidates, as the `cobert` pipeline scores them.
+fn evaluate(
+    model: &TrainableCrossEncoder,
+    dev: &[Features],
+    qrels: &Qrels,
+    options: &TrainOptions,
+    hidden: usize,
+    device: &candle_core::Device,
+) -> Result<(f64, BTreeMap<String, f64>, Run), TrainError> {
+    let heads = model.cobert().ok_or_else(|| TrainError::Data("no Co-BERT heads".into()))?;
+    let mut run = Run { tag: "dev".into(), ..Default::default() };
+    for f in dev {
+        let k = f.docids.len();
+        let r = Tensor::from_vec(f.states.clone(), (k, hidden), device)?;
+        let first = Tensor::new(f.first_round.as_slice(), device)?;
+        let scores: Vec<f32> = heads.forward(&r, &first)?.to_vec1()?;
+        let docs = f.docids.iter().zip(scores).map(|(d, s)| Scored { docid: d.clone(), score: s as f64 }).collect();
+        run.topics.insert(f.qid.clone(), docs);
+    }
+    let qids: BTreeSet<&String> = dev.iter().map(|f| &f.qid).collect();
+    let judged = Qrels {
+        topics: qrels.topics.iter().filter(|(q, _)| qids.contains(q)).map(|(q, j)| (q.clone(), j.clone())).collect(),
+    };
+    let (value, named) = super::dev::measure(&run, &judged, options);
+    Ok((value, named, run))
+}
