@@ -11,7 +11,7 @@ use lru::LruCache;
 use super::{Loss, TrainError, TrainOptions};
 use crate::eval::Qrels;
 use crate::index::{Bm25Params, Collection};
-use crate::model::{Fnv, TrainableCrossEncoder};
+use crate::model::Fnv;
 use crate::rng::Rng;
 use crate::segment::{self, Segment};
 
@@ -122,7 +122,8 @@ impl<'a> Documents<'a> {
         Documents { collection, options, cache: Mutex::new(LruCache::new(size)) }
     }
 
-    pub fn get(&self, docid: &str, model: &TrainableCrossEncoder) -> Result<Arc<TrainingDoc>, TrainError> {
+    /// The document cut with `model`'s tokenizer counting tokens.
+    pub fn get(&self, docid: &str, model: &dyn segment::TokenCounter) -> Result<Arc<TrainingDoc>, TrainError> {
         if let Some(doc) = self.cache.lock().unwrap_or_else(|e| e.into_inner()).get(docid) {
             return Ok(doc.clone());
         }

@@ -431,13 +431,11 @@ impl Run<'_> {
             }
         }
         let scorer = CrossEncoder::load(model_dir, self.device, self.dtype)?;
-        let trainable =
-            crate::model::TrainableCrossEncoder::init(self.init, self.device, self.dtype, self.options.seed)?;
         self.progress.phase(&format!("selecting segments with {}", model_dir.display()), pairs.len() as u64);
         let mut file =
             std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| TrainError::io(&path, e))?;
         for (done, (query, docid)) in pairs.iter().enumerate() {
-            let doc = self.docs.get(docid, &trainable)?;
+            let doc = self.docs.get(docid, &scorer)?;
             let best = learner::best_segment(&scorer, &self.queries[*query].text, &doc, self.options)?;
             let qid = &self.queries[*query].qid;
             std::io::Write::write_all(&mut file, format!("{qid}\t{docid}\t{best}\n").as_bytes())
@@ -450,13 +448,13 @@ impl Run<'_> {
 
     /// How often a training query's gold passage lies in the segments training may use.
     fn coverage(&self, passages: &BTreeMap<String, Vec<Passage>>) -> Result<f64, TrainError> {
-        let trainable =
-            crate::model::TrainableCrossEncoder::init(self.init, self.device, self.dtype, self.options.seed)?;
+        // Only the tokenizer counts here (the initial model may have no classifier for `CrossEncoder::load`).
+        let counter = crate::model::TrainableCrossEncoder::init(self.init, self.device, self.dtype, self.options.seed)?;
         let (mut covered, mut total) = (0usize, 0usize);
         for query in self.queries {
             for passage in passages.get(&query.qid).into_iter().flatten().filter(|p| query.positives.contains(&p.docid))
             {
-                let doc = self.docs.get(&passage.docid, &trainable)?;
+                let doc = self.docs.get(&passage.docid, &counter)?;
                 total += 1;
                 covered += doc.segments.iter().any(|s| overlaps(s.start, s.end, passage)) as usize;
             }
