@@ -11,7 +11,7 @@ use std::path::Path;
 use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::dev::score_batched_with;
+use super::dev::{inference_inputs, score_batched_with};
 use super::learner::{save_state, truncate_log, Progress as State};
 use super::optim::{learning_rate, AdamW};
 use super::{ModelReport, Progress, TrainError, TrainOptions};
@@ -20,7 +20,7 @@ use crate::index::{Bm25Params, Collection};
 use crate::model::cobert::{groups, CoBertConfig};
 use crate::model::{CoBertInit, CrossEncoder, TrainableCrossEncoder};
 use crate::rng::Rng;
-use crate::segment::{self, Strategy, TokenCounter};
+use crate::segment;
 
 /// What `--method cobert` adds to the options.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,21 +76,13 @@ fn features(
     progress.phase(&format!("first round into {}", path.display()), todo.len() as u64);
     let mut file =
         std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| TrainError::io(path, e))?;
-    let budget = options.segment_budget();
     for (n, (qid, query)) in todo.into_iter().enumerate() {
         let hits = collection.search(query, depth, Bm25Params::default())?;
         let (mut encoded, mut owners) = (Vec::new(), Vec::new());
         for (d, hit) in hits.iter().enumerate() {
             let Some(doc) = collection.get(&hit.docid)? else { continue };
             let prefix = segment::title_prefix(&doc.title, options.repeat_title);
-            let title_tokens = prefix.as_deref().map_or(0, |p| model.count(p));
-            let strategy = Strategy::Sentences { max_tokens: budget.saturating_sub(title_tokens).max(1) };
-            let mut cut = segment::segment(&doc.text, strategy, model, None);
-            if cut.is_empty() {
-                cut.push(segment::Segment { index: 0, start: 0, end: 0 });
-            }
-            for s in &cut {
-                let input = segment::model_input(prefix.as_deref(), &doc.text, s);
+            for input in inference_inputs(prefix.as_deref(), &doc.text, model, options, None) {
                 encoded.push(model.encode(query, &input, options.max_length, options.max_query_tokens)?);
                 owners.push(d);
             }

@@ -59,15 +59,7 @@ impl DevSet {
         let first_only = options.method == Method::Firstp;
         let mut segments: HashMap<&str, Vec<String>> = HashMap::new();
         for (docid, (prefix, text)) in &self.docs {
-            let title_tokens = prefix.as_deref().map_or(0, |p| scorer.count(p));
-            let strategy =
-                Strategy::Sentences { max_tokens: options.segment_budget().saturating_sub(title_tokens).max(1) };
-            let mut cut = segment::segment(text, strategy, scorer, first_only.then_some(1));
-            if cut.is_empty() {
-                cut.push(segment::Segment { index: 0, start: 0, end: 0 });
-            }
-            let inputs = cut.iter().map(|s| segment::model_input(prefix.as_deref(), text, s).into_owned()).collect();
-            segments.insert(docid, inputs);
+            segments.insert(docid, inference_inputs(prefix.as_deref(), text, scorer, options, first_only.then_some(1)));
         }
         let mut encoded = Vec::new();
         let mut owners = Vec::new();
@@ -100,6 +92,24 @@ impl DevSet {
         let (value, named) = measure(&run, &self.qrels, options);
         Ok((value, named, run))
     }
+}
+
+/// What the model reads for each of a document's segments at inference, cut as the server's re-ranking cuts
+/// them (whole sentences at the full budget less the repeated title; an empty text is one empty segment).
+pub fn inference_inputs(
+    prefix: Option<&str>,
+    text: &str,
+    scorer: &CrossEncoder,
+    options: &TrainOptions,
+    cap: Option<usize>,
+) -> Vec<String> {
+    let title_tokens = prefix.map_or(0, |p| scorer.count(p));
+    let strategy = Strategy::Sentences { max_tokens: options.segment_budget().saturating_sub(title_tokens).max(1) };
+    let mut cut = segment::segment(text, strategy, scorer, cap);
+    if cut.is_empty() {
+        cut.push(segment::Segment { index: 0, start: 0, end: 0 });
+    }
+    cut.iter().map(|s| segment::model_input(prefix, text, s).into_owned()).collect()
 }
 
 /// MRR@10 and nDCG@10 of a run (every judged query counted), and the dev measure among them.
