@@ -50,6 +50,9 @@ pub struct JobView {
     pub created_at: String,
     pub updated_at: String,
     pub progress: Progress,
+    /// What the model's passes cost the finished topics (re-ranking pipelines).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flops: Option<Flops>,
     /// The batch parameters as submitted.
     #[schema(value_type = Object)]
     pub params: serde_json::Value,
@@ -66,6 +69,14 @@ pub struct JobView {
 pub struct Progress {
     pub done: i64,
     pub total: i64,
+}
+
+/// Model FLOPs, counted as `/search` counts them (`timing.flops`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Flops {
+    pub total: f64,
+    /// The mean over the finished topics.
+    pub per_topic: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -203,10 +214,10 @@ impl Jobs {
             };
             let qid = &plan.topics[seq].qid;
             let mut run = Run { tag: plan.tag.clone(), ..Default::default() };
-            run.topics.insert(qid.clone(), ranked);
+            run.topics.insert(qid.clone(), ranked.scored);
             let mut text = Vec::new();
             run.write(&mut text).expect("writing to memory");
-            self.store.add_topic(id, seq as i64, qid, &String::from_utf8_lossy(&text)).await?;
+            self.store.add_topic(id, seq as i64, qid, &String::from_utf8_lossy(&text), ranked.flops).await?;
         }
         let (metrics, warnings) = self.evaluate(id, qrels.as_deref()).await?;
         let metrics = metrics.map(|m| serde_json::to_string(&m).unwrap_or_default());
@@ -366,6 +377,7 @@ fn view(row: JobRow) -> JobView {
     let json = |s: &str| serde_json::from_str(s).unwrap_or(serde_json::Value::Null);
     JobView {
         progress: Progress { done: row.done, total: row.total },
+        flops: row.flops.map(|total| Flops { total, per_topic: total / row.done.max(1) as f64 }),
         params: json(&row.params),
         provenance: json(&row.provenance),
         metrics: row.metrics.as_deref().and_then(|m| serde_json::from_str(m).ok()),

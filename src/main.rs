@@ -344,11 +344,17 @@ fn main() -> anyhow::Result<()> {
             let plan = engine.plan_batch(&params, eval::read_topics(&topics)?, rerank)?;
             let bar = progress_bar(plan.topics.len() as u64, "topics")?;
             let mut run = eval::Run { tag: plan.tag.clone(), ..Default::default() };
+            let mut flops = None;
             for topic in &plan.topics {
-                run.topics.insert(topic.qid.clone(), plan.run_topic(&engine, topic, &Cancel::default())?);
+                let ranked = plan.run_topic(&engine, topic, &Cancel::default())?;
+                flops = ranked.flops.map(|f| f + flops.unwrap_or(0.0)).or(flops);
+                run.topics.insert(topic.qid.clone(), ranked.scored);
                 bar.inc(1);
             }
             bar.finish_and_clear();
+            if let Some(flops) = flops {
+                eprintln!("model FLOPs: {:.4e} per topic ({:.4e} in all)", flops / plan.topics.len() as f64, flops);
+            }
             // Written whole to a temporary file and renamed, so an interrupted batch never leaves half a run.
             let mut text = Vec::new();
             run.write(&mut text)?;

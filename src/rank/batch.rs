@@ -89,9 +89,16 @@ impl Engine {
     }
 }
 
+/// One topic's part of a batch run.
+pub struct TopicRun {
+    pub scored: Vec<Scored>,
+    /// FLOPs of the model passes behind the topic's scores (re-ranking pipelines with a FLOPs count).
+    pub flops: Option<f64>,
+}
+
 impl BatchPlan {
     /// The ranked documents of one topic.
-    pub fn run_topic(&self, engine: &Engine, topic: &Topic, cancel: &Cancel) -> Result<Vec<Scored>, RankError> {
+    pub fn run_topic(&self, engine: &Engine, topic: &Topic, cancel: &Cancel) -> Result<TopicRun, RankError> {
         let query = topic.query(self.field);
         let query = engine.check_query(&query)?;
         let ranked = match &self.rerank {
@@ -101,6 +108,8 @@ impl BatchPlan {
             }
             None => engine.rank(&self.collection, query, &self.options, cancel)?,
         };
-        Ok(ranked.into_iter().take(self.options.k).map(|r| Scored { docid: r.docid, score: r.score as f64 }).collect())
+        let scored =
+            ranked.ranked.into_iter().take(self.options.k).map(|r| Scored { docid: r.docid, score: r.score as f64 });
+        Ok(TopicRun { scored: scored.collect(), flops: ranked.flops })
     }
 }

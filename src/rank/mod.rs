@@ -19,7 +19,7 @@ use crate::index::{analyzer, Bm25Params, Catalog, Collection, Hit, IndexError, R
 use crate::model::Cancel;
 use crate::segment::SegmentOptions;
 
-pub use batch::{BatchParams, BatchPlan};
+pub use batch::{BatchParams, BatchPlan, TopicRun};
 pub use models::{LoadedModel, ModelStatus, Models, DEFAULT as DEFAULT_MODEL};
 pub use rerank::{aggregate, interpolate, Evidence, ScoredSegment};
 pub use snippet::snippet;
@@ -244,6 +244,19 @@ pub struct BestSegment {
     pub end: usize,
     pub score: f32,
     pub text: String,
+}
+
+/// A topic's ranked documents and what the model's passes cost.
+pub struct Ranking {
+    pub ranked: Vec<Ranked>,
+    /// As `ModelTiming::flops`; `None` for first-stage pipelines and models without a FLOPs count.
+    pub flops: Option<f64>,
+}
+
+impl From<rerank::Reranked> for Ranking {
+    fn from(reranked: rerank::Reranked) -> Ranking {
+        Ranking { flops: reranked.scores.flops, ranked: reranked.ranked }
+    }
 }
 
 /// A ranked document: the final score, the first-stage score and address when it came from the index, and
@@ -524,7 +537,7 @@ impl Engine {
         options: &RankOptions,
         given: &[crate::eval::Scored],
         cancel: &Cancel,
-    ) -> Result<Vec<Ranked>, RankError> {
+    ) -> Result<Ranking, RankError> {
         let Some(model) = self.model_for(options)? else {
             return Err(RankError::InvalidParameter("re-ranking a run needs a re-ranking pipeline".into()));
         };
@@ -540,7 +553,7 @@ impl Engine {
             })
             .collect::<Result<Vec<_>, RankError>>()?;
         let vectors = self.models.vectors(collection, &model)?;
-        Ok(self.rerank_with(&model, vectors.as_deref(), query, options, candidates, cancel)?.ranked)
+        Ok(self.rerank_with(&model, vectors.as_deref(), query, options, candidates, cancel)?.into())
     }
 
     /// Computes a bi-encoder's segment embeddings for every document of a collection ahead of queries, into
@@ -590,12 +603,12 @@ impl Engine {
         query: &str,
         options: &RankOptions,
         cancel: &Cancel,
-    ) -> Result<Vec<Ranked>, RankError> {
+    ) -> Result<Ranking, RankError> {
         let model = self.model_for(options)?;
         let hits = self.retrieve(collection, query, options)?;
         match model {
-            Some(model) => Ok(self.rerank_hits(collection, &model, query, options, hits, cancel)?.ranked),
-            None => Ok(first_stage(hits)),
+            Some(model) => Ok(self.rerank_hits(collection, &model, query, options, hits, cancel)?.into()),
+            None => Ok(Ranking { ranked: first_stage(hits), flops: None }),
         }
     }
 

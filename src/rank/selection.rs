@@ -30,7 +30,7 @@ impl Engine {
                 let given = [Scored { docid: passage.docid.clone(), score: 0.0 }];
                 let ranked =
                     self.rerank_run(collection, self.check_query(&query)?, options, &given, &Cancel::default())?;
-                if let Some(evidence) = ranked.into_iter().next().and_then(|r| r.evidence) {
+                if let Some(evidence) = ranked.ranked.into_iter().next().and_then(|r| r.evidence) {
                     let segments: Vec<(usize, usize)> = evidence.segments.iter().map(|s| (s.start, s.end)).collect();
                     let best = evidence.best().map_or(0, |b| b.index);
                     stats.add(&segments, best, passage);

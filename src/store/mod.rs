@@ -71,6 +71,8 @@ pub struct JobRow {
     pub provenance: String,
     pub total: i64,
     pub done: i64,
+    /// Model FLOPs summed over the finished topics that have a count.
+    pub flops: Option<f64>,
     pub warnings: String,
     pub metrics: Option<String>,
     pub error: Option<String>,
@@ -103,7 +105,8 @@ pub struct Store {
 
 const JOB_COLUMNS: &str =
     "id, status, created_at, updated_at, params, topics, qrels, rerank, provenance, total, warnings, \
-    metrics, error, (SELECT COUNT(*) FROM job_topics t WHERE t.job_id = jobs.id) AS done";
+    metrics, error, (SELECT COUNT(*) FROM job_topics t WHERE t.job_id = jobs.id) AS done, \
+    (SELECT SUM(flops) FROM job_topics t WHERE t.job_id = jobs.id) AS flops";
 
 impl Store {
     /// Opens (creating if needed) the database and applies the migrations.
@@ -159,12 +162,20 @@ impl Store {
     }
 
     /// Records a finished topic; a topic already recorded (a resumed job) is left as it was.
-    pub async fn add_topic(&self, id: &str, seq: i64, qid: &str, run: &str) -> Result<(), StoreError> {
-        sqlx::query("INSERT OR IGNORE INTO job_topics (job_id, seq, qid, run) VALUES (?, ?, ?, ?)")
+    pub async fn add_topic(
+        &self,
+        id: &str,
+        seq: i64,
+        qid: &str,
+        run: &str,
+        flops: Option<f64>,
+    ) -> Result<(), StoreError> {
+        sqlx::query("INSERT OR IGNORE INTO job_topics (job_id, seq, qid, run, flops) VALUES (?, ?, ?, ?, ?)")
             .bind(id)
             .bind(seq)
             .bind(qid)
             .bind(run)
+            .bind(flops)
             .execute(&self.pool)
             .await?;
         Ok(())
@@ -273,6 +284,7 @@ fn job_row(r: &sqlx::sqlite::SqliteRow) -> Result<JobRow, StoreError> {
         provenance: r.try_get("provenance")?,
         total: r.try_get("total")?,
         done: r.try_get("done")?,
+        flops: r.try_get("flops")?,
         warnings: r.try_get("warnings")?,
         metrics: r.try_get("metrics")?,
         error: r.try_get("error")?,
@@ -324,13 +336,13 @@ mod tests {
         let job =
             NewJob { id: "j1", params: "{}", topics: "1\tx\n", qrels: None, rerank: None, provenance: "{}", total: 2 };
         store.create_job(job).await.unwrap();
-        store.add_topic("j1", 1, "2", "2 Q0 d 1 1 t\n").await.unwrap();
-        store.add_topic("j1", 0, "1", "1 Q0 d 1 1 t\n").await.unwrap();
-        store.add_topic("j1", 0, "1", "ignored\n").await.unwrap();
+        store.add_topic("j1", 1, "2", "2 Q0 d 1 1 t\n", Some(2.5)).await.unwrap();
+        store.add_topic("j1", 0, "1", "1 Q0 d 1 1 t\n", Some(1.0)).await.unwrap();
+        store.add_topic("j1", 0, "1", "ignored\n", Some(9.0)).await.unwrap();
         assert_eq!(store.finished_topics("j1").await.unwrap(), vec![0, 1]);
         assert_eq!(store.run_text("j1").await.unwrap(), "1 Q0 d 1 1 t\n2 Q0 d 1 1 t\n");
         let row = store.job("j1").await.unwrap().unwrap();
-        assert_eq!((row.status, row.done, row.total), (JobStatus::Queued, 2, 2));
+        assert_eq!((row.status, row.done, row.total, row.flops), (JobStatus::Queued, 2, 2, Some(3.5)));
         assert_eq!(store.unfinished_jobs().await.unwrap().len(), 1);
         store.set_status("j1", JobStatus::Running, None).await.unwrap();
         store.finish("j1", JobStatus::Done, Some("{}"), "[]").await.unwrap();

@@ -516,6 +516,16 @@ fn the_cobert_pipeline_rescores_maxp_candidates_with_its_heads() {
         8.0 * (2.0 * layer(2.0) + 2.0 * 1024.0) + 2.0 * 8.0 * 32.0 + 2.0 * (4.0 * layer(3.0) + 2.0 * 3.0 * 32.0);
     let (co_flops, maxp_flops) = (co["timing"]["flops"].as_f64().unwrap(), maxp["timing"]["flops"].as_f64().unwrap());
     assert!((co_flops - maxp_flops - heads).abs() < 1.0, "{co_flops} - {maxp_flops} vs {heads}");
+    // A batch job counts the same per topic (the pairs come from the cache; the count does not care).
+    let topics = "1\toil pearls history national park industry texas tax energy wildlife\n\
+                  2\toil pearls history national park industry texas tax energy wildlife\n";
+    let body = json!({"topics": topics, "pipeline": "cobert", "depth": 7, "k": 7});
+    let job = post_json(&server.url("/batch?wait=true"), &body.to_string()).json();
+    assert_eq!(job["status"], "done", "{job}");
+    assert_eq!(job["flops"]["per_topic"].as_f64().unwrap(), co_flops, "{job}");
+    assert_eq!(job["flops"]["total"].as_f64().unwrap(), 2.0 * co_flops, "{job}");
+    let bm25 = json!({"topics": topics, "pipeline": "bm25"});
+    assert!(post_json(&server.url("/batch?wait=true"), &bm25.to_string()).json().get("flops").is_none());
     // A plain cross-encoder has no heads.
     search("cobert", "plain").assert_error(400, "invalid_parameter");
 }
