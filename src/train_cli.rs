@@ -113,6 +113,10 @@ pub struct TrainArgs {
     /// Co-BERT's heads drawn from the seed rather than copied from the backbone's last layers.
     #[arg(long)]
     random_heads: bool,
+    /// Co-BERT: train the backbone with the heads (a GPU's job; else the backbone is frozen and its states
+    /// cached).
+    #[arg(long)]
+    end_to_end: bool,
 }
 
 impl TrainArgs {
@@ -160,6 +164,7 @@ impl TrainArgs {
                 },
                 depth: self.cobert_depth,
                 from_backbone: !self.random_heads,
+                end_to_end: self.end_to_end,
             }),
         })
     }

@@ -27,19 +27,29 @@ use super::{encoder_flops, load_err, read_config, read_json, CrossEncoder, Model
 pub const CONFIG_FILE: &str = "cobert.json";
 /// The heads' weights beside the backbone's.
 pub const WEIGHTS_FILE: &str = "cobert.safetensors";
+/// Where a Co-BERT trained end to end keeps the cross-encoder of its first round (its own backbone moved on).
+pub const FIRST_ROUND_DIR: &str = "first-round";
 
-/// A Co-BERT model: the cross-encoder whose MaxP is the first round and whose `[CLS]` states are the
-/// interaction representations (the backbone frozen after its own training: the second round reuses the
-/// first round's pass over each best passage), and the heads.
+/// A Co-BERT model: the cross-encoder whose MaxP is the first round, the backbone whose final `[CLS]`
+/// states are the interaction representations, and the heads. Trained with the backbone frozen, the two are
+/// one model, and the second round reuses the first round's pass over each best passage; trained end to end,
+/// the directory is Co-BERT's own backbone and `first-round/` the cross-encoder it started from.
 pub struct CoBert {
     pub cross: CrossEncoder,
+    /// Co-BERT's own backbone, when it is not the first round's.
+    pub own: Option<CrossEncoder>,
     pub heads: CoBertHeads,
     pub backbone: Config,
 }
 
 impl CoBert {
     pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<CoBert, ModelError> {
-        let cross = CrossEncoder::load(dir, device, dtype)?;
+        let first_round = dir.join(FIRST_ROUND_DIR);
+        let (cross, own) = if first_round.is_dir() {
+            (CrossEncoder::load(&first_round, device, dtype)?, Some(CrossEncoder::load(dir, device, dtype)?))
+        } else {
+            (CrossEncoder::load(dir, device, dtype)?, None)
+        };
         let (backbone, _) = read_config(dir)?;
         let config: CoBertConfig = read_json(&dir.join(CONFIG_FILE))?;
         let weights = dir.join(WEIGHTS_FILE);
@@ -47,17 +57,23 @@ impl CoBert {
         let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[&weights], dtype, device) }
             .map_err(|e| load_err(&weights, e))?;
         let heads = CoBertHeads::new(vb.pp("cobert"), &backbone, config, false).map_err(|e| load_err(&weights, e))?;
-        Ok(CoBert { cross, heads, backbone })
+        Ok(CoBert { cross, own, heads, backbone })
+    }
+
+    /// The model whose `[CLS]` states the heads read.
+    pub fn interactions(&self) -> &CrossEncoder {
+        self.own.as_ref().unwrap_or(&self.cross)
     }
 
     /// Scores of the candidates (in first-round order) from their best passages' `[CLS]` states and their
     /// first-round scores.
     pub fn rescore(&self, states: &[&[f32]], first_round: &[f32]) -> Result<Vec<f32>, ModelError> {
-        let device = self.cross.device();
+        let device = self.interactions().device();
         let h = self.backbone.hidden_size;
         let flat: Vec<f32> = states.iter().flat_map(|s| s.iter().copied()).collect();
-        let r = Tensor::from_vec(flat, (states.len(), h), device)?.to_dtype(self.cross.dtype())?;
-        let first = Tensor::new(first_round, device)?.to_dtype(self.cross.dtype())?;
+        let dtype = self.interactions().dtype();
+        let r = Tensor::from_vec(flat, (states.len(), h), device)?.to_dtype(dtype)?;
+        let first = Tensor::new(first_round, device)?.to_dtype(dtype)?;
         Ok(self.heads.forward(&r, &first)?.to_dtype(DType::F32)?.to_vec1()?)
     }
 }

@@ -284,6 +284,13 @@ impl CrossEncoder {
         Ok((logits.i((.., self.label))?.to_dtype(DType::F32)?.to_vec1::<f32>()?, cls))
     }
 
+    /// Per pair, the logit followed by the final `[CLS]` state.
+    pub fn outputs_with_states(&self, batch: &[Encoded]) -> Result<Vec<Vec<f32>>, ModelError> {
+        let (logits, states) = self.score_with_states(batch)?;
+        let states = states.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+        Ok(logits.into_iter().zip(states).map(|(l, s)| std::iter::once(l).chain(s).collect()).collect())
+    }
+
     pub fn device(&self) -> &Device {
         &self.backbone.device
     }
@@ -462,16 +469,14 @@ impl Reranker {
     }
 
     /// One output per encoded input: `[logit]` (cross-encoder), the embedding (bi-encoder), or the logit
-    /// and the `[CLS]` state (Co-BERT, whose second round reads the first round's states).
+    /// and the `[CLS]` state (Co-BERT with one backbone, whose second round reads the first round's states).
     pub fn forward(&self, batch: &[Encoded]) -> Result<Vec<Vec<f32>>, ModelError> {
         match self {
-            Reranker::Cross(m) => Ok(m.score(batch)?.into_iter().map(|s| vec![s]).collect()),
-            Reranker::Bi(m) => m.embed(batch),
-            Reranker::CoBert(m) => {
-                let (logits, states) = m.cross.score_with_states(batch)?;
-                let states = states.to_dtype(DType::F32)?.to_vec2::<f32>()?;
-                Ok(logits.into_iter().zip(states).map(|(l, s)| std::iter::once(l).chain(s).collect()).collect())
+            Reranker::Cross(m) | Reranker::CoBert(cobert::CoBert { cross: m, own: Some(_), .. }) => {
+                Ok(m.score(batch)?.into_iter().map(|s| vec![s]).collect())
             }
+            Reranker::Bi(m) => m.embed(batch),
+            Reranker::CoBert(m) => m.cross.outputs_with_states(batch),
         }
     }
 }

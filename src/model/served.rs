@@ -43,6 +43,8 @@ pub struct Scores {
 pub struct Served {
     model: Arc<Reranker>,
     queue: Queue,
+    /// Co-BERT's own backbone, when it is not the first round's (trained end to end).
+    second: Option<Queue>,
     cache: Mutex<LruCache<u64, Arc<[f32]>>>,
     options: ServeOptions,
 }
@@ -55,8 +57,16 @@ impl Served {
             Box::new(move |batch: &[Encoded]| model.forward(batch))
         };
         let queue = Queue::start(name, forward, options.max_batch_tokens, options.max_queued_inputs);
+        let second = matches!(&*model, Reranker::CoBert(m) if m.own.is_some()).then(|| {
+            let model = model.clone();
+            let forward = Box::new(move |batch: &[Encoded]| match &*model {
+                Reranker::CoBert(m) => m.interactions().outputs_with_states(batch),
+                _ => unreachable!("a second queue only for Co-BERT"),
+            });
+            Queue::start(&format!("{name}/cobert"), forward, options.max_batch_tokens, options.max_queued_inputs)
+        });
         let entries = NonZeroUsize::new(options.cache_entries).unwrap_or(NonZeroUsize::MIN);
-        Served { model, queue, cache: Mutex::new(LruCache::new(entries)), options }
+        Served { model, queue, second, cache: Mutex::new(LruCache::new(entries)), options }
     }
 
     pub fn model(&self) -> &Reranker {
@@ -78,7 +88,7 @@ impl Served {
     ) -> Result<Scores, ModelError> {
         match &*self.model {
             Reranker::Cross(m) | Reranker::CoBert(super::cobert::CoBert { cross: m, .. }) => {
-                let (pairs, timing, computed) = self.pair_outputs(m, query, texts, cancel)?;
+                let (pairs, timing, computed) = self.pair_outputs(m, &self.queue, query, texts, cancel)?;
                 // Each output ends with the pair's length, so FLOPs count cached pairs too.
                 let flops = pairs.iter().map(|o| m.pair_flops(o[o.len() - 1] as usize)).sum();
                 let scores = pairs.iter().map(|o| o[0]).collect();
@@ -121,18 +131,21 @@ impl Served {
     fn pair_outputs(
         &self,
         m: &super::CrossEncoder,
+        queue: &Queue,
         query: &str,
         texts: &[&str],
         cancel: &Cancel,
     ) -> Result<(Vec<Arc<[f32]>>, JobTiming, usize), ModelError> {
-        let keys: Vec<u64> = texts.iter().map(|t| key(Some(query), t)).collect();
+        // The two queues' outputs differ, so their cache keys do.
+        let salt: &[u8] = if std::ptr::eq(queue, &self.queue) { b"" } else { b"second" };
+        let keys: Vec<u64> = texts.iter().map(|t| key(Some((salt, query)), t)).collect();
         let (mut found, missing) = self.cached(&keys);
         let inputs = missing
             .iter()
             .map(|&i| m.encode(query, texts[i], self.options.max_length, self.options.max_query_tokens))
             .collect::<Result<Vec<_>, _>>()?;
         let lengths: Vec<usize> = inputs.iter().map(|e| e.ids.len()).collect();
-        let (mut outputs, timing) = self.queue.run(inputs, cancel)?;
+        let (mut outputs, timing) = queue.run(inputs, cancel)?;
         for (output, len) in outputs.iter_mut().zip(lengths) {
             output.push(len as f32);
         }
@@ -147,7 +160,8 @@ impl Served {
         let Reranker::CoBert(m) = &*self.model else {
             return Err(ModelError::Unsupported("the cobert pipeline needs a Co-BERT model".into()));
         };
-        let (outputs, _, _) = self.pair_outputs(&m.cross, query, texts, cancel)?;
+        let queue = self.second.as_ref().unwrap_or(&self.queue);
+        let (outputs, _, _) = self.pair_outputs(m.interactions(), queue, query, texts, cancel)?;
         Ok(outputs)
     }
 
@@ -186,14 +200,16 @@ impl Served {
 
     /// Inputs waiting for the model.
     pub fn queued(&self) -> usize {
-        self.queue.queued()
+        self.queue.queued() + self.second.as_ref().map_or(0, Queue::queued)
     }
 }
 
-/// The cache key of a (query, text) pair, or of a text alone; stable, since embedding files keep it.
-fn key(query: Option<&str>, text: &str) -> u64 {
+/// The cache key of a (query, text) pair (after the queue's salt), or of a text alone; stable, since embedding
+/// files keep it.
+fn key(query: Option<(&[u8], &str)>, text: &str) -> u64 {
     let mut h = Fnv::default();
-    if let Some(query) = query {
+    if let Some((salt, query)) = query {
+        h.write(salt);
         h.write(query.as_bytes());
         // 0xff never occurs in UTF-8: ("ab", "c") and ("a", "bc") differ.
         h.write(&[0xff]);

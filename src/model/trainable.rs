@@ -36,6 +36,8 @@ pub struct TrainableCrossEncoder {
     initialized: Vec<String>,
     /// Co-BERT's heads, when training them (their variables are named `cobert.*`).
     cobert: Option<CoBertHeads>,
+    /// The cross-encoder whose first round a Co-BERT checkpoint keeps beside its own trained backbone.
+    first_round: Option<PathBuf>,
 }
 
 /// Co-BERT heads to add to a trainable model: their shape, and whether their layers start as copies of the
@@ -63,9 +65,13 @@ impl Heads {
         })
     }
 
+    /// The final `[CLS]` states `[batch, hidden]`.
+    fn cls(&self, inputs: &Inputs) -> candle_core::Result<Tensor> {
+        self.bert.forward(&inputs.ids, &inputs.types, inputs.padded.then_some(&inputs.mask))?.i((.., 0))?.contiguous()
+    }
+
     fn forward(&self, inputs: &Inputs) -> candle_core::Result<Tensor> {
-        let hidden = self.bert.forward(&inputs.ids, &inputs.types, inputs.padded.then_some(&inputs.mask))?;
-        let pooled = self.pooler.forward(&hidden.i((.., 0))?)?.tanh()?;
+        let pooled = self.pooler.forward(&self.cls(inputs)?)?.tanh()?;
         self.classifier.forward(&pooled)?.squeeze(1)
     }
 }
@@ -124,7 +130,18 @@ impl TrainableCrossEncoder {
             dtype,
             initialized,
             cobert,
+            first_round: None,
         })
+    }
+
+    /// Makes every checkpoint carry `first_round` (a cross-encoder directory) as its first-round model:
+    /// Co-BERT trained end to end, whose own backbone no longer scores the first round.
+    pub fn keep_first_round(&mut self, first_round: &Path) {
+        self.first_round = Some(first_round.to_path_buf());
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// Co-BERT's heads, when the model was built with them.
@@ -153,19 +170,32 @@ impl TrainableCrossEncoder {
 
     /// Logits `[batch]` on the autograd graph.
     pub fn forward(&self, batch: &[Encoded]) -> Result<Tensor, ModelError> {
+        self.pass(batch, Heads::forward)
+    }
+
+    /// The final `[CLS]` states `[batch, hidden]` on the autograd graph (Co-BERT's interaction vectors).
+    pub fn cls_states(&self, batch: &[Encoded]) -> Result<Tensor, ModelError> {
+        self.pass(batch, Heads::cls)
+    }
+
+    fn pass(
+        &self,
+        batch: &[Encoded],
+        f: impl Fn(&Heads, &Inputs) -> candle_core::Result<Tensor>,
+    ) -> Result<Tensor, ModelError> {
         let inputs = Inputs::new(batch, self.pieces.pad_id, &self.device)?;
-        let logits = match &self.model {
-            Some(heads) => heads.forward(&inputs)?,
+        let out = match &self.model {
+            Some(heads) => f(heads, &inputs)?,
             None => {
                 let vb = VarBuilder::from_backend(
                     Box::new(Cast { varmap: self.varmap.clone(), dtype: self.dtype }),
                     self.dtype,
                     self.device.clone(),
                 );
-                Heads::build(vb, &self.config)?.forward(&inputs)?
+                f(&Heads::build(vb, &self.config)?, &inputs)?
             }
         };
-        Ok(logits.to_dtype(DType::F32)?)
+        Ok(out.to_dtype(DType::F32)?)
     }
 
     /// Every variable with its checkpoint name, sorted by name.
@@ -215,11 +245,12 @@ impl TrainableCrossEncoder {
         let config_path = staging.join("config.json");
         std::fs::write(&config_path, serde_json::to_vec_pretty(&config).unwrap_or_default())
             .map_err(|e| load_err(&config_path, e))?;
-        for name in TOKENIZER_FILES {
-            let from = self.source.join(name);
-            if from.exists() {
-                std::fs::copy(&from, staging.join(name)).map_err(|e| load_err(&from, e))?;
-            }
+        copy_files(&self.source, &staging, &TOKENIZER_FILES)?;
+        if let Some(first_round) = &self.first_round {
+            let to = staging.join(super::cobert::FIRST_ROUND_DIR);
+            std::fs::create_dir_all(&to).map_err(|e| load_err(&to, e))?;
+            copy_files(first_round, &to, &["config.json", "model.safetensors", "pytorch_model.bin"])?;
+            copy_files(first_round, &to, &TOKENIZER_FILES)?;
         }
         replace_dir(&staging, dir)
     }
@@ -238,6 +269,17 @@ impl TrainableCrossEncoder {
         }
         Ok(())
     }
+}
+
+/// Copies the named files `from` has into `to`.
+fn copy_files(from: &Path, to: &Path, names: &[&str]) -> Result<(), ModelError> {
+    for name in names {
+        let source = from.join(name);
+        if source.exists() {
+            std::fs::copy(&source, to.join(name)).map_err(|e| load_err(&source, e))?;
+        }
+    }
+    Ok(())
 }
 
 fn staging_dir(dir: &Path) -> PathBuf {

@@ -212,8 +212,8 @@ pub fn rerank(job: &Reranking<'_>, docs: Vec<Candidate>) -> Result<Reranked, Ran
 }
 
 /// Co-BERT's second round: the heads over the candidates' best passages in first-round order; the scores
-/// come back in the candidates' order, with the heads' FLOPs (the backbone's passes over the best passages
-/// are the first round's).
+/// come back in the candidates' order, with the second round's FLOPs: the heads', and the passes of
+/// Co-BERT's own backbone over the best passages when it has one (else those passes are the first round's).
 fn cobert(job: &Reranking<'_>, best: &[&str], first_round: &[f32]) -> Result<(Vec<f32>, f64), RankError> {
     let served = &job.model.served;
     let crate::model::Reranker::CoBert(model) = served.model() else {
@@ -236,7 +236,11 @@ fn cobert(job: &Reranking<'_>, best: &[&str], first_round: &[f32]) -> Result<(Ve
     for (&d, s) in order.iter().zip(rescored) {
         scores[d] = s;
     }
-    Ok((scores, model.heads.flops(&model.backbone, best.len())))
+    let passes: f64 = match &model.own {
+        Some(own) => outputs.iter().map(|o| own.pair_flops(o[o.len() - 1] as usize)).sum(),
+        None => 0.0,
+    };
+    Ok((scores, model.heads.flops(&model.backbone, best.len()) + passes))
 }
 
 #[cfg(test)]

@@ -1,8 +1,11 @@
-//! Co-BERT training with the backbone frozen (`--method cobert`): the first round (MaxP with the model to
-//! start from) runs once per query and keeps, for each of its top-`depth` BM25 candidates, the best
-//! passage's score and final `[CLS]` state (in `features-train.jsonl` / `features-dev.jsonl`, resumable);
-//! then only the heads train, on groups of candidates drawn across queries, with per-document binary
-//! cross-entropy. The checkpoint is the starting cross-encoder with `cobert.json` and `cobert.safetensors`.
+//! Co-BERT training (`--method cobert`): the first round (MaxP with the model to start from) runs once per
+//! query and keeps, for each of its top-`depth` BM25 candidates, the best passage, its score and its final
+//! `[CLS]` state (in `features-train.jsonl` / `features-dev.jsonl`, resumable); then the model trains on
+//! groups of candidates drawn across queries, with per-document binary cross-entropy. With the backbone
+//! frozen only the heads train, over the cached states, and the checkpoint is the starting cross-encoder
+//! with `cobert.json` and `cobert.safetensors`. End to end, every step passes the best passages through the
+//! backbone, which trains with the heads; the checkpoint is that backbone with the heads, and the starting
+//! cross-encoder in `first-round/`, which still runs the first round.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -30,6 +33,9 @@ pub struct CoBertTraining {
     pub depth: usize,
     /// Heads' layers from the backbone's last layers, else drawn from the seed.
     pub from_backbone: bool,
+    /// Train the backbone with the heads (else it stays frozen and its states are cached).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub end_to_end: bool,
 }
 
 /// One query's first round: candidates in first-round order with their best passage's score and state.
@@ -40,6 +46,9 @@ pub struct Features {
     pub first_round: Vec<f32>,
     /// `[k × hidden]`, row-major.
     pub states: Vec<f32>,
+    /// The best passages as the model reads them (title prefix included).
+    #[serde(default)]
+    pub passages: Vec<String>,
 }
 
 /// The first round of every query of `qids`, from `path` where computed before (a torn last line is
@@ -78,13 +87,14 @@ fn features(
         std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| TrainError::io(path, e))?;
     for (n, (qid, query)) in todo.into_iter().enumerate() {
         let hits = collection.search(query, depth, Bm25Params::default())?;
-        let (mut encoded, mut owners) = (Vec::new(), Vec::new());
+        let (mut encoded, mut owners, mut inputs) = (Vec::new(), Vec::new(), Vec::new());
         for (d, hit) in hits.iter().enumerate() {
             let Some(doc) = collection.get(&hit.docid)? else { continue };
             let prefix = segment::title_prefix(&doc.title, options.repeat_title);
             for input in inference_inputs(prefix.as_deref(), &doc.text, model, options, None) {
                 encoded.push(model.encode(query, &input, options.max_length, options.max_query_tokens)?);
                 owners.push(d);
+                inputs.push(input);
             }
         }
         let outputs = score_batched_with(&encoded, options.batch_tokens, |batch| {
@@ -92,20 +102,21 @@ fn features(
             let states = states.to_dtype(DType::F32)?.to_vec2::<f32>()?;
             Ok(scores.into_iter().zip(states).collect::<Vec<_>>())
         })?;
-        let mut best: Vec<Option<(f32, Vec<f32>)>> = vec![None; hits.len()];
-        for (d, (score, state)) in owners.into_iter().zip(outputs) {
-            if best[d].as_ref().is_none_or(|(b, _)| score > *b) {
-                best[d] = Some((score, state));
+        let mut best: Vec<Option<(f32, Vec<f32>, String)>> = vec![None; hits.len()];
+        for ((d, (score, state)), input) in owners.into_iter().zip(outputs).zip(inputs) {
+            if best[d].as_ref().is_none_or(|(b, _, _)| score > *b) {
+                best[d] = Some((score, state, input));
             }
         }
-        let mut ranked: Vec<(String, f32, Vec<f32>)> =
-            hits.iter().zip(best).filter_map(|(h, b)| b.map(|(s, v)| (h.docid.clone(), s, v))).collect();
-        ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let mut ranked: Vec<(String, (f32, Vec<f32>, String))> =
+            hits.iter().zip(best).filter_map(|(h, b)| Some((h.docid.clone(), b?))).collect();
+        ranked.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
         let f = Features {
             qid: qid.clone(),
             docids: ranked.iter().map(|r| r.0.clone()).collect(),
-            first_round: ranked.iter().map(|r| r.1).collect(),
-            states: ranked.into_iter().flat_map(|r| r.2).collect(),
+            first_round: ranked.iter().map(|r| r.1 .0).collect(),
+            states: ranked.iter().flat_map(|r| r.1 .1.iter().copied()).collect(),
+            passages: ranked.into_iter().map(|r| r.1 .2).collect(),
         };
         writeln!(file, "{}", serde_json::to_string(&f).unwrap_or_default()).map_err(|e| TrainError::io(path, e))?;
         done.insert(qid.clone(), f);
@@ -125,13 +136,18 @@ pub fn train(
     out: &Path,
     options: &TrainOptions,
     cobert: &CoBertTraining,
-    device: &candle_core::Device,
+    (device, dtype): (&candle_core::Device, DType),
     progress: &dyn Progress,
 ) -> Result<ModelReport, TrainError> {
     let dir = out.join("cobert");
     std::fs::create_dir_all(&dir).map_err(|e| TrainError::io(&dir, e))?;
     let heads_init = CoBertInit { config: cobert.heads, from_backbone: cobert.from_backbone };
-    let model = TrainableCrossEncoder::init_with(init, device, DType::F32, options.seed, Some(heads_init))?;
+    // End to end, the passes run in `dtype` (f32 master weights); the frozen backbone's states are cached.
+    let dtype = if cobert.end_to_end { dtype } else { DType::F32 };
+    let mut model = TrainableCrossEncoder::init_with(init, device, dtype, options.seed, Some(heads_init))?;
+    if cobert.end_to_end {
+        model.keep_first_round(init);
+    }
     let first_round = model.snapshot()?;
     let train = features(
         &dir.join("features-train.jsonl"),
@@ -153,6 +169,14 @@ pub fn train(
         cobert.depth,
         progress,
     )?;
+    if cobert.end_to_end && train.iter().chain(&dev).any(|f| f.passages.len() != f.docids.len()) {
+        return Err(TrainError::Data(format!(
+            "the first round cached in {} lacks the best passages (an older version wrote it): delete its \
+             features-*.jsonl to recompute them",
+            dir.display()
+        )));
+    }
+    let queries: BTreeMap<&str, &str> = topics.iter().map(|(q, t)| (q.as_str(), t.as_str())).collect();
     let relevant = |qid: &str, docid: &str| qrels.topics.get(qid).and_then(|j| j.get(docid)).is_some_and(|g| *g > 0);
     // Every group of every training query with a relevant candidate.
     let pool: Vec<(usize, usize, usize, usize)> = train
@@ -180,11 +204,12 @@ pub fn train(
     .into_iter()
     .filter_map(|(off, prefix)| off.then_some(prefix))
     .collect();
-    let vars: Vec<_> = model
-        .variables()
-        .into_iter()
-        .filter(|(n, _)| n.starts_with("cobert.") && !unused.iter().any(|p| n.starts_with(p)))
-        .collect();
+    // End to end, the backbone trains too (not the pooler and classifier: the heads read the `[CLS]` state).
+    let trains = |n: &str| match n.strip_prefix("cobert.") {
+        Some(_) => !unused.iter().any(|p| n.starts_with(p)),
+        None => cobert.end_to_end && n.starts_with("bert.") && !n.starts_with("bert.pooler."),
+    };
+    let vars: Vec<_> = model.variables().into_iter().filter(|(n, _)| trains(n)).collect();
     let mut optimizer = AdamW::new(vars.clone(), options.weight_decay)?;
     let state_dir = dir.join("state");
     let mut state = State::default();
@@ -218,8 +243,25 @@ pub fn train(
             let (q, start, len, carried) = pool[rng.below(pool.len())];
             let f = &train[q];
             let m = cobert.heads.prototypes.min(f.docids.len());
-            let (prototypes, prototype_scores) = tensor(f, 0, m)?;
-            let (r, _) = tensor(f, start, len)?;
+            let ((prototypes, prototype_scores), (r, _)) = (tensor(f, 0, m)?, tensor(f, start, len)?);
+            let (r, prototypes) = if cobert.end_to_end {
+                // One backbone pass per document: the prototypes, then the group's other documents.
+                let index: Vec<usize> = (0..m).chain((start..start + len).filter(|&j| j >= m)).collect();
+                let query = queries.get(f.qid.as_str()).copied().unwrap_or_default();
+                let encoded = index
+                    .iter()
+                    .map(|&j| model.encode(query, &f.passages[j], options.max_length, options.max_query_tokens))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let states = model.cls_states(&encoded)?;
+                let rows = |docs: std::ops::Range<usize>| -> Result<Tensor, TrainError> {
+                    let at: Vec<u32> =
+                        docs.map(|j| index.iter().position(|&i| i == j).unwrap_or_default() as u32).collect();
+                    Ok(states.index_select(&Tensor::new(at.as_slice(), device)?, 0)?)
+                };
+                (rows(start..start + len)?, rows(0..m)?)
+            } else {
+                (r, prototypes)
+            };
             let calibrated = heads.calibrate(&r, &prototypes, &prototype_scores)?;
             let logits = if cobert.heads.groupwise {
                 let group = [crate::model::cobert::Group { start: 0, len, carried }];
@@ -254,7 +296,8 @@ pub fn train(
             .map_err(|e| TrainError::io(&log_path, e))?;
         progress.set(step as u64, &format!("loss {loss:.4}"));
         if step % options.eval_every == 0 || step == options.steps {
-            let (value, measures, run) = evaluate(&model, &dev, qrels, options, hidden, device)?;
+            let fresh = cobert.end_to_end.then_some(&queries);
+            let (value, measures, run) = evaluate(&model, &dev, qrels, options, hidden, fresh)?;
             let gain = state.best_dev.is_none_or(|best| value > best);
             if gain {
                 model.save(&dir.join("model"))?;
@@ -296,20 +339,38 @@ fn first_round_hidden(features: &[Features]) -> Result<usize, TrainError> {
         .ok_or_else(|| TrainError::Data("no query has first-stage candidates".into()))
 }
 
-/// Co-BERT's ranking of each dev query's candidates, as the `cobert` pipeline scores them.
+/// Co-BERT's ranking of each dev query's candidates, as the `cobert` pipeline scores them: over the cached
+/// states, or, with the queries given (end to end), over the states the current backbone computes.
 fn evaluate(
     model: &TrainableCrossEncoder,
     dev: &[Features],
     qrels: &Qrels,
     options: &TrainOptions,
     hidden: usize,
-    device: &candle_core::Device,
+    fresh: Option<&BTreeMap<&str, &str>>,
 ) -> Result<(f64, BTreeMap<String, f64>, Run), TrainError> {
     let heads = model.cobert().ok_or_else(|| TrainError::Data("no Co-BERT heads".into()))?;
+    let device = model.device();
+    let backbone = fresh.map(|_| model.snapshot()).transpose()?;
     let mut run = Run { tag: "dev".into(), ..Default::default() };
     for f in dev {
         let k = f.docids.len();
-        let r = Tensor::from_vec(f.states.clone(), (k, hidden), device)?;
+        let states = match (&backbone, fresh) {
+            (Some(backbone), Some(queries)) => {
+                let query = queries.get(f.qid.as_str()).copied().unwrap_or_default();
+                let encoded = f
+                    .passages
+                    .iter()
+                    .map(|p| backbone.encode(query, p, options.max_length, options.max_query_tokens))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let states = score_batched_with(&encoded, options.batch_tokens, |batch| {
+                    Ok(backbone.score_with_states(batch)?.1.to_dtype(DType::F32)?.to_vec2::<f32>()?)
+                })?;
+                states.concat()
+            }
+            _ => f.states.clone(),
+        };
+        let r = Tensor::from_vec(states, (k, hidden), device)?;
         let first = Tensor::new(f.first_round.as_slice(), device)?;
         let scores: Vec<f32> = heads.forward(&r, &first)?.to_vec1()?;
         let docs = f.docids.iter().zip(scores).map(|(d, s)| Scored { docid: d.clone(), score: s as f64 }).collect();

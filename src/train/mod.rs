@@ -260,7 +260,7 @@ pub fn train(
             out,
             options,
             &settings,
-            device,
+            (device, dtype),
             progress,
         )?;
         return finish(out, vec![model], train_qids.len(), dev_qids.len(), None);

@@ -351,3 +351,61 @@ fn cobert_heads_train_over_a_frozen_model_and_the_server_scores_as_training_did(
     // The server loads the checkpoint as a Co-BERT model and scores dev's candidates as training did.
     served_as_in_training(d, &saved, &d.join("co/cobert/dev-run.txt"), "cobert");
 }
+
+#[test]
+fn cobert_trains_end_to_end_and_the_server_runs_its_first_round_with_the_model_it_started_from() {
+    use longrank::model::cobert::CoBertConfig;
+    use longrank::model::CoBertInit;
+    let models = tempfile::tempdir().unwrap();
+    tiny_cross_encoder(models.path(), 19);
+    // Through the backbone's `[CLS]` states and the heads, every variable but the pooler and the classifier
+    // (which the heads never read) and the unused no-groupwise projection gets a gradient.
+    let config = CoBertConfig { prototypes: 2, group: 3, overlap: 1, ..Default::default() };
+    let init = CoBertInit { config, from_backbone: true };
+    let model = TrainableCrossEncoder::init_with(models.path(), &Device::Cpu, DType::F32, 1, Some(init)).unwrap();
+    let texts = ["the river runs north.", "hills and valleys.", "a lamp on the road, and more words.", "moon"];
+    let encoded: Vec<_> = texts.iter().map(|t| model.encode("river hills", t, 64, 16).unwrap()).collect();
+    let states = model.cls_states(&encoded).unwrap();
+    let first = candle_core::Tensor::new(&[2.0f32, 1.0, 0.5, 0.0], &Device::Cpu).unwrap();
+    let scores = model.cobert().unwrap().forward(&states, &first).unwrap();
+    let grads = scores.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+    let skipped = ["bert.pooler.", "classifier.", "cobert.relevance."];
+    let mut checked = 0;
+    for (name, var) in model.variables().iter().filter(|(n, _)| !skipped.iter().any(|s| n.starts_with(s))) {
+        let grad = grads.get(var.as_tensor()).unwrap_or_else(|| panic!("{name} received no gradient"));
+        assert!(grad.abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() > 0.0, "{name}: zero gradient");
+        checked += usize::from(name.starts_with("bert."));
+    }
+    assert!(checked > 30, "{checked} backbone variables");
+
+    // `--end-to-end` trains the backbone with the heads; the checkpoint keeps the starting cross-encoder for
+    // the first round, and the server scores dev's candidates as training did.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    synthetic_collection(d);
+    let cobert = ["--cobert-depth", "5", "--prototypes", "2", "--group", "3", "--overlap", "1", "--end-to-end"];
+    let args: Vec<&str> =
+        train_args(models.path().to_str().unwrap(), "e2e", "cobert", "12").into_iter().chain(cobert).collect();
+    cli_ok(d, &args);
+    assert!(best_dev(&summary(&d.join("e2e")), "cobert") > 0.0);
+    let saved = d.join("e2e/cobert/model");
+    let first_round = std::fs::read(saved.join("first-round/model.safetensors")).unwrap();
+    assert_eq!(first_round, std::fs::read(models.path().join("model.safetensors")).unwrap());
+    assert_ne!(first_round, std::fs::read(saved.join("model.safetensors")).unwrap(), "the backbone trained");
+    served_as_in_training(d, &saved, &d.join("e2e/cobert/dev-run.txt"), "cobert");
+
+    // Its FLOPs count the own backbone's pass over each candidate's best passage besides the heads.
+    let loaded = longrank::model::cobert::CoBert::load(&saved, &Device::Cpu, DType::F32).unwrap();
+    let own = loaded.own.as_ref().expect("an own backbone");
+    let server = TestServer::start(d, &[("LONGRANK_MODEL_PATH", saved.to_str().unwrap())]).wait_ready();
+    let topics = std::fs::read_to_string(d.join("topics.tsv")).unwrap();
+    let query = topics.lines().next().unwrap().split('\t').nth(1).unwrap();
+    let flops = |pipeline: &str| {
+        let body = json!({"query": query, "pipeline": pipeline, "depth": 5, "k": 5}).to_string();
+        let reply = post_json(&server.url("/search"), &body).json();
+        (reply["timing"]["flops"].as_f64().unwrap(), reply["results"].as_array().unwrap().len())
+    };
+    let ((maxp, n), (co, _)) = (flops("maxp"), flops("cobert"));
+    let passes = co - maxp - loaded.heads.flops(&loaded.backbone, n);
+    assert!(passes >= n as f64 * own.pair_flops(5), "{co} - {maxp}: {passes} for {n} passages");
+}
