@@ -161,6 +161,7 @@ pub struct ModelBench<'a> {
     pub batches: &'a [usize],
     pub warmup: usize,
     pub reps: usize,
+    pub int8: bool,
 }
 
 /// Cross-encoder pairs/s: the model's forward pass on pre-tokenized batches, as the peers time theirs. A
@@ -169,7 +170,11 @@ pub struct ModelBench<'a> {
 pub fn model(b: ModelBench) -> anyhow::Result<()> {
     use candle_core::{DType, Device};
     use longrank::model::TrainableCrossEncoder;
-    let model = TrainableCrossEncoder::init(b.dir, &Device::Cpu, DType::F32, 0)?.snapshot()?;
+    let mut model = TrainableCrossEncoder::init(b.dir, &Device::Cpu, DType::F32, 0)?.snapshot()?;
+    if b.int8 {
+        model.quantize()?;
+    }
+    let system = if b.int8 { "longrank-candle-int8" } else { "longrank-candle" };
     println!("longrank candle threads={}", candle_core::utils::get_num_threads());
     for &length in b.lengths {
         for &batch in b.batches {
@@ -193,7 +198,7 @@ pub fn model(b: ModelBench) -> anyhow::Result<()> {
             let median = times[times.len() / 2];
             let gflops = flops_per_pair(length) * batch as f64 / 1e9;
             println!(
-                "RESULT system=longrank-candle len={length} batch={batch} batch_s med={median:.4} \
+                "RESULT system={system} len={length} batch={batch} batch_s med={median:.4} \
                  pairs_per_s_med={:.2} pairs_per_s_best={:.2} gflops_med={:.1} rss_mb={:.0}",
                 batch as f64 / median,
                 batch as f64 / times[0],

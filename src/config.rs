@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::index::{Bm25Params, BuildOptions, OnError};
-use crate::model::Kind;
+use crate::model::{Kind, Quantize};
 use crate::segment::SegmentOptions;
 
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +75,9 @@ pub struct ModelConfig {
     pub device: String,
     /// `auto` (f16 on a GPU, f32 on the CPU), `f32`, `f16` or `bf16`.
     pub dtype: String,
+    /// The default model's linear layers: `none` (in `dtype`) or `int8` (CPU only; named models say their
+    /// own: `{ path = "...", quantize = "int8" }`).
+    pub quantize: Quantize,
     /// Read hub models from the cache only (also `HF_HUB_OFFLINE=1`).
     pub offline: bool,
     /// Longest model input in word pieces (query, segment and special tokens).
@@ -106,6 +109,8 @@ pub struct ModelSource {
     pub path: String,
     #[serde(default)]
     pub kind: Kind,
+    #[serde(default)]
+    pub quantize: Quantize,
 }
 
 impl NamedModel {
@@ -121,6 +126,13 @@ impl NamedModel {
             NamedModel::With(source) => source.kind,
         }
     }
+
+    pub fn quantize(&self) -> Quantize {
+        match self {
+            NamedModel::Source(_) => Quantize::None,
+            NamedModel::With(source) => source.quantize,
+        }
+    }
 }
 
 /// The quick start's re-ranker: a real MS MARCO cross-encoder from the hub.
@@ -134,6 +146,7 @@ impl Default for ModelConfig {
             named: BTreeMap::new(),
             device: "cpu".into(),
             dtype: "auto".into(),
+            quantize: Quantize::None,
             offline: false,
             max_length: 512,
             max_query_tokens: 64,

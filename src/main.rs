@@ -244,6 +244,9 @@ enum BenchCommand {
         warmup: usize,
         #[arg(long, default_value_t = 5)]
         reps: usize,
+        /// int8 linear layers (as `quantize = "int8"` in configuration).
+        #[arg(long)]
+        int8: bool,
     },
     /// One training step (pairwise hinge, AdamW over every weight) on the workload of ../shared/bench, as
     /// its PyTorch peer (`peers_torch.py train`) times it.
@@ -329,8 +332,8 @@ fn main() -> anyhow::Result<()> {
             pipeline: &pipeline,
             depth,
         }),
-        Command::Bench { what: BenchCommand::Model { dir, lengths, batches, warmup, reps } } => {
-            bench::model(bench::ModelBench { dir: &dir, lengths: &lengths, batches: &batches, warmup, reps })
+        Command::Bench { what: BenchCommand::Model { dir, lengths, batches, warmup, reps, int8 } } => {
+            bench::model(bench::ModelBench { dir: &dir, lengths: &lengths, batches: &batches, warmup, reps, int8 })
         }
         Command::Bench { what: BenchCommand::Train { dir, length, batch, warmup, steps } } => {
             bench::train(bench::TrainBench { dir: &dir, length, batch, warmup, steps })

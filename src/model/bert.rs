@@ -4,11 +4,15 @@
 //! softmax is candle-nn's fused row kernel; the intermediate bias and the exact GELU are one pass on every core
 //! with a polynomial erf. Weights load from the same checkpoints (`bert.`-prefixed or not).
 //!
+//! `Bert::quantize` turns the encoder's linear layers into int8 ones (GGML's Q8_0 blocks: 32 weights share a
+//! scale; each activation row is quantized the same way on the fly, and the products accumulate in integers).
+//!
 //! For training, `Bert::trainable` builds the same model from differentiable operations only: candle-nn's
 //! fused LayerNorm and softmax have no backward pass (LayerNorm's output is silently detached), so our fused
 //! kernels with backward passes (`kernels.rs`) take their place, and the folded query scale would go stale
 //! once the weights are updated.
 
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Module, Tensor};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use candle_transformers::models::bert::{Config, HiddenAct};
@@ -34,10 +38,63 @@ pub struct Encoder {
     differentiable: bool,
 }
 
+/// A linear layer of the inference encoder: float weights, or int8 blocks.
+enum Dense {
+    Float(Linear),
+    /// `pad` zero columns make the inputs a whole number of 256-wide blocks: candle's tiled int8 kernel
+    /// (AVX-512 VNNI) takes only those, and otherwise falls back to dot products many times slower.
+    Int8 {
+        weight: QMatMul,
+        bias: Option<Tensor>,
+        pad: usize,
+    },
+}
+
+/// Input widths of the int8 tiled kernel are multiples of this.
+const INT8_BLOCK: usize = 256;
+
+impl Dense {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Dense::Float(linear) => linear.forward(x),
+            Dense::Int8 { weight, bias, pad } => {
+                let y = if *pad > 0 {
+                    weight.forward(&x.pad_with_zeros(candle_core::D::Minus1, 0, *pad)?)?
+                } else {
+                    weight.forward(x)?
+                };
+                match bias {
+                    Some(bias) => y.broadcast_add(bias),
+                    None => Ok(y),
+                }
+            }
+        }
+    }
+
+    /// The float layer (training's, which is never quantized).
+    fn float(&self) -> candle_core::Result<&Linear> {
+        match self {
+            Dense::Float(linear) => Ok(linear),
+            Dense::Int8 { .. } => candle_core::bail!("an int8 layer has no float weights"),
+        }
+    }
+
+    fn quantize(&mut self) -> candle_core::Result<()> {
+        if let Dense::Float(linear) = self {
+            let inputs = linear.weight().dim(1)?;
+            let pad = inputs.next_multiple_of(INT8_BLOCK) - inputs;
+            let weight = linear.weight().pad_with_zeros(1, 0, pad)?;
+            let weight = QMatMul::from_qtensor(QTensor::quantize(&weight, GgmlDType::Q8_0)?)?;
+            *self = Dense::Int8 { weight, bias: linear.bias().cloned(), pad };
+        }
+        Ok(())
+    }
+}
+
 /// The query, key and value projections as one `[3h, h]` product.
 enum Qkv {
     /// Concatenated at load time, the attention scale folded into the query rows (inference).
-    Fused(Linear),
+    Fused(Dense),
     /// The variables as they are, concatenated and scaled on every pass (training).
     Parts { weights: [Tensor; 3], biases: [Tensor; 3], scale: f64 },
 }
@@ -45,7 +102,7 @@ enum Qkv {
 impl Qkv {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
-            Qkv::Fused(linear) => linear.forward(x),
+            Qkv::Fused(dense) => dense.forward(x),
             Qkv::Parts { weights: [wq, wk, wv], biases: [bq, bk, bv], scale } => {
                 let weight = Tensor::cat(&[&(wq * *scale)?, wk, wv], 0)?;
                 let bias = Tensor::cat(&[&(bq * *scale)?, bk, bv], 0)?;
@@ -57,11 +114,11 @@ impl Qkv {
 
 struct Layer {
     qkv: Qkv,
-    out: Linear,
+    out: Dense,
     norm1: LayerNorm,
-    /// The intermediate projection's weight and bias, kept apart so the bias joins the GELU's pass.
-    inter: (Tensor, Tensor),
-    output: Linear,
+    /// The intermediate projection (without its bias) and the bias, which joins the GELU's pass.
+    inter: (Dense, Tensor),
+    output: Dense,
     norm2: LayerNorm,
 }
 
@@ -86,6 +143,25 @@ impl Bert {
             norm: candle_nn::layer_norm(h, config.layer_norm_eps, vb.pp("embeddings.LayerNorm"))?,
             encoder: Encoder::load(vb.pp("encoder"), config, config.num_hidden_layers, differentiable)?,
         })
+    }
+
+    /// Makes every linear layer of the encoder int8 (inference models only).
+    pub fn quantize(&mut self) -> candle_core::Result<()> {
+        if self.encoder.differentiable {
+            candle_core::bail!("a training model stays in floating point");
+        }
+        if !self.word.embeddings().device().is_cpu() {
+            candle_core::bail!("int8 layers run on the CPU only");
+        }
+        for layer in &mut self.encoder.layers {
+            if let Qkv::Fused(qkv) = &mut layer.qkv {
+                qkv.quantize()?;
+            }
+            for dense in [&mut layer.out, &mut layer.inter.0, &mut layer.output] {
+                dense.quantize()?;
+            }
+        }
+        Ok(())
     }
 
     /// Final hidden states `[batch, len, hidden]`; `mask` (`[batch, len]`, 1 for tokens, 0 for padding) is
@@ -120,17 +196,19 @@ impl Encoder {
                     Qkv::Parts { weights: [q.0, k.0, v.0], biases: [q.1, k.1, v.1], scale }
                 } else {
                     let weight = Tensor::cat(&[&(q.0 * scale)?, &k.0, &v.0], 0)?;
-                    Qkv::Fused(Linear::new(weight, Some(Tensor::cat(&[&(q.1 * scale)?, &k.1, &v.1], 0)?)))
+                    let bias = Tensor::cat(&[&(q.1 * scale)?, &k.1, &v.1], 0)?;
+                    Qkv::Fused(Dense::Float(Linear::new(weight, Some(bias))))
                 };
                 Ok(Layer {
                     qkv,
-                    out: candle_nn::linear(h, h, vb.pp("attention.output.dense"))?,
+                    out: Dense::Float(candle_nn::linear(h, h, vb.pp("attention.output.dense"))?),
                     norm1: norm(vb.pp("attention.output.LayerNorm"))?,
                     inter: {
                         let vb = vb.pp("intermediate.dense");
-                        (vb.get((config.intermediate_size, h), "weight")?, vb.get(config.intermediate_size, "bias")?)
+                        let weight = vb.get((config.intermediate_size, h), "weight")?;
+                        (Dense::Float(Linear::new(weight, None)), vb.get(config.intermediate_size, "bias")?)
                     },
-                    output: candle_nn::linear(config.intermediate_size, h, vb.pp("output.dense"))?,
+                    output: Dense::Float(candle_nn::linear(config.intermediate_size, h, vb.pp("output.dense"))?),
                     norm2: norm(vb.pp("output.LayerNorm"))?,
                 })
             })
@@ -173,11 +251,7 @@ impl Encoder {
         let context = probs.matmul(&v)?.transpose(1, 2)?.contiguous()?.reshape((batch, len, hidden))?;
         let x = self.normalize(&layer.norm1, &(self.linear(&context, &layer.out)? + x)?)?;
         let (weight, bias) = &layer.inter;
-        let inner = if self.differentiable {
-            affine(&x, weight, None)?
-        } else {
-            x.matmul(&weight.broadcast_left(batch)?.t()?)?
-        };
+        let inner = self.linear(&x, weight)?;
         let inner = match self.act {
             HiddenAct::Gelu => kernels::bias_gelu(&inner, bias)?,
             HiddenAct::GeluApproximate => inner.broadcast_add(bias)?.gelu()?,
@@ -188,11 +262,12 @@ impl Encoder {
 
     /// Inference keeps candle-nn's product with the weight broadcast over the batch (a few % faster here);
     /// training takes one product over all rows.
-    fn linear(&self, x: &Tensor, linear: &Linear) -> candle_core::Result<Tensor> {
+    fn linear(&self, x: &Tensor, dense: &Dense) -> candle_core::Result<Tensor> {
         if self.differentiable {
+            let linear = dense.float()?;
             affine(x, linear.weight(), linear.bias())
         } else {
-            linear.forward(x)
+            dense.forward(x)
         }
     }
 

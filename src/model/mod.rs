@@ -284,6 +284,11 @@ impl CrossEncoder {
         Ok((logits.i((.., self.label))?.to_dtype(DType::F32)?.to_vec1::<f32>()?, cls))
     }
 
+    /// Makes the encoder's linear layers int8.
+    pub fn quantize(&mut self) -> Result<(), ModelError> {
+        Ok(self.backbone.bert.quantize()?)
+    }
+
     /// Per pair, the logit followed by the final `[CLS]` state.
     pub fn outputs_with_states(&self, batch: &[Encoded]) -> Result<Vec<Vec<f32>>, ModelError> {
         let (logits, states) = self.score_with_states(batch)?;
@@ -423,7 +428,28 @@ pub enum Kind {
     BiEncoder,
 }
 
+/// How a model's encoder multiplies: in its dtype, or with int8 linear layers (GGML's Q8_0 blocks; CPU).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Quantize {
+    #[default]
+    None,
+    Int8,
+}
+
 impl Reranker {
+    /// Makes the encoders' linear layers int8 (Co-BERT's heads stay as they are: a few small layers).
+    pub fn quantize(&mut self) -> Result<(), ModelError> {
+        match self {
+            Reranker::Cross(m) => m.quantize(),
+            Reranker::Bi(m) => Ok(m.backbone.bert.quantize()?),
+            Reranker::CoBert(m) => {
+                m.cross.quantize()?;
+                m.own.as_mut().map_or(Ok(()), CrossEncoder::quantize)
+            }
+        }
+    }
+
     /// Loads a directory as the given kind.
     pub fn load(dir: &Path, device: &Device, dtype: DType, kind: Kind) -> Result<Reranker, ModelError> {
         let bi = match kind {

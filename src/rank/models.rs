@@ -13,7 +13,7 @@ use utoipa::ToSchema;
 use super::RankError;
 use crate::config::ModelConfig;
 use crate::index::Collection;
-use crate::model::{self, Kind, Reranker, ServeOptions, Served, VectorFile};
+use crate::model::{self, Kind, Quantize, Reranker, ServeOptions, Served, VectorFile};
 
 /// The name of `[model] path`.
 pub const DEFAULT: &str = "default";
@@ -29,6 +29,7 @@ struct Slot {
     name: String,
     source: String,
     kind: Kind,
+    quantize: Quantize,
     state: OnceLock<Result<Arc<LoadedModel>, String>>,
 }
 
@@ -69,11 +70,12 @@ pub struct ModelStatus {
 
 impl Models {
     pub fn new(config: &ModelConfig) -> Models {
-        let default = (!config.path.is_empty()).then(|| (DEFAULT.to_string(), config.path.clone(), config.kind));
+        let default =
+            (!config.path.is_empty()).then(|| (DEFAULT.to_string(), config.path.clone(), config.kind, config.quantize));
         let slots = default
             .into_iter()
-            .chain(config.named.iter().map(|(n, m)| (n.clone(), m.source().to_string(), m.kind())))
-            .map(|(name, source, kind)| Slot { name, source, kind, state: OnceLock::new() })
+            .chain(config.named.iter().map(|(n, m)| (n.clone(), m.source().to_string(), m.kind(), m.quantize())))
+            .map(|(name, source, kind, quantize)| Slot { name, source, kind, quantize, state: OnceLock::new() })
             .collect();
         Models { slots, config: config.clone(), vectors: Mutex::default() }
     }
@@ -117,7 +119,10 @@ impl Models {
         let dir = model::resolve(&slot.source, self.config.offline)?;
         let device = model::device(&self.config.device)?;
         let dtype = model::dtype(&self.config.dtype, &device)?;
-        let reranker = Reranker::load(&dir, &device, dtype, slot.kind)?;
+        let mut reranker = Reranker::load(&dir, &device, dtype, slot.kind)?;
+        if slot.quantize == Quantize::Int8 {
+            reranker.quantize()?;
+        }
         let weights_hash = model::weights_hash(&dir)?;
         let c = &self.config;
         let options = ServeOptions {
@@ -133,7 +138,8 @@ impl Models {
             source: slot.source.clone(),
             dir,
             weights_hash,
-            dtype: format!("{dtype:?}").to_lowercase(),
+            // Also names the embedding files, which int8 layers must not share with float ones.
+            dtype: format!("{dtype:?}").to_lowercase() + if slot.quantize == Quantize::Int8 { "-int8" } else { "" },
         })
     }
 

@@ -85,7 +85,20 @@ fn cross_encoder_reproduces_reference_logits_including_truncated_pairs() {
             assert!((got as f64 - want).abs() <= 1e-4, "pair {i}: {got} vs reference {want}");
         }
     }
+
+    // int8 linear layers (`quantize = "int8"`): close to the reference, though not equal (really quantized).
+    let mut int8 = CrossEncoder::load(dir.path(), &Device::Cpu, DType::F32).unwrap();
+    int8.quantize().unwrap();
+    let got = int8.score(&encoded).unwrap();
+    let errors: Vec<f64> =
+        pairs.iter().zip(&got).map(|(p, g)| (*g as f64 - p["logit"].as_f64().unwrap()).abs()).collect();
+    let worst = errors.iter().cloned().fold(0.0, f64::max);
+    assert!(worst > 0.0 && worst <= INT8_TOLERANCE, "int8: worst logit error {worst}");
 }
+
+/// How far int8 logits may stray from the float reference: on its 30 pairs (logits from −0.30 to 0.48, the
+/// reference's head being random) the worst error seen was 0.052 and the mean 0.017.
+const INT8_TOLERANCE: f64 = 0.1;
 
 #[test]
 fn maxp_search_over_http_carries_segment_evidence() {

@@ -443,6 +443,31 @@ fn flops_count_every_pair_from_the_model_shape_cached_or_not() {
     }
 }
 
+#[test]
+fn a_model_configured_int8_serves_quantized_scores() {
+    let models = tempfile::tempdir().unwrap();
+    tiny_cross_encoder(models.path(), 5);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    let path = models.path().to_str().unwrap();
+    std::fs::write(&config, format!("[model.named]\nq = {{ path = {path:?}, quantize = \"int8\" }}\n")).unwrap();
+    let env = [("LONGRANK_MODEL_PATH", path), ("LONGRANK_CONFIG", config.to_str().unwrap())];
+    let server = TestServer::start(dir.path(), &env).wait_ready();
+    let scores = |model: &str| -> Vec<f64> {
+        let body = json!({"query": "ab", "documents": [{"text": "cd ab"}, {"text": "e"}, {"text": "abab"}],
+            "pipeline": "maxp", "model": model});
+        let reply = post_json(&server.url("/rerank"), &body.to_string()).json();
+        let mut hits = reply["results"].as_array().unwrap().clone();
+        hits.sort_by_key(|h| h["docid"].as_str().unwrap().to_string());
+        hits.iter().map(|h| h["score"].as_f64().unwrap()).collect()
+    };
+    let (float, int8) = (scores("default"), scores("q"));
+    for (f, q) in float.iter().zip(&int8) {
+        assert!((f - q).abs() < 0.05, "{float:?} vs {int8:?}");
+    }
+    assert_ne!(float, int8, "quantized");
+}
+
 /// Adds seeded random Co-BERT heads (2 prototypes, groups of 3 overlapping by 1) to a tiny cross-encoder.
 fn tiny_cobert(dir: &Path, seed: u64) {
     use candle_nn::{VarBuilder, VarMap};
