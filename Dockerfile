@@ -19,7 +19,7 @@ RUN touch src/main.rs src/lib.rs && cargo build --release --locked --bin longran
 
 FROM debian:bookworm-slim
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates=* curl=* \
+    && apt-get install -y --no-install-recommends ca-certificates=* curl=* libopenblas0-pthread=* \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --create-home --home-dir /data longrank
 COPY --from=build /src/target/release/longrank /usr/local/bin/longrank

@@ -17,6 +17,7 @@ use candle_core::{Module, Tensor};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use candle_transformers::models::bert::{Config, HiddenAct};
 
+use super::blas::{self, BlasLinear};
 use super::kernels;
 
 pub struct Bert {
@@ -38,9 +39,11 @@ pub struct Encoder {
     differentiable: bool,
 }
 
-/// A linear layer of the inference encoder: float weights, or int8 blocks.
+/// A linear layer: float weights (candle's product), the same through BLAS (inference, when one is
+/// installed), or int8 blocks.
 enum Dense {
     Float(Linear),
+    Blas(BlasLinear),
     /// `pad` zero columns make the inputs a whole number of 256-wide blocks: candle's tiled int8 kernel
     /// (AVX-512 VNNI) takes only those, and otherwise falls back to dot products many times slower.
     Int8 {
@@ -57,6 +60,7 @@ impl Dense {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
             Dense::Float(linear) => linear.forward(x),
+            Dense::Blas(linear) => linear.forward(x),
             Dense::Int8 { weight, bias, pad } => {
                 let y = if *pad > 0 {
                     weight.forward(&x.pad_with_zeros(candle_core::D::Minus1, 0, *pad)?)?
@@ -71,22 +75,33 @@ impl Dense {
         }
     }
 
-    /// The float layer (training's, which is never quantized).
-    fn float(&self) -> candle_core::Result<&Linear> {
-        match self {
-            Dense::Float(linear) => Ok(linear),
-            Dense::Int8 { .. } => candle_core::bail!("an int8 layer has no float weights"),
+    /// An inference layer: through BLAS when one is loaded and the weights are f32 on the CPU.
+    fn inference(linear: Linear) -> candle_core::Result<Dense> {
+        if blas::available_for(linear.weight()) {
+            Ok(Dense::Blas(BlasLinear::new(linear.weight(), linear.bias())?))
+        } else {
+            Ok(Dense::Float(linear))
         }
     }
 
-    fn quantize(&mut self) -> candle_core::Result<()> {
-        if let Dense::Float(linear) = self {
-            let inputs = linear.weight().dim(1)?;
-            let pad = inputs.next_multiple_of(INT8_BLOCK) - inputs;
-            let weight = linear.weight().pad_with_zeros(1, 0, pad)?;
-            let weight = QMatMul::from_qtensor(QTensor::quantize(&weight, GgmlDType::Q8_0)?)?;
-            *self = Dense::Int8 { weight, bias: linear.bias().cloned(), pad };
+    /// The float layer (training's, which is built as `Float` and never quantized).
+    fn float(&self) -> candle_core::Result<&Linear> {
+        match self {
+            Dense::Float(linear) => Ok(linear),
+            Dense::Blas(_) | Dense::Int8 { .. } => candle_core::bail!("an inference layer in training"),
         }
+    }
+
+    fn quantize(&mut self, device: &candle_core::Device) -> candle_core::Result<()> {
+        let (weight, bias) = match self {
+            Dense::Float(linear) => (linear.weight().clone(), linear.bias().cloned()),
+            Dense::Blas(linear) => linear.tensors(device)?,
+            Dense::Int8 { .. } => return Ok(()),
+        };
+        let inputs = weight.dim(1)?;
+        let pad = inputs.next_multiple_of(INT8_BLOCK) - inputs;
+        let weight = QMatMul::from_qtensor(QTensor::quantize(&weight.pad_with_zeros(1, 0, pad)?, GgmlDType::Q8_0)?)?;
+        *self = Dense::Int8 { weight, bias, pad };
         Ok(())
     }
 }
@@ -150,15 +165,16 @@ impl Bert {
         if self.encoder.differentiable {
             candle_core::bail!("a training model stays in floating point");
         }
-        if !self.word.embeddings().device().is_cpu() {
+        let device = self.word.embeddings().device().clone();
+        if !device.is_cpu() {
             candle_core::bail!("int8 layers run on the CPU only");
         }
         for layer in &mut self.encoder.layers {
             if let Qkv::Fused(qkv) = &mut layer.qkv {
-                qkv.quantize()?;
+                qkv.quantize(&device)?;
             }
             for dense in [&mut layer.out, &mut layer.inter.0, &mut layer.output] {
-                dense.quantize()?;
+                dense.quantize(&device)?;
             }
         }
         Ok(())
@@ -197,18 +213,20 @@ impl Encoder {
                 } else {
                     let weight = Tensor::cat(&[&(q.0 * scale)?, &k.0, &v.0], 0)?;
                     let bias = Tensor::cat(&[&(q.1 * scale)?, &k.1, &v.1], 0)?;
-                    Qkv::Fused(Dense::Float(Linear::new(weight, Some(bias))))
+                    Qkv::Fused(Dense::inference(Linear::new(weight, Some(bias)))?)
                 };
+                let dense =
+                    |linear: Linear| if differentiable { Ok(Dense::Float(linear)) } else { Dense::inference(linear) };
                 Ok(Layer {
                     qkv,
-                    out: Dense::Float(candle_nn::linear(h, h, vb.pp("attention.output.dense"))?),
+                    out: dense(candle_nn::linear(h, h, vb.pp("attention.output.dense"))?)?,
                     norm1: norm(vb.pp("attention.output.LayerNorm"))?,
                     inter: {
                         let vb = vb.pp("intermediate.dense");
                         let weight = vb.get((config.intermediate_size, h), "weight")?;
-                        (Dense::Float(Linear::new(weight, None)), vb.get(config.intermediate_size, "bias")?)
+                        (dense(Linear::new(weight, None))?, vb.get(config.intermediate_size, "bias")?)
                     },
-                    output: Dense::Float(candle_nn::linear(config.intermediate_size, h, vb.pp("output.dense"))?),
+                    output: dense(candle_nn::linear(config.intermediate_size, h, vb.pp("output.dense"))?)?,
                     norm2: norm(vb.pp("output.LayerNorm"))?,
                 })
             })
@@ -241,14 +259,26 @@ impl Encoder {
         let qkv =
             layer.qkv.forward(x)?.reshape((batch, len, 3, self.heads, self.head_dim))?.permute((2, 0, 3, 1, 4))?;
         let (q, k, v) = (qkv.get(0)?.contiguous()?, qkv.get(1)?.contiguous()?, qkv.get(2)?.contiguous()?);
-        let scores = q.matmul(&k.t()?)?;
+        // Through BLAS in inference when it is loaded (training keeps candle's differentiable product).
+        let blas = |a: &Tensor, b: &Tensor, transpose_b: bool| match self.differentiable {
+            true => Ok(None),
+            false => blas::batched_matmul(a, b, transpose_b),
+        };
+        let scores = match blas(&q, &k, true)? {
+            Some(scores) => scores,
+            None => q.matmul(&k.t()?)?,
+        };
         let scores = match additive {
             Some(additive) => scores.broadcast_add(additive)?,
             None => scores,
         };
         let probs =
             if self.differentiable { kernels::softmax(&scores)? } else { candle_nn::ops::softmax_last_dim(&scores)? };
-        let context = probs.matmul(&v)?.transpose(1, 2)?.contiguous()?.reshape((batch, len, hidden))?;
+        let context = match blas(&probs, &v, false)? {
+            Some(context) => context,
+            None => probs.matmul(&v)?,
+        };
+        let context = context.transpose(1, 2)?.contiguous()?.reshape((batch, len, hidden))?;
         let x = self.normalize(&layer.norm1, &(self.linear(&context, &layer.out)? + x)?)?;
         let (weight, bias) = &layer.inter;
         let inner = self.linear(&x, weight)?;

@@ -5,6 +5,7 @@
 //! truncates and pads to 128 on its own, which the loader switches off.
 
 mod bert;
+mod blas;
 pub mod cobert;
 mod hub;
 mod kernels;

@@ -1,0 +1,317 @@
+//! The encoder's linear layers through the system's OpenBLAS when one is installed (Debian's
+//! `libopenblas0`): loaded at run time, so nothing is needed to build or run without it. Its AVX-512 kernels
+//! run these products at about 280 GFLOP/s on this machine's two cores, where candle's `gemm` (AVX2 kernels on
+//! stable Rust) reaches about half that (BENCHMARKS.md). `LONGRANK_BLAS=off` turns it off;
+//! `LONGRANK_BLAS=/path/to/libopenblas.so` picks the library.
+
+use std::sync::OnceLock;
+
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
+
+/// CBLAS's `sgemm`: C = α·op(A)·op(B) + β·C.
+type Sgemm = unsafe extern "C" fn(
+    layout: i32,
+    trans_a: i32,
+    trans_b: i32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: f32,
+    a: *const f32,
+    lda: i32,
+    b: *const f32,
+    ldb: i32,
+    beta: f32,
+    c: *mut f32,
+    ldc: i32,
+);
+
+const ROW_MAJOR: i32 = 101;
+const NO_TRANS: i32 = 111;
+const TRANS: i32 = 112;
+
+struct Blas {
+    sgemm: Sgemm,
+    /// Kept loaded for `sgemm`'s sake.
+    _library: libloading::Library,
+    /// Threads that share each product, every one calling a one-threaded `sgemm` on its part: OpenBLAS's
+    /// own threads spin and yield between calls, and contend with candle's pool (a profile showed 17 % of
+    /// the time in the scheduler that way).
+    threads: usize,
+}
+
+impl Blas {
+    /// `C = A · op(B)` for row-major `A` (m × k), `B` (k × n, or n × k when `transpose_b`) and `C` (m × n),
+    /// with `C` starting as the bias rows when `accumulate`.
+    ///
+    /// # Safety
+    /// The pointers must hold matrices of those shapes.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm(
+        &self,
+        (m, n, k): (usize, usize, usize),
+        a: *const f32,
+        b: *const f32,
+        transpose_b: bool,
+        c: *mut f32,
+        accumulate: bool,
+    ) {
+        let (trans_b, ldb) = if transpose_b { (TRANS, k) } else { (NO_TRANS, n) };
+        let beta = if accumulate { 1.0 } else { 0.0 };
+        (self.sgemm)(
+            ROW_MAJOR, NO_TRANS, trans_b, m as i32, n as i32, k as i32, 1.0, a, k as i32, b, ldb as i32, beta, c,
+            n as i32,
+        )
+    }
+}
+
+/// Runs `work` over `0..count` split into contiguous ranges, one per thread.
+fn split(count: usize, threads: usize, work: impl Fn(std::ops::Range<usize>) + Sync) {
+    let threads = threads.clamp(1, count.max(1));
+    if threads == 1 {
+        return work(0..count);
+    }
+    let chunk = count.div_ceil(threads);
+    std::thread::scope(|scope| {
+        for t in 1..threads {
+            let work = &work;
+            scope.spawn(move || work((t * chunk).min(count)..((t + 1) * chunk).min(count)));
+        }
+        work(0..chunk.min(count));
+    });
+}
+
+/// A pointer shared by the threads of `split`, each writing its own rows.
+#[derive(Clone, Copy)]
+struct Shared(*mut f32);
+// SAFETY: the threads write disjoint parts.
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+fn blas() -> Option<&'static Blas> {
+    static BLAS: OnceLock<Option<Blas>> = OnceLock::new();
+    BLAS.get_or_init(|| {
+        let choice = std::env::var("LONGRANK_BLAS").unwrap_or_default();
+        let names: Vec<&str> = match choice.as_str() {
+            "off" => return None,
+            "" => vec!["libopenblas.so.0", "libopenblas.so"],
+            path => vec![path],
+        };
+        names.into_iter().find_map(|name| {
+            // SAFETY: loading the library runs OpenBLAS's initializers only; the symbols have the CBLAS and
+            // OpenBLAS signatures declared here.
+            unsafe {
+                let library = libloading::Library::new(name).ok()?;
+                let sgemm = *library.get::<Sgemm>(b"cblas_sgemm\0").ok()?;
+                if let Ok(set) = library.get::<unsafe extern "C" fn(i32)>(b"openblas_set_num_threads\0") {
+                    set(1);
+                }
+                tracing::info!("linear layers through {name}");
+                Some(Blas { sgemm, _library: library, threads: candle_core::utils::get_num_threads() })
+            }
+        })
+    })
+    .as_ref()
+}
+
+/// Whether linear layers on `weight`'s device and dtype can go through BLAS.
+pub fn available_for(weight: &Tensor) -> bool {
+    weight.device().is_cpu() && weight.dtype() == DType::F32 && blas().is_some()
+}
+
+/// `x · Wᵀ + b` over the last dimension, the weights kept as BLAS reads them.
+pub struct BlasLinear {
+    /// `[outputs, inputs]`, row-major.
+    weight: Vec<f32>,
+    bias: Option<Vec<f32>>,
+    outputs: usize,
+    inputs: usize,
+}
+
+impl BlasLinear {
+    pub fn new(weight: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<BlasLinear> {
+        let (outputs, inputs) = weight.dims2()?;
+        Ok(BlasLinear {
+            weight: weight.flatten_all()?.to_vec1()?,
+            bias: bias.map(|b| b.to_vec1()).transpose()?,
+            outputs,
+            inputs,
+        })
+    }
+
+    /// The weight and bias as tensors again (for quantizing).
+    pub fn tensors(&self, device: &candle_core::Device) -> candle_core::Result<(Tensor, Option<Tensor>)> {
+        let weight = Tensor::from_slice(&self.weight, (self.outputs, self.inputs), device)?;
+        let bias = self.bias.as_ref().map(|b| Tensor::from_slice(b, self.outputs, device)).transpose()?;
+        Ok((weight, bias))
+    }
+
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        x.contiguous()?.apply_op1_no_bwd(self)
+    }
+}
+
+impl CustomOp1 for BlasLinear {
+    fn name(&self) -> &'static str {
+        "blas-linear"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let Some(blas) = blas() else { candle_core::bail!("BLAS is not loaded") };
+        let (CpuStorage::F32(data), Some((start, end))) = (storage, layout.contiguous_offsets()) else {
+            candle_core::bail!("blas-linear takes contiguous f32 inputs")
+        };
+        let x = &data[start..end];
+        let mut dims = layout.shape().dims().to_vec();
+        if dims.last() != Some(&self.inputs) {
+            candle_core::bail!("blas-linear: input {dims:?}, weight [{}, {}]", self.outputs, self.inputs);
+        }
+        let rows = x.len() / self.inputs;
+        let (n, k) = (self.outputs, self.inputs);
+        let product = |c: *mut f32| {
+            let c = Shared(c);
+            split(rows, blas.threads, |part| {
+                let c = c;
+                // SAFETY: rows `part` of x (rows × k) and of out (rows × n); the weight is n × k.
+                unsafe {
+                    blas.gemm(
+                        (part.len(), n, k),
+                        x[part.start * k..].as_ptr(),
+                        self.weight.as_ptr(),
+                        true,
+                        c.0.add(part.start * n),
+                        self.bias.is_some(),
+                    )
+                }
+            })
+        };
+        let out = match &self.bias {
+            Some(bias) => {
+                let mut out = bias.repeat(rows);
+                product(out.as_mut_ptr());
+                out
+            }
+            None => written(rows * n, product),
+        };
+        dims.pop();
+        dims.push(self.outputs);
+        Ok((CpuStorage::F32(out), Shape::from(dims)))
+    }
+}
+
+/// Batched products `[batch, m, k] · [batch, k, n]` (or `· [batch, n, k]ᵀ` with `transpose_b`) of contiguous
+/// f32 tensors through BLAS: attention's scores and context. `None` when BLAS is not loaded.
+pub fn batched_matmul(a: &Tensor, b: &Tensor, transpose_b: bool) -> candle_core::Result<Option<Tensor>> {
+    if !available_for(a) {
+        return Ok(None);
+    }
+    Ok(Some(a.contiguous()?.apply_op2_no_bwd(&b.contiguous()?, &BatchedMatmul { transpose_b })?))
+}
+
+struct BatchedMatmul {
+    transpose_b: bool,
+}
+
+impl candle_core::CustomOp2 for BatchedMatmul {
+    fn name(&self) -> &'static str {
+        "blas-batched-matmul"
+    }
+
+    fn cpu_fwd(
+        &self,
+        a: &CpuStorage,
+        a_layout: &Layout,
+        b: &CpuStorage,
+        b_layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let Some(blas) = blas() else { candle_core::bail!("BLAS is not loaded") };
+        let (CpuStorage::F32(a), CpuStorage::F32(b), Some(a_at), Some(b_at)) =
+            (a, b, a_layout.contiguous_offsets(), b_layout.contiguous_offsets())
+        else {
+            candle_core::bail!("blas-batched-matmul takes contiguous f32 inputs")
+        };
+        let (a, b) = (&a[a_at.0..a_at.1], &b[b_at.0..b_at.1]);
+        let (a_dims, b_dims) = (a_layout.shape().dims(), b_layout.shape().dims());
+        let rank = a_dims.len();
+        if rank < 2 || b_dims.len() != rank || a_dims[..rank - 2] != b_dims[..rank - 2] {
+            candle_core::bail!("blas-batched-matmul: shapes {a_dims:?} and {b_dims:?}");
+        }
+        let (m, k) = (a_dims[rank - 2], a_dims[rank - 1]);
+        let (n, inner) =
+            if self.transpose_b { (b_dims[rank - 2], b_dims[rank - 1]) } else { (b_dims[rank - 1], b_dims[rank - 2]) };
+        if inner != k {
+            candle_core::bail!(
+                "blas-batched-matmul: shapes {a_dims:?} and {b_dims:?} (transposed: {})",
+                self.transpose_b
+            );
+        }
+        let batch: usize = a_dims[..rank - 2].iter().product();
+        let out = written(batch * m * n, |c| {
+            let c = Shared(c);
+            split(batch, blas.threads, |part| {
+                let c = c;
+                for i in part {
+                    // SAFETY: matrix i of each batch: m × k, k × n (or n × k) and m × n, row-major.
+                    unsafe {
+                        blas.gemm(
+                            (m, n, k),
+                            a[i * m * k..].as_ptr(),
+                            b[i * n * k..].as_ptr(),
+                            self.transpose_b,
+                            c.0.add(i * m * n),
+                            false,
+                        )
+                    };
+                }
+            })
+        });
+        let mut dims = a_dims.to_vec();
+        dims[rank - 1] = n;
+        Ok((CpuStorage::F32(out), Shape::from(dims)))
+    }
+}
+
+/// `len` values that `write` fills whole through the pointer: `sgemm` with β = 0 overwrites its output, so
+/// zeroing the buffer first would be a wasted pass.
+fn written(len: usize, write: impl FnOnce(*mut f32)) -> Vec<f32> {
+    let mut v = Vec::with_capacity(len);
+    write(v.as_mut_ptr());
+    // SAFETY: `write` initialized all `len` values.
+    unsafe { v.set_len(len) };
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Module};
+
+    #[test]
+    fn blas_linear_equals_candles_when_a_blas_is_installed() {
+        let device = Device::Cpu;
+        let weight = Tensor::randn(0f32, 1.0, (48, 40), &device).unwrap();
+        let bias = Tensor::randn(0f32, 1.0, 48, &device).unwrap();
+        let x = Tensor::randn(0f32, 1.0, (3, 7, 40), &device).unwrap();
+        if !available_for(&weight) {
+            // CI installs OpenBLAS and says so: there, a library that fails to load fails the test.
+            assert!(std::env::var_os("LONGRANK_EXPECT_BLAS").is_none(), "OpenBLAS was expected to load");
+            return;
+        }
+        for bias in [Some(&bias), None] {
+            let want = candle_nn::Linear::new(weight.clone(), bias.cloned()).forward(&x).unwrap();
+            let got = BlasLinear::new(&weight, bias).unwrap().forward(&x).unwrap();
+            assert_eq!(got.dims(), [3, 7, 48]);
+            let worst = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(worst < 1e-4, "{worst}");
+        }
+        let a = Tensor::randn(0f32, 1.0, (2, 3, 5, 8), &device).unwrap();
+        let b = Tensor::randn(0f32, 1.0, (2, 3, 6, 8), &device).unwrap();
+        for (b, transpose) in [(b.clone(), true), (b.transpose(2, 3).unwrap().contiguous().unwrap(), false)] {
+            let want = if transpose { a.matmul(&b.t().unwrap()) } else { a.matmul(&b) }.unwrap();
+            let got = batched_matmul(&a, &b, transpose).unwrap().unwrap();
+            assert_eq!(got.dims(), [2, 3, 5, 6]);
+            let worst = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(worst < 1e-4, "{worst}");
+        }
+    }
+}
