@@ -316,7 +316,11 @@ fn affine(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> candle_core::Re
     let mut dims = x.dims().to_vec();
     let inputs = dims.pop().unwrap_or(1);
     let rows = x.elem_count() / inputs.max(1);
-    let y = x.reshape((rows, inputs))?.matmul(&weight.t()?)?;
+    let x = x.reshape((rows, inputs))?;
+    let y = match blas::matmul_t(&x, weight)? {
+        Some(y) => y,
+        None => x.matmul(&weight.t()?)?,
+    };
     let y = match bias {
         Some(bias) => y.broadcast_add(bias)?,
         None => y,

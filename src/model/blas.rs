@@ -40,26 +40,56 @@ struct Blas {
     threads: usize,
 }
 
+/// One operand of a product: row-major data, transposed or not.
+#[derive(Clone, Copy)]
+struct Operand {
+    data: *const f32,
+    transposed: bool,
+}
+
 impl Blas {
-    /// `C = A · op(B)` for row-major `A` (m × k), `B` (k × n, or n × k when `transpose_b`) and `C` (m × n),
-    /// with `C` starting as the bias rows when `accumulate`.
+    /// `C = op(A) · op(B)` (plus what `C` holds when `accumulate`), row-major, op(A) m × k, op(B) k × n: the
+    /// rows of `C` split over the threads, each running a one-threaded `sgemm` on its rows.
     ///
     /// # Safety
-    /// The pointers must hold matrices of those shapes.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn gemm(
-        &self,
-        (m, n, k): (usize, usize, usize),
-        a: *const f32,
-        b: *const f32,
-        transpose_b: bool,
-        c: *mut f32,
-        accumulate: bool,
-    ) {
-        let (trans_b, ldb) = if transpose_b { (TRANS, k) } else { (NO_TRANS, n) };
-        let beta = if accumulate { 1.0 } else { 0.0 };
+    /// The pointers must hold matrices of those shapes (A: m × k, or k × m transposed; B: k × n, or n × k).
+    unsafe fn product(&self, (m, n, k): (usize, usize, usize), a: Operand, b: Operand, c: *mut f32, accumulate: bool) {
+        let (a, b, c) =
+            (Shared(a.data as *mut f32, a.transposed), Shared(b.data as *mut f32, b.transposed), Shared(c, false));
+        split(m, self.threads, |rows| {
+            let (a, b, c) = (a, b, c);
+            // Rows of op(A): rows of A, or columns of a transposed A (leading dimension m).
+            let (a_part, lda) = if a.1 { (a.0.add(rows.start), m) } else { (a.0.add(rows.start * k), k) };
+            let ldb = if b.1 { k } else { n };
+            let trans = |t: bool| if t { TRANS } else { NO_TRANS };
+            let beta = if accumulate { 1.0 } else { 0.0 };
+            (self.sgemm)(
+                ROW_MAJOR,
+                trans(a.1),
+                trans(b.1),
+                rows.len() as i32,
+                n as i32,
+                k as i32,
+                1.0,
+                a_part,
+                lda as i32,
+                b.0,
+                ldb as i32,
+                beta,
+                c.0.add(rows.start * n),
+                n as i32,
+            )
+        })
+    }
+
+    /// One-threaded `C = A · op(B)` (β = 0): one matrix of a batch, the batch split by the caller.
+    ///
+    /// # Safety
+    /// As `product`.
+    unsafe fn single(&self, (m, n, k): (usize, usize, usize), a: *const f32, b: Operand, c: *mut f32) {
+        let (trans_b, ldb) = if b.transposed { (TRANS, k) } else { (NO_TRANS, n) };
         (self.sgemm)(
-            ROW_MAJOR, NO_TRANS, trans_b, m as i32, n as i32, k as i32, 1.0, a, k as i32, b, ldb as i32, beta, c,
+            ROW_MAJOR, NO_TRANS, trans_b, m as i32, n as i32, k as i32, 1.0, a, k as i32, b.data, ldb as i32, 0.0, c,
             n as i32,
         )
     }
@@ -81,9 +111,9 @@ fn split(count: usize, threads: usize, work: impl Fn(std::ops::Range<usize>) + S
     });
 }
 
-/// A pointer shared by the threads of `split`, each writing its own rows.
+/// A pointer (and whether it is transposed) shared by the threads of `split`, each writing its own rows.
 #[derive(Clone, Copy)]
-struct Shared(*mut f32);
+struct Shared(*mut f32, bool);
 // SAFETY: the threads write disjoint parts.
 unsafe impl Send for Shared {}
 unsafe impl Sync for Shared {}
@@ -168,23 +198,10 @@ impl CustomOp1 for BlasLinear {
         }
         let rows = x.len() / self.inputs;
         let (n, k) = (self.outputs, self.inputs);
-        let product = |c: *mut f32| {
-            let c = Shared(c);
-            split(rows, blas.threads, |part| {
-                let c = c;
-                // SAFETY: rows `part` of x (rows × k) and of out (rows × n); the weight is n × k.
-                unsafe {
-                    blas.gemm(
-                        (part.len(), n, k),
-                        x[part.start * k..].as_ptr(),
-                        self.weight.as_ptr(),
-                        true,
-                        c.0.add(part.start * n),
-                        self.bias.is_some(),
-                    )
-                }
-            })
-        };
+        let (x, weight) =
+            (Operand { data: x.as_ptr(), transposed: false }, Operand { data: self.weight.as_ptr(), transposed: true });
+        // SAFETY: x is rows × k, the weight n × k, the output rows × n.
+        let product = |c: *mut f32| unsafe { blas.product((rows, n, k), x, weight, c, self.bias.is_some()) };
         let out = match &self.bias {
             Some(bias) => {
                 let mut out = bias.repeat(rows);
@@ -196,6 +213,71 @@ impl CustomOp1 for BlasLinear {
         dims.pop();
         dims.push(self.outputs);
         Ok((CpuStorage::F32(out), Shape::from(dims)))
+    }
+}
+
+/// `x · wᵀ` for 2-D `x` (rows × k) and `w` (n × k) through BLAS, on the autograd graph (training's linear
+/// layers), its backward passes BLAS products too. `None` when BLAS is not loaded.
+pub fn matmul_t(x: &Tensor, w: &Tensor) -> candle_core::Result<Option<Tensor>> {
+    if !available_for(x) || !available_for(w) {
+        return Ok(None);
+    }
+    Ok(Some(x.contiguous()?.apply_op2(&w.contiguous()?, Product { transpose_a: false, transpose_b: true })?))
+}
+
+/// `op(A) · op(B)` of 2-D contiguous f32 tensors.
+#[derive(Clone, Copy)]
+struct Product {
+    transpose_a: bool,
+    transpose_b: bool,
+}
+
+impl candle_core::CustomOp2 for Product {
+    fn name(&self) -> &'static str {
+        "blas-product"
+    }
+
+    fn cpu_fwd(
+        &self,
+        a: &CpuStorage,
+        a_layout: &Layout,
+        b: &CpuStorage,
+        b_layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let Some(blas) = blas() else { candle_core::bail!("BLAS is not loaded") };
+        let (CpuStorage::F32(a), CpuStorage::F32(b), Some(a_at), Some(b_at)) =
+            (a, b, a_layout.contiguous_offsets(), b_layout.contiguous_offsets())
+        else {
+            candle_core::bail!("blas-product takes contiguous f32 inputs")
+        };
+        let ((a_rows, a_cols), (b_rows, b_cols)) = (a_layout.shape().dims2()?, b_layout.shape().dims2()?);
+        let (m, k) = if self.transpose_a { (a_cols, a_rows) } else { (a_rows, a_cols) };
+        let (n, inner) = if self.transpose_b { (b_rows, b_cols) } else { (b_cols, b_rows) };
+        if inner != k {
+            candle_core::bail!("blas-product: [{a_rows}, {a_cols}] and [{b_rows}, {b_cols}] do not multiply");
+        }
+        let a = Operand { data: a[a_at.0..a_at.1].as_ptr(), transposed: self.transpose_a };
+        let b = Operand { data: b[b_at.0..b_at.1].as_ptr(), transposed: self.transpose_b };
+        // SAFETY: the shapes were checked above.
+        let out = written(m * n, |c| unsafe { blas.product((m, n, k), a, b, c, false) });
+        Ok((CpuStorage::F32(out), Shape::from((m, n))))
+    }
+
+    fn bwd(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        _: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        if self.transpose_a || !self.transpose_b {
+            candle_core::bail!("blas-product: only x · wᵀ has a backward pass");
+        }
+        // C = A · Bᵀ: dA = dC · B, dB = dCᵀ · A.
+        let grad = grad.contiguous()?;
+        let da = grad.apply_op2_no_bwd(b, &Product { transpose_a: false, transpose_b: false })?;
+        let db = grad.apply_op2_no_bwd(a, &Product { transpose_a: true, transpose_b: false })?;
+        Ok((Some(da), Some(db)))
     }
 }
 
@@ -247,21 +329,13 @@ impl candle_core::CustomOp2 for BatchedMatmul {
         }
         let batch: usize = a_dims[..rank - 2].iter().product();
         let out = written(batch * m * n, |c| {
-            let c = Shared(c);
+            let c = Shared(c, false);
             split(batch, blas.threads, |part| {
                 let c = c;
                 for i in part {
+                    let b = Operand { data: b[i * n * k..].as_ptr(), transposed: self.transpose_b };
                     // SAFETY: matrix i of each batch: m × k, k × n (or n × k) and m × n, row-major.
-                    unsafe {
-                        blas.gemm(
-                            (m, n, k),
-                            a[i * m * k..].as_ptr(),
-                            b[i * n * k..].as_ptr(),
-                            self.transpose_b,
-                            c.0.add(i * m * n),
-                            false,
-                        )
-                    };
+                    unsafe { blas.single((m, n, k), a[i * m * k..].as_ptr(), b, c.0.add(i * m * n)) };
                 }
             })
         });
@@ -304,6 +378,21 @@ mod tests {
             let worst = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
             assert!(worst < 1e-4, "{worst}");
         }
+        // x · wᵀ on the graph: the values and both gradients as candle's.
+        let x = candle_core::Var::randn(0f32, 1.0, (9, 40), &device).unwrap();
+        let w = candle_core::Var::randn(0f32, 1.0, (48, 40), &device).unwrap();
+        let direction = Tensor::randn(0f32, 1.0, (9, 48), &device).unwrap();
+        let run = |y: Tensor| {
+            let grads = (y.clone() * &direction).unwrap().sum_all().unwrap().backward().unwrap();
+            [y, grads.get(x.as_tensor()).unwrap().clone(), grads.get(w.as_tensor()).unwrap().clone()]
+        };
+        let want = run(x.matmul(&w.t().unwrap()).unwrap());
+        let got = run(matmul_t(&x, &w).unwrap().unwrap());
+        for (g, w) in got.iter().zip(&want) {
+            let worst = (g - w).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(worst < 1e-4, "{worst}");
+        }
+
         let a = Tensor::randn(0f32, 1.0, (2, 3, 5, 8), &device).unwrap();
         let b = Tensor::randn(0f32, 1.0, (2, 3, 6, 8), &device).unwrap();
         for (b, transpose) in [(b.clone(), true), (b.transpose(2, 3).unwrap().contiguous().unwrap(), false)] {
