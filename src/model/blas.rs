@@ -244,20 +244,15 @@ impl candle_core::CustomOp2 for Product {
         b: &CpuStorage,
         b_layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let Some(blas) = blas() else { candle_core::bail!("BLAS is not loaded") };
-        let (CpuStorage::F32(a), CpuStorage::F32(b), Some(a_at), Some(b_at)) =
-            (a, b, a_layout.contiguous_offsets(), b_layout.contiguous_offsets())
-        else {
-            candle_core::bail!("blas-product takes contiguous f32 inputs")
-        };
+        let (blas, a, b) = operands(self.name(), (a, a_layout), (b, b_layout))?;
         let ((a_rows, a_cols), (b_rows, b_cols)) = (a_layout.shape().dims2()?, b_layout.shape().dims2()?);
         let (m, k) = if self.transpose_a { (a_cols, a_rows) } else { (a_rows, a_cols) };
         let (n, inner) = if self.transpose_b { (b_rows, b_cols) } else { (b_cols, b_rows) };
         if inner != k {
             candle_core::bail!("blas-product: [{a_rows}, {a_cols}] and [{b_rows}, {b_cols}] do not multiply");
         }
-        let a = Operand { data: a[a_at.0..a_at.1].as_ptr(), transposed: self.transpose_a };
-        let b = Operand { data: b[b_at.0..b_at.1].as_ptr(), transposed: self.transpose_b };
+        let a = Operand { data: a.as_ptr(), transposed: self.transpose_a };
+        let b = Operand { data: b.as_ptr(), transposed: self.transpose_b };
         // SAFETY: the shapes were checked above.
         let out = written(m * n, |c| unsafe { blas.product((m, n, k), a, b, c, false) });
         Ok((CpuStorage::F32(out), Shape::from((m, n))))
@@ -306,13 +301,7 @@ impl candle_core::CustomOp2 for BatchedMatmul {
         b: &CpuStorage,
         b_layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let Some(blas) = blas() else { candle_core::bail!("BLAS is not loaded") };
-        let (CpuStorage::F32(a), CpuStorage::F32(b), Some(a_at), Some(b_at)) =
-            (a, b, a_layout.contiguous_offsets(), b_layout.contiguous_offsets())
-        else {
-            candle_core::bail!("blas-batched-matmul takes contiguous f32 inputs")
-        };
-        let (a, b) = (&a[a_at.0..a_at.1], &b[b_at.0..b_at.1]);
+        let (blas, a, b) = operands(self.name(), (a, a_layout), (b, b_layout))?;
         let (a_dims, b_dims) = (a_layout.shape().dims(), b_layout.shape().dims());
         let rank = a_dims.len();
         if rank < 2 || b_dims.len() != rank || a_dims[..rank - 2] != b_dims[..rank - 2] {
@@ -342,6 +331,21 @@ impl candle_core::CustomOp2 for BatchedMatmul {
         let mut dims = a_dims.to_vec();
         dims[rank - 1] = n;
         Ok((CpuStorage::F32(out), Shape::from(dims)))
+    }
+}
+
+/// The loaded BLAS and a binary op's two inputs, which must be contiguous f32.
+fn operands<'s>(
+    op: &str,
+    (a, a_layout): (&'s CpuStorage, &Layout),
+    (b, b_layout): (&'s CpuStorage, &Layout),
+) -> candle_core::Result<(&'static Blas, &'s [f32], &'s [f32])> {
+    let Some(blas) = blas() else { candle_core::bail!("BLAS is not loaded") };
+    match (a, b, a_layout.contiguous_offsets(), b_layout.contiguous_offsets()) {
+        (CpuStorage::F32(a), CpuStorage::F32(b), Some(a_at), Some(b_at)) => {
+            Ok((blas, &a[a_at.0..a_at.1], &b[b_at.0..b_at.1]))
+        }
+        _ => candle_core::bail!("{op} takes contiguous f32 inputs"),
     }
 }
 
