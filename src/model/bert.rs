@@ -1,7 +1,7 @@
 //! Our BERT encoder for inference: the arithmetic of Hugging Face's `BertModel` (and candle-transformers'),
 //! with fewer passes over memory. The query, key and value projections are one matrix product (the attention
 //! scale folded into the query weights at load time); the mask is added only when the batch has padding;
-//! softmax is candle-nn's fused row kernel; the intermediate bias and the exact GELU are one pass on every core
+//! softmax is our row kernel with a vectorized exp; the intermediate bias and the exact GELU are one pass on every core
 //! with a polynomial erf. Weights load from the same checkpoints (`bert.`-prefixed or not).
 //!
 //! `Bert::quantize` turns the encoder's linear layers into int8 ones (GGML's Q8_0 blocks: 32 weights share a
@@ -272,8 +272,7 @@ impl Encoder {
             Some(additive) => scores.broadcast_add(additive)?,
             None => scores,
         };
-        let probs =
-            if self.differentiable { kernels::softmax(&scores)? } else { candle_nn::ops::softmax_last_dim(&scores)? };
+        let probs = kernels::softmax(&scores)?;
         let context = match blas(&probs, &v, false)? {
             Some(context) => context,
             None => probs.matmul(&v)?,

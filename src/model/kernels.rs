@@ -171,16 +171,10 @@ impl CustomOp1 for Softmax {
         let input = slice(s, l, self.name())?;
         let width = last_dim(l);
         let mut output = vec![0f32; input.len()];
+        let row_softmax = softmax_row_fn();
         rows(input, width, &mut output, |_, inp, out| {
             for (row_in, row_out) in inp.chunks(width).zip(out.chunks_mut(width)) {
-                let max = row_in.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0.0;
-                for (o, &v) in row_out.iter_mut().zip(row_in) {
-                    *o = (v - max).exp();
-                    sum += *o;
-                }
-                let scale = 1.0 / sum;
-                row_out.iter_mut().for_each(|o| *o *= scale);
+                row_softmax(row_in, row_out);
             }
         });
         Ok((CpuStorage::F32(output), l.shape().clone()))
@@ -189,6 +183,63 @@ impl CustomOp1 for Softmax {
     fn bwd(&self, _: &Tensor, probs: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
         Ok(Some(probs.apply_op2_no_bwd(&grad.contiguous()?, &SoftmaxBackward)?))
     }
+}
+
+/// The softmax of one row, compiled for AVX2 and FMA when the CPU has them (the crate's baseline is SSE2).
+fn softmax_row_fn() -> fn(&[f32], &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        #[target_feature(enable = "avx2,fma")]
+        fn avx2(row: &[f32], out: &mut [f32]) {
+            softmax_row(row, out)
+        }
+        // SAFETY: the features were just detected.
+        return |row, out| unsafe { avx2(row, out) };
+    }
+    softmax_row
+}
+
+/// `out = softmax(row)` in passes without branches or ordered reductions, so that they vectorize.
+#[inline(always)]
+fn softmax_row(row: &[f32], out: &mut [f32]) {
+    let max = lanes(row, f32::NEG_INFINITY, f32::max);
+    for (o, &v) in out.iter_mut().zip(row) {
+        *o = exp(v - max);
+    }
+    let scale = 1.0 / lanes(out, 0.0, |a, b| a + b);
+    out.iter_mut().for_each(|o| *o *= scale);
+}
+
+/// A reduction over 8 independent lanes (a float sum in one running total would not vectorize).
+#[inline(always)]
+fn lanes(x: &[f32], init: f32, f: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut acc = [init; 8];
+    let chunks = x.chunks_exact(8);
+    let rest = chunks.remainder().iter().fold(init, |a, &v| f(a, v));
+    for chunk in chunks {
+        for (a, &v) in acc.iter_mut().zip(chunk) {
+            *a = f(*a, v);
+        }
+    }
+    acc.into_iter().fold(rest, f)
+}
+
+/// e^x without branches (Cephes' `expf`: x = n·ln 2 + r, a degree-6 polynomial in r, 2^n from the exponent
+/// bits; relative error about 1e-7), so that softmax rows vectorize: libm's scalar `expf` took 9 % of an
+/// inference pass. Inputs below −87.3 give about 1e-38 rather than 0.
+#[inline(always)]
+fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    // Adding and removing 1.5 · 2^23 rounds to the nearest integer without a branch or an SSE4 instruction.
+    const ROUND: f32 = 12_582_912.0;
+    let x = x.clamp(-87.3, 88.7);
+    let n = (x * LOG2E + ROUND) - ROUND;
+    let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1)
+        * r
+        + 5.000_000_1e-1;
+    let e = p * r * r + r + 1.0;
+    e * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
 
 /// dx = y ⊙ (g − Σ g ⊙ y), per row.
@@ -353,6 +404,18 @@ impl CustomOp3 for LayerNormBackward {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_branch_free_exp_is_within_a_few_ulps() {
+        let mut worst = 0f64;
+        for i in 0..=200_000 {
+            let x = -87.0 + 175.0 * i as f32 / 200_000.0;
+            let (got, want) = (super::exp(x) as f64, (x as f64).exp());
+            worst = worst.max(((got - want) / want).abs());
+        }
+        assert!(worst < 3e-7, "relative error {worst}");
+        assert!(super::exp(f32::MIN) < 1e-37 && super::exp(f32::NEG_INFINITY) < 1e-37);
+    }
+
     use super::*;
     use candle_core::{Device, Var};
 
