@@ -256,29 +256,33 @@ impl Encoder {
 
     fn layer(&self, layer: &Layer, x: &Tensor, additive: Option<&Tensor>) -> candle_core::Result<Tensor> {
         let (batch, len, hidden) = x.dims3()?;
-        let qkv =
-            layer.qkv.forward(x)?.reshape((batch, len, 3, self.heads, self.head_dim))?.permute((2, 0, 3, 1, 4))?;
+        let qkv = layer.qkv.forward(x)?;
+        // Inference with BLAS loaded: one fused pass (training keeps candle's differentiable chain).
+        if !self.differentiable {
+            let mask = match additive {
+                Some(additive) => additive.reshape((batch, len))?,
+                None => Tensor::zeros((batch, len), qkv.dtype(), qkv.device())?,
+            };
+            if let Some(context) = blas::attention(&qkv, &mask, self.heads)? {
+                return self.feed_forward(layer, x, &context);
+            }
+        }
+        let qkv = qkv.reshape((batch, len, 3, self.heads, self.head_dim))?.permute((2, 0, 3, 1, 4))?;
         let (q, k, v) = (qkv.get(0)?.contiguous()?, qkv.get(1)?.contiguous()?, qkv.get(2)?.contiguous()?);
-        // Through BLAS in inference when it is loaded (training keeps candle's differentiable product).
-        let blas = |a: &Tensor, b: &Tensor, transpose_b: bool| match self.differentiable {
-            true => Ok(None),
-            false => blas::batched_matmul(a, b, transpose_b),
-        };
-        let scores = match blas(&q, &k, true)? {
-            Some(scores) => scores,
-            None => q.matmul(&k.t()?)?,
-        };
+        let scores = q.matmul(&k.t()?)?;
         let scores = match additive {
             Some(additive) => scores.broadcast_add(additive)?,
             None => scores,
         };
         let probs = kernels::softmax(&scores)?;
-        let context = match blas(&probs, &v, false)? {
-            Some(context) => context,
-            None => probs.matmul(&v)?,
-        };
-        let context = context.transpose(1, 2)?.contiguous()?.reshape((batch, len, hidden))?;
-        let x = self.normalize(&layer.norm1, &(self.linear(&context, &layer.out)? + x)?)?;
+        let context = probs.matmul(&v)?.transpose(1, 2)?.contiguous()?.reshape((batch, len, hidden))?;
+        self.feed_forward(layer, x, &context)
+    }
+
+    /// The rest of a layer after attention: output projection, residual and LayerNorm, then the feed-forward
+    /// block with its own.
+    fn feed_forward(&self, layer: &Layer, x: &Tensor, context: &Tensor) -> candle_core::Result<Tensor> {
+        let x = self.normalize(&layer.norm1, &(self.linear(context, &layer.out)? + x)?)?;
         let (weight, bias) = &layer.inter;
         let inner = self.linear(&x, weight)?;
         let inner = match self.act {

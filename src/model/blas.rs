@@ -81,18 +81,6 @@ impl Blas {
             )
         })
     }
-
-    /// One-threaded `C = A · op(B)` (β = 0): one matrix of a batch, the batch split by the caller.
-    ///
-    /// # Safety
-    /// As `product`.
-    unsafe fn single(&self, (m, n, k): (usize, usize, usize), a: *const f32, b: Operand, c: *mut f32) {
-        let (trans_b, ldb) = if b.transposed { (TRANS, k) } else { (NO_TRANS, n) };
-        (self.sgemm)(
-            ROW_MAJOR, NO_TRANS, trans_b, m as i32, n as i32, k as i32, 1.0, a, k as i32, b.data, ldb as i32, 0.0, c,
-            n as i32,
-        )
-    }
 }
 
 /// Runs `work` over `0..count` split into contiguous ranges, one per thread.
@@ -276,61 +264,105 @@ impl candle_core::CustomOp2 for Product {
     }
 }
 
-/// Batched products `[batch, m, k] · [batch, k, n]` (or `· [batch, n, k]ᵀ` with `transpose_b`) of contiguous
-/// f32 tensors through BLAS: attention's scores and context. `None` when BLAS is not loaded.
-pub fn batched_matmul(a: &Tensor, b: &Tensor, transpose_b: bool) -> candle_core::Result<Option<Tensor>> {
-    if !available_for(a) {
+/// Self-attention over a fused QKV projection `[batch, len, 3 · hidden]` (the query rows already scaled by
+/// 1/√d), for inference: per (sequence, head), scores = q · kᵀ read in place from the projection (leading
+/// dimension 3 · hidden), plus the additive `mask` (`[batch, len]`), softmax, then · v written straight into
+/// the context rows `[batch, len, hidden]`. No per-head copies and no `[batch, heads, len, len]` tensor: one
+/// `len × len` scratch per thread. `None` when BLAS is not loaded.
+pub fn attention(qkv: &Tensor, mask: &Tensor, heads: usize) -> candle_core::Result<Option<Tensor>> {
+    if !available_for(qkv) {
         return Ok(None);
     }
-    Ok(Some(a.contiguous()?.apply_op2_no_bwd(&b.contiguous()?, &BatchedMatmul { transpose_b })?))
+    Ok(Some(qkv.contiguous()?.apply_op2_no_bwd(&mask.contiguous()?, &Attention { heads })?))
 }
 
-struct BatchedMatmul {
-    transpose_b: bool,
+struct Attention {
+    heads: usize,
 }
 
-impl candle_core::CustomOp2 for BatchedMatmul {
+impl candle_core::CustomOp2 for Attention {
     fn name(&self) -> &'static str {
-        "blas-batched-matmul"
+        "blas-attention"
     }
 
     fn cpu_fwd(
         &self,
-        a: &CpuStorage,
-        a_layout: &Layout,
-        b: &CpuStorage,
-        b_layout: &Layout,
+        qkv: &CpuStorage,
+        qkv_layout: &Layout,
+        mask: &CpuStorage,
+        mask_layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (blas, a, b) = operands(self.name(), (a, a_layout), (b, b_layout))?;
-        let (a_dims, b_dims) = (a_layout.shape().dims(), b_layout.shape().dims());
-        let rank = a_dims.len();
-        if rank < 2 || b_dims.len() != rank || a_dims[..rank - 2] != b_dims[..rank - 2] {
-            candle_core::bail!("blas-batched-matmul: shapes {a_dims:?} and {b_dims:?}");
-        }
-        let (m, k) = (a_dims[rank - 2], a_dims[rank - 1]);
-        let (n, inner) =
-            if self.transpose_b { (b_dims[rank - 2], b_dims[rank - 1]) } else { (b_dims[rank - 1], b_dims[rank - 2]) };
-        if inner != k {
+        let (blas, qkv, mask) = operands(self.name(), (qkv, qkv_layout), (mask, mask_layout))?;
+        let (batch, len, width) = qkv_layout.shape().dims3()?;
+        let hidden = width / 3;
+        let d = hidden / self.heads.max(1);
+        if width != 3 * hidden || d * self.heads != hidden || mask.len() != batch * len {
             candle_core::bail!(
-                "blas-batched-matmul: shapes {a_dims:?} and {b_dims:?} (transposed: {})",
-                self.transpose_b
+                "blas-attention: qkv {:?}, mask {:?}, {} heads",
+                qkv_layout.shape(),
+                mask_layout.shape(),
+                self.heads
             );
         }
-        let batch: usize = a_dims[..rank - 2].iter().product();
-        let out = written(batch * m * n, |c| {
+        let softmax_row = super::kernels::softmax_row_fn();
+        let out = written(batch * len * hidden, |c| {
             let c = Shared(c, false);
-            split(batch, blas.threads, |part| {
+            split(batch * self.heads, blas.threads, |pairs| {
                 let c = c;
-                for i in part {
-                    let b = Operand { data: b[i * n * k..].as_ptr(), transposed: self.transpose_b };
-                    // SAFETY: matrix i of each batch: m × k, k × n (or n × k) and m × n, row-major.
-                    unsafe { blas.single((m, n, k), a[i * m * k..].as_ptr(), b, c.0.add(i * m * n)) };
+                let (mut scores, mut probs) = (vec![0f32; len * len], vec![0f32; len * len]);
+                for pair in pairs {
+                    let (seq, head) = (pair / self.heads, pair % self.heads);
+                    let base = qkv[seq * len * width..].as_ptr();
+                    // SAFETY: q, k and v of this head are len rows of d values, `width` apart, inside the
+                    // sequence's rows; scores and probs are len × len; the context block is len rows of d
+                    // values, `hidden` apart, written by this (sequence, head) alone.
+                    unsafe {
+                        let (q, k, v) =
+                            (base.add(head * d), base.add(hidden + head * d), base.add(2 * hidden + head * d));
+                        let (l, dd, w) = (len as i32, d as i32, width as i32);
+                        (blas.sgemm)(
+                            ROW_MAJOR,
+                            NO_TRANS,
+                            TRANS,
+                            l,
+                            l,
+                            dd,
+                            1.0,
+                            q,
+                            w,
+                            k,
+                            w,
+                            0.0,
+                            scores.as_mut_ptr(),
+                            l,
+                        );
+                        let mask = &mask[seq * len..(seq + 1) * len];
+                        for (row, out) in scores.chunks_exact_mut(len).zip(probs.chunks_exact_mut(len)) {
+                            row.iter_mut().zip(mask).for_each(|(s, m)| *s += m);
+                            softmax_row(row, out);
+                        }
+                        let context = c.0.add(seq * len * hidden + head * d);
+                        (blas.sgemm)(
+                            ROW_MAJOR,
+                            NO_TRANS,
+                            NO_TRANS,
+                            l,
+                            dd,
+                            l,
+                            1.0,
+                            probs.as_ptr(),
+                            l,
+                            v,
+                            w,
+                            0.0,
+                            context,
+                            hidden as i32,
+                        );
+                    }
                 }
             })
         });
-        let mut dims = a_dims.to_vec();
-        dims[rank - 1] = n;
-        Ok((CpuStorage::F32(out), Shape::from(dims)))
+        Ok((CpuStorage::F32(out), Shape::from((batch, len, hidden))))
     }
 }
 
@@ -397,14 +429,19 @@ mod tests {
             assert!(worst < 1e-4, "{worst}");
         }
 
-        let a = Tensor::randn(0f32, 1.0, (2, 3, 5, 8), &device).unwrap();
-        let b = Tensor::randn(0f32, 1.0, (2, 3, 6, 8), &device).unwrap();
-        for (b, transpose) in [(b.clone(), true), (b.transpose(2, 3).unwrap().contiguous().unwrap(), false)] {
-            let want = if transpose { a.matmul(&b.t().unwrap()) } else { a.matmul(&b) }.unwrap();
-            let got = batched_matmul(&a, &b, transpose).unwrap().unwrap();
-            assert_eq!(got.dims(), [2, 3, 5, 6]);
-            let worst = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-            assert!(worst < 1e-4, "{worst}");
-        }
+        // Fused attention against the plain chain: per head, softmax(q · kᵀ + mask) · v.
+        let (batch, len, heads, d) = (2, 5, 3, 4);
+        let hidden = heads * d;
+        let qkv = Tensor::randn(0f32, 1.0, (batch, len, 3 * hidden), &device).unwrap();
+        let mask = Tensor::new(&[[0f32, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, f32::MIN, f32::MIN]], &device).unwrap();
+        let got = attention(&qkv, &mask, heads).unwrap().unwrap();
+        let split = qkv.reshape((batch, len, 3, heads, d)).unwrap().permute((2, 0, 3, 1, 4)).unwrap();
+        let part = |i: usize| split.get(i).unwrap().contiguous().unwrap();
+        let scores = part(0).matmul(&part(1).t().unwrap()).unwrap();
+        let scores = scores.broadcast_add(&mask.reshape((batch, 1, 1, len)).unwrap()).unwrap();
+        let probs = candle_nn::ops::softmax_last_dim(&scores).unwrap();
+        let want = probs.matmul(&part(2)).unwrap().transpose(1, 2).unwrap().reshape((batch, len, hidden)).unwrap();
+        let worst = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(worst < 1e-5, "{worst}");
     }
 }

@@ -186,7 +186,7 @@ impl CustomOp1 for Softmax {
 }
 
 /// The softmax of one row, compiled for AVX2 and FMA when the CPU has them (the crate's baseline is SSE2).
-fn softmax_row_fn() -> fn(&[f32], &mut [f32]) {
+pub(super) fn softmax_row_fn() -> fn(&[f32], &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
         #[target_feature(enable = "avx2,fma")]
