@@ -1,7 +1,8 @@
-//! The encoder's linear layers through the system's OpenBLAS when one is installed (Debian's
-//! `libopenblas0`): loaded at run time, so nothing is needed to build or run without it. Its AVX-512 kernels
-//! run these products at about 280 GFLOP/s on this machine's two cores, where candle's `gemm` (AVX2 kernels on
-//! stable Rust) reaches about half that (BENCHMARKS.md). `LONGRANK_BLAS=off` turns it off;
+//! The encoder's matrix products through the system's OpenBLAS when one is installed (Debian's
+//! `libopenblas0`): loaded at run time, so nothing is needed to build or run without it. Linear layers in
+//! inference (`BlasLinear`) and in training (`matmul_t`, with its backward pass), and inference attention as
+//! one op (`attention`). Its AVX-512 kernels run these products at about 280 GFLOP/s on this machine's two
+//! cores, where candle's `gemm` (AVX2 kernels on stable Rust) reaches about half that (BENCHMARKS.md). `LONGRANK_BLAS=off` turns it off;
 //! `LONGRANK_BLAS=/path/to/libopenblas.so` picks the library.
 
 use std::sync::OnceLock;
@@ -54,26 +55,26 @@ impl Blas {
     /// # Safety
     /// The pointers must hold matrices of those shapes (A: m × k, or k × m transposed; B: k × n, or n × k).
     unsafe fn product(&self, (m, n, k): (usize, usize, usize), a: Operand, b: Operand, c: *mut f32, accumulate: bool) {
-        let (a, b, c) =
-            (Shared(a.data as *mut f32, a.transposed), Shared(b.data as *mut f32, b.transposed), Shared(c, false));
+        let c = Shared(c);
         split(m, self.threads, |rows| {
             let (a, b, c) = (a, b, c);
             // Rows of op(A): rows of A, or columns of a transposed A (leading dimension m).
-            let (a_part, lda) = if a.1 { (a.0.add(rows.start), m) } else { (a.0.add(rows.start * k), k) };
-            let ldb = if b.1 { k } else { n };
+            let (a_part, lda) =
+                if a.transposed { (a.data.add(rows.start), m) } else { (a.data.add(rows.start * k), k) };
+            let ldb = if b.transposed { k } else { n };
             let trans = |t: bool| if t { TRANS } else { NO_TRANS };
             let beta = if accumulate { 1.0 } else { 0.0 };
             (self.sgemm)(
                 ROW_MAJOR,
-                trans(a.1),
-                trans(b.1),
+                trans(a.transposed),
+                trans(b.transposed),
                 rows.len() as i32,
                 n as i32,
                 k as i32,
                 1.0,
                 a_part,
                 lda as i32,
-                b.0,
+                b.data,
                 ldb as i32,
                 beta,
                 c.0.add(rows.start * n),
@@ -99,12 +100,14 @@ fn split(count: usize, threads: usize, work: impl Fn(std::ops::Range<usize>) + S
     });
 }
 
-/// A pointer (and whether it is transposed) shared by the threads of `split`, each writing its own rows.
+/// An output shared by the threads of `split`, each writing its own rows.
 #[derive(Clone, Copy)]
-struct Shared(*mut f32, bool);
-// SAFETY: the threads write disjoint parts.
+struct Shared(*mut f32);
+// SAFETY: the threads write disjoint parts of an output, and only read operands.
 unsafe impl Send for Shared {}
 unsafe impl Sync for Shared {}
+unsafe impl Send for Operand {}
+unsafe impl Sync for Operand {}
 
 fn blas() -> Option<&'static Blas> {
     static BLAS: OnceLock<Option<Blas>> = OnceLock::new();
@@ -306,7 +309,7 @@ impl candle_core::CustomOp2 for Attention {
         }
         let softmax_row = super::kernels::softmax_row_fn();
         let out = written(batch * len * hidden, |c| {
-            let c = Shared(c, false);
+            let c = Shared(c);
             split(batch * self.heads, blas.threads, |pairs| {
                 let c = c;
                 let (mut scores, mut probs) = (vec![0f32; len * len], vec![0f32; len * len]);

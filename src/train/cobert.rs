@@ -243,7 +243,7 @@ pub fn train(
             let (q, start, len, carried) = pool[rng.below(pool.len())];
             let f = &train[q];
             let m = cobert.heads.prototypes.min(f.docids.len());
-            let ((prototypes, prototype_scores), (r, _)) = (tensor(f, 0, m)?, tensor(f, start, len)?);
+            let prototype_scores = Tensor::from_vec(f.first_round[..m].to_vec(), m, device)?;
             let (r, prototypes) = if cobert.end_to_end {
                 // One backbone pass per document: the prototypes, then the group's other documents.
                 let index: Vec<usize> = (0..m).chain((start..start + len).filter(|&j| j >= m)).collect();
@@ -260,7 +260,7 @@ pub fn train(
                 };
                 (rows(start..start + len)?, rows(0..m)?)
             } else {
-                (r, prototypes)
+                (tensor(f, start, len)?.0, tensor(f, 0, m)?.0)
             };
             let calibrated = heads.calibrate(&r, &prototypes, &prototype_scores)?;
             let logits = if cobert.heads.groupwise {
