@@ -282,15 +282,25 @@ impl Encoder {
     /// The rest of a layer after attention: output projection, residual and LayerNorm, then the feed-forward
     /// block with its own.
     fn feed_forward(&self, layer: &Layer, x: &Tensor, context: &Tensor) -> candle_core::Result<Tensor> {
-        let x = self.normalize(&layer.norm1, &(self.linear(context, &layer.out)? + x)?)?;
+        let x = self.add_norm(&layer.norm1, self.linear(context, &layer.out)?, x)?;
         let (weight, bias) = &layer.inter;
         let inner = self.linear(&x, weight)?;
         let inner = match self.act {
-            HiddenAct::Gelu => kernels::bias_gelu(&inner, bias)?,
+            HiddenAct::Gelu if self.differentiable => kernels::bias_gelu(&inner, bias)?,
+            HiddenAct::Gelu => kernels::bias_gelu_in_place(inner, bias)?,
             HiddenAct::GeluApproximate => inner.broadcast_add(bias)?.gelu()?,
             HiddenAct::Relu => inner.broadcast_add(bias)?.relu()?,
         };
-        self.normalize(&layer.norm2, &(self.linear(&inner, &layer.output)? + x)?)
+        self.add_norm(&layer.norm2, self.linear(&inner, &layer.output)?, &x)
+    }
+
+    /// `LayerNorm(y + residual)`; in inference written over `y`, which each layer's projection has just made.
+    fn add_norm(&self, norm: &LayerNorm, y: Tensor, residual: &Tensor) -> candle_core::Result<Tensor> {
+        if self.differentiable {
+            self.normalize(norm, &(y + residual)?)
+        } else {
+            kernels::add_layer_norm_in_place(y, residual, norm, self.eps)
+        }
     }
 
     /// Inference keeps candle-nn's product with the weight broadcast over the batch (a few % faster here);

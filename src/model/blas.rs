@@ -269,9 +269,10 @@ impl candle_core::CustomOp2 for Product {
 
 /// Self-attention over a fused QKV projection `[batch, len, 3 · hidden]` (the query rows already scaled by
 /// 1/√d), for inference: per (sequence, head), scores = q · kᵀ read in place from the projection (leading
-/// dimension 3 · hidden), plus the additive `mask` (`[batch, len]`), softmax, then · v written straight into
-/// the context rows `[batch, len, hidden]`. No per-head copies and no `[batch, heads, len, len]` tensor: one
-/// `len × len` scratch per thread. `None` when BLAS is not loaded.
+/// dimension 3 · hidden), plus the additive `mask` (`[batch, len]`), exponentiated in place, then · v written
+/// straight into the context rows `[batch, len, hidden]`, each divided there by its row's sum (head_dim values
+/// rather than len). No per-head copies and no `[batch, heads, len, len]` tensor: one `len × len` scratch per
+/// thread. `None` when BLAS is not loaded.
 pub fn attention(qkv: &Tensor, mask: &Tensor, heads: usize) -> candle_core::Result<Option<Tensor>> {
     if !available_for(qkv) {
         return Ok(None);
@@ -307,17 +308,17 @@ impl candle_core::CustomOp2 for Attention {
                 self.heads
             );
         }
-        let softmax_row = super::kernels::softmax_row_fn();
+        let masked_exp_row = super::kernels::masked_exp_row_fn();
         let out = written(batch * len * hidden, |c| {
             let c = Shared(c);
             split(batch * self.heads, blas.threads, |pairs| {
                 let c = c;
-                let (mut scores, mut probs) = (vec![0f32; len * len], vec![0f32; len * len]);
+                let (mut scores, mut sums) = (vec![0f32; len * len], vec![0f32; len]);
                 for pair in pairs {
                     let (seq, head) = (pair / self.heads, pair % self.heads);
                     let base = qkv[seq * len * width..].as_ptr();
                     // SAFETY: q, k and v of this head are len rows of d values, `width` apart, inside the
-                    // sequence's rows; scores and probs are len × len; the context block is len rows of d
+                    // sequence's rows; scores are len × len; the context block is len rows of d
                     // values, `hidden` apart, written by this (sequence, head) alone.
                     unsafe {
                         let (q, k, v) =
@@ -340,9 +341,8 @@ impl candle_core::CustomOp2 for Attention {
                             l,
                         );
                         let mask = &mask[seq * len..(seq + 1) * len];
-                        for (row, out) in scores.chunks_exact_mut(len).zip(probs.chunks_exact_mut(len)) {
-                            row.iter_mut().zip(mask).for_each(|(s, m)| *s += m);
-                            softmax_row(row, out);
+                        for (row, sum) in scores.chunks_exact_mut(len).zip(&mut sums) {
+                            *sum = masked_exp_row(row, mask);
                         }
                         let context = c.0.add(seq * len * hidden + head * d);
                         (blas.sgemm)(
@@ -353,7 +353,7 @@ impl candle_core::CustomOp2 for Attention {
                             dd,
                             l,
                             1.0,
-                            probs.as_ptr(),
+                            scores.as_ptr(),
                             l,
                             v,
                             w,
@@ -361,6 +361,10 @@ impl candle_core::CustomOp2 for Attention {
                             context,
                             hidden as i32,
                         );
+                        for (i, sum) in sums.iter().enumerate() {
+                            let row = std::slice::from_raw_parts_mut(context.add(i * hidden), d);
+                            row.iter_mut().for_each(|x| *x /= sum);
+                        }
                     }
                 }
             })

@@ -4,7 +4,9 @@
 //! rows on every core. Elsewhere (GPU, half precision) the same functions fall back to candle's composite
 //! operations, which are differentiable too.
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor, D};
+use candle_core::{
+    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, InplaceOp2, InplaceOp3, Layout, Shape, Tensor, D,
+};
 
 /// The exact GELU of `x + bias` (bias along the last dimension), `y · Φ(y)`, with a polynomial erf
 /// (absolute error under 1.5e-7).
@@ -34,6 +36,33 @@ pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> candl
     }
 }
 
+/// Inference: the exact GELU of `x + bias`, written over `x` (a fresh projection no other tensor shares).
+pub fn bias_gelu_in_place(x: Tensor, bias: &Tensor) -> candle_core::Result<Tensor> {
+    if fused(&x) && x.is_contiguous() {
+        x.inplace_op2(bias, &BiasGeluInPlace)?;
+        Ok(x)
+    } else {
+        x.broadcast_add(bias)?.gelu_erf()
+    }
+}
+
+/// Inference: `LayerNorm(y + residual)`, written over `y` (a fresh projection no other tensor shares): the
+/// residual connection and the norm in one pass, no new tensor.
+pub fn add_layer_norm_in_place(
+    y: Tensor,
+    residual: &Tensor,
+    norm: &candle_nn::LayerNorm,
+    eps: f64,
+) -> candle_core::Result<Tensor> {
+    match norm.bias() {
+        Some(bias) if fused(&y) && y.is_contiguous() => {
+            y.inplace_op3(residual, &Tensor::stack(&[norm.weight(), bias], 0)?, &AddLayerNorm { eps: eps as f32 })?;
+            Ok(y)
+        }
+        _ => candle_nn::Module::forward(norm, &(y + residual)?),
+    }
+}
+
 fn fused(x: &Tensor) -> bool {
     x.device().is_cpu() && x.dtype() == DType::F32
 }
@@ -55,6 +84,22 @@ where
     });
 }
 
+/// `f` over groups of whole rows of `width` of `data`, in place, in parallel: `f(first_row, rows)`.
+fn rows_mut<F>(data: &mut [f32], width: usize, f: F)
+where
+    F: Fn(usize, &mut [f32]) + Sync,
+{
+    let rows = data.len() / width.max(1);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per_chunk = rows.div_ceil(threads).max(1);
+    std::thread::scope(|scope| {
+        for (i, chunk) in data.chunks_mut(per_chunk * width).enumerate() {
+            let f = &f;
+            scope.spawn(move || f(i * per_chunk, chunk));
+        }
+    });
+}
+
 fn slice<'a>(storage: &'a CpuStorage, layout: &Layout, what: &str) -> candle_core::Result<&'a [f32]> {
     match layout.contiguous_offsets() {
         Some((start, end)) => Ok(&storage.as_slice::<f32>()?[start..end]),
@@ -67,11 +112,12 @@ fn last_dim(layout: &Layout) -> usize {
 }
 
 /// erf by Abramowitz and Stegun 7.1.26 (absolute error under 1.5e-7), branch-free so it vectorizes.
+#[inline(always)]
 fn erf(x: f32) -> f32 {
     let a = x.abs();
     let t = 1.0 / (1.0 + 0.327_591_1 * a);
     let poly = t * (0.254_829_6 + t * (-0.284_496_74 + t * (1.421_413_7 + t * (-1.453_152_1 + t * 1.061_405_4))));
-    (1.0 - poly * (-a * a).exp()).copysign(x)
+    (1.0 - poly * exp(-a * a)).copysign(x)
 }
 
 struct BiasGelu;
@@ -92,15 +138,9 @@ impl CustomOp2 for BiasGelu {
         if last_dim(l) != bias.len() {
             candle_core::bail!("bias-gelu-erf: a bias of {} for rows of {:?}", bias.len(), l.shape());
         }
-        let mut output = vec![0f32; input.len()];
-        rows(input, bias.len(), &mut output, |_, inp, out| {
-            for (row_in, row_out) in inp.chunks(bias.len()).zip(out.chunks_mut(bias.len())) {
-                for ((o, &v), &b) in row_out.iter_mut().zip(row_in).zip(bias) {
-                    let y = v + b;
-                    *o = 0.5 * y * (1.0 + erf(y * std::f32::consts::FRAC_1_SQRT_2));
-                }
-            }
-        });
+        let mut output = input.to_vec();
+        let gelu = bias_gelu_rows_fn();
+        rows_mut(&mut output, bias.len(), |_, out| gelu(out, bias));
         Ok((CpuStorage::F32(output), l.shape().clone()))
     }
 
@@ -115,6 +155,66 @@ impl CustomOp2 for BiasGelu {
         let packed = x.apply_op3_no_bwd(bias, &grad.contiguous()?, &BiasGeluBackward)?;
         let rows = x.elem_count() / bias.elem_count();
         Ok((Some(packed.narrow(0, 0, rows)?.reshape(x.shape())?), Some(packed.get(rows)?)))
+    }
+}
+
+fn slice_mut<'a>(storage: &'a mut CpuStorage, layout: &Layout, what: &str) -> candle_core::Result<&'a mut [f32]> {
+    match (storage, layout.contiguous_offsets()) {
+        (CpuStorage::F32(values), Some((start, end))) => Ok(&mut values[start..end]),
+        _ => candle_core::bail!("{what} needs a contiguous f32 tensor"),
+    }
+}
+
+struct BiasGeluInPlace;
+
+impl InplaceOp2 for BiasGeluInPlace {
+    fn name(&self) -> &'static str {
+        "bias-gelu-erf-in-place"
+    }
+
+    fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout, bs: &CpuStorage, bl: &Layout) -> candle_core::Result<()> {
+        let bias = slice(bs, bl, self.name())?;
+        if last_dim(l) != bias.len() {
+            candle_core::bail!("{}: a bias of {} for rows of {:?}", self.name(), bias.len(), l.shape());
+        }
+        let x = slice_mut(s, l, self.name())?;
+        let gelu = bias_gelu_rows_fn();
+        rows_mut(x, bias.len(), |_, rows| gelu(rows, bias));
+        Ok(())
+    }
+}
+
+/// `y ← LayerNorm(y + residual)` with `[weight; bias]` stacked as `[2, width]`.
+struct AddLayerNorm {
+    eps: f32,
+}
+
+impl InplaceOp3 for AddLayerNorm {
+    fn name(&self) -> &'static str {
+        "add-layer-norm-in-place"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s: &mut CpuStorage,
+        l: &Layout,
+        rs: &CpuStorage,
+        rl: &Layout,
+        ps: &CpuStorage,
+        pl: &Layout,
+    ) -> candle_core::Result<()> {
+        let (residual, params) = (slice(rs, rl, self.name())?, slice(ps, pl, self.name())?);
+        let width = params.len() / 2;
+        if last_dim(l) != width || rl.shape() != l.shape() {
+            candle_core::bail!("{}: {:?} + {:?}, norm of {width}", self.name(), l.shape(), rl.shape());
+        }
+        let (weight, bias) = params.split_at(width);
+        let y = slice_mut(s, l, self.name())?;
+        let add_norm = add_norm_rows_fn();
+        rows_mut(y, width, |first, rows| {
+            add_norm(rows, &residual[first * width..first * width + rows.len()], weight, bias, self.eps)
+        });
+        Ok(())
     }
 }
 
@@ -146,7 +246,7 @@ impl CustomOp3 for BiasGeluBackward {
                 for (((o, &v), &b), &g) in row_out.iter_mut().zip(row_in).zip(bias).zip(row_g) {
                     let y = v + b;
                     let cdf = 0.5 * (1.0 + erf(y * std::f32::consts::FRAC_1_SQRT_2));
-                    *o = g * (cdf + y * inv_sqrt_2pi * (-0.5 * y * y).exp());
+                    *o = g * (cdf + y * inv_sqrt_2pi * exp(-0.5 * y * y));
                 }
             }
         });
@@ -185,18 +285,81 @@ impl CustomOp1 for Softmax {
     }
 }
 
-/// The softmax of one row, compiled for AVX2 and FMA when the CPU has them (the crate's baseline is SSE2).
-pub(super) fn softmax_row_fn() -> fn(&[f32], &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-        #[target_feature(enable = "avx2,fma")]
-        fn avx2(row: &[f32], out: &mut [f32]) {
-            softmax_row(row, out)
+/// `pub(super) fn $name() -> fn(args) -> ret`: `$body` (an `#[inline(always)]` function) compiled for AVX2
+/// and FMA when the CPU has them, else for the crate's baseline (SSE2), where its passes vectorize half as wide.
+macro_rules! vectorized {
+    ($(#[$doc:meta])* $name:ident = $body:ident($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+        $(#[$doc])*
+        pub(super) fn $name() -> fn($($ty),*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                #[target_feature(enable = "avx2,fma")]
+                fn avx2($($arg: $ty),*) -> $ret {
+                    $body($($arg),*)
+                }
+                // SAFETY: the features were just detected.
+                return |$($arg),*| unsafe { avx2($($arg),*) };
+            }
+            $body
         }
-        // SAFETY: the features were just detected.
-        return |row, out| unsafe { avx2(row, out) };
+    };
+}
+
+vectorized!(
+    /// The softmax of one row.
+    softmax_row_fn = softmax_row(row: &[f32], out: &mut [f32]) -> ()
+);
+vectorized!(
+    /// Attention's softmax of one row of scores with its additive mask, in place and not normalized: the sum
+    /// it returns divides the row's context instead (`head_dim` values, not `len`).
+    masked_exp_row_fn = masked_exp_row(row: &mut [f32], mask: &[f32]) -> f32
+);
+vectorized!(
+    /// The exact GELU of `x + bias` in place, for whole rows of `bias`'s width.
+    bias_gelu_rows_fn = bias_gelu_rows(x: &mut [f32], bias: &[f32]) -> ()
+);
+vectorized!(
+    /// `x ← LayerNorm(x + residual)` in place, for whole rows of the weight's width.
+    add_norm_rows_fn = add_norm_rows(x: &mut [f32], residual: &[f32], weight: &[f32], bias: &[f32], eps: f32) -> ()
+);
+
+#[inline(always)]
+fn masked_exp_row(row: &mut [f32], mask: &[f32]) -> f32 {
+    row.iter_mut().zip(mask).for_each(|(s, m)| *s += m);
+    let max = lanes(row, f32::NEG_INFINITY, f32::max);
+    row.iter_mut().for_each(|s| *s = exp(*s - max));
+    lanes(row, 0.0, |a, b| a + b)
+}
+
+#[inline(always)]
+fn bias_gelu_rows(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_mut(bias.len()) {
+        for (v, &b) in row.iter_mut().zip(bias) {
+            let y = *v + b;
+            *v = 0.5 * y * (1.0 + erf(y * std::f32::consts::FRAC_1_SQRT_2));
+        }
     }
-    softmax_row
+}
+
+#[inline(always)]
+fn add_norm_rows(x: &mut [f32], residual: &[f32], weight: &[f32], bias: &[f32], eps: f32) {
+    let width = weight.len();
+    for (row, res) in x.chunks_mut(width).zip(residual.chunks(width)) {
+        row.iter_mut().zip(res).for_each(|(v, r)| *v += r);
+        let mean = lanes(row, 0.0, |a, b| a + b) / width as f32;
+        let mut squares = [0f32; 8];
+        let chunks = row.chunks_exact(8);
+        let rest: f32 = chunks.remainder().iter().map(|v| (v - mean) * (v - mean)).sum();
+        for chunk in chunks {
+            for (s, v) in squares.iter_mut().zip(chunk) {
+                *s += (v - mean) * (v - mean);
+            }
+        }
+        let rstd = 1.0 / ((squares.iter().sum::<f32>() + rest) / width as f32 + eps).sqrt();
+        for ((v, &w), &b) in row.iter_mut().zip(weight).zip(bias) {
+            *v = (*v - mean) * rstd * w + b;
+        }
+    }
 }
 
 /// `out = softmax(row)` in passes without branches or ordered reductions, so that they vectorize.
@@ -230,16 +393,20 @@ fn lanes(x: &[f32], init: f32, f: impl Fn(f32, f32) -> f32) -> f32 {
 #[inline(always)]
 fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
-    // Adding and removing 1.5 · 2^23 rounds to the nearest integer without a branch or an SSE4 instruction.
+    // Adding 1.5 · 2^23 rounds to the nearest integer without a branch or an SSE4 instruction, and leaves that
+    // integer in the low bits (floats in [2^23, 2^24) are one apart): no float-to-int conversion, which `as`
+    // would do one lane at a time (it saturates) and which NaN would make undefined unchecked.
     const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-87.3, 88.7);
-    let n = (x * LOG2E + ROUND) - ROUND;
+    let shifted = x * LOG2E + ROUND;
+    let n = shifted - ROUND;
     let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1)
         * r
         + 5.000_000_1e-1;
     let e = p * r * r + r + 1.0;
-    e * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    let n = shifted.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
+    e * f32::from_bits((n.wrapping_add(127) as u32) << 23)
 }
 
 /// dx = y ⊙ (g − Σ g ⊙ y), per row.
@@ -484,5 +651,22 @@ mod tests {
             |t| candle_nn::ops::layer_norm_slow(&t[0], &t[1], &t[2], 1e-12).unwrap(),
             1e-4,
         );
+    }
+
+    #[test]
+    fn in_place_inference_kernels_match_the_plain_chains() {
+        // Widths that are not a multiple of the 8 lanes exercise the remainders.
+        let (y, residual) = ((random(&[3, 21, 52], 7, 2.0) + 0.5).unwrap(), random(&[3, 21, 52], 8, 1.0));
+        let norm = candle_nn::LayerNorm::new((random(&[52], 9, 0.3) + 1.0).unwrap(), random(&[52], 10, 0.3), 1e-12);
+        let want =
+            candle_nn::ops::layer_norm_slow(&(&y + &residual).unwrap(), norm.weight(), norm.bias().unwrap(), 1e-12)
+                .unwrap();
+        let got = add_layer_norm_in_place(y.copy().unwrap(), &residual, &norm, 1e-12).unwrap();
+        assert!(max_diff(&got, &want) < 1e-5, "add + LayerNorm differs by {}", max_diff(&got, &want));
+
+        let (x, bias) = (random(&[2, 33, 70], 11, 3.0), random(&[70], 12, 1.0));
+        let want = x.broadcast_add(&bias).unwrap().gelu_erf().unwrap();
+        let got = bias_gelu_in_place(x.copy().unwrap(), &bias).unwrap();
+        assert!(max_diff(&got, &want) < 2e-5, "bias + GELU differs by {}", max_diff(&got, &want));
     }
 }
