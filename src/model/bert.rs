@@ -257,15 +257,13 @@ impl Encoder {
     fn layer(&self, layer: &Layer, x: &Tensor, additive: Option<&Tensor>) -> candle_core::Result<Tensor> {
         let (batch, len, hidden) = x.dims3()?;
         let qkv = layer.qkv.forward(x)?;
-        // Inference with BLAS loaded: one fused pass (training keeps candle's differentiable chain).
-        if !self.differentiable {
-            let mask = match additive {
-                Some(additive) => additive.reshape((batch, len))?,
-                None => Tensor::zeros((batch, len), qkv.dtype(), qkv.device())?,
-            };
-            if let Some(context) = blas::attention(&qkv, &mask, self.heads)? {
-                return self.feed_forward(layer, x, &context);
-            }
+        // With BLAS loaded, one fused op (with its backward pass in training); else candle's chain.
+        let mask = match additive {
+            Some(additive) => additive.reshape((batch, len))?,
+            None => Tensor::zeros((batch, len), qkv.dtype(), qkv.device())?,
+        };
+        if let Some(context) = blas::attention(&qkv, &mask, self.heads, self.differentiable)? {
+            return self.feed_forward(layer, x, &context);
         }
         let qkv = qkv.reshape((batch, len, 3, self.heads, self.head_dim))?.permute((2, 0, 3, 1, 4))?;
         let (q, k, v) = (qkv.get(0)?.contiguous()?, qkv.get(1)?.contiguous()?, qkv.get(2)?.contiguous()?);

@@ -268,20 +268,132 @@ impl candle_core::CustomOp2 for Product {
 }
 
 /// Self-attention over a fused QKV projection `[batch, len, 3 · hidden]` (the query rows already scaled by
-/// 1/√d), for inference: per (sequence, head), scores = q · kᵀ read in place from the projection (leading
-/// dimension 3 · hidden), plus the additive `mask` (`[batch, len]`), exponentiated in place, then · v written
-/// straight into the context rows `[batch, len, hidden]`, each divided there by its row's sum (head_dim values
-/// rather than len). No per-head copies and no `[batch, heads, len, len]` tensor: one `len × len` scratch per
-/// thread. `None` when BLAS is not loaded.
-pub fn attention(qkv: &Tensor, mask: &Tensor, heads: usize) -> candle_core::Result<Option<Tensor>> {
+/// 1/√d): per (sequence, head), scores = q · kᵀ read in place from the projection (leading dimension
+/// 3 · hidden), plus the additive `mask` (`[batch, len]`), exponentiated in place, then · v written straight into
+/// the context rows `[batch, len, hidden]`, each divided there by its row's sum (head_dim values rather than
+/// len). No per-head copies and no `[batch, heads, len, len]` tensor: one `len × len` scratch per thread.
+/// With `differentiable`, the op is on the graph: its backward pass recomputes each head's probabilities
+/// rather than keeping them, and writes the three gradients into one `[batch, len, 3 · hidden]` tensor.
+/// `None` when BLAS is not loaded.
+pub fn attention(
+    qkv: &Tensor,
+    mask: &Tensor,
+    heads: usize,
+    differentiable: bool,
+) -> candle_core::Result<Option<Tensor>> {
     if !available_for(qkv) {
         return Ok(None);
     }
-    Ok(Some(qkv.contiguous()?.apply_op2_no_bwd(&mask.contiguous()?, &Attention { heads })?))
+    let (qkv, mask) = (qkv.contiguous()?, mask.contiguous()?);
+    let op = Attention { heads };
+    Ok(Some(if differentiable { qkv.apply_op2(&mask, op)? } else { qkv.apply_op2_no_bwd(&mask, &op)? }))
 }
 
 struct Attention {
     heads: usize,
+}
+
+/// One head of one sequence inside a QKV projection: q, k and v are `len` rows of `d` values, `width` apart.
+struct Head {
+    q: *const f32,
+    k: *const f32,
+    v: *const f32,
+    len: usize,
+    d: usize,
+    width: usize,
+}
+
+impl Attention {
+    /// The shapes of a projection and its mask: (batch, len, hidden, head_dim).
+    fn shapes(&self, qkv: &Layout, mask: &Layout) -> candle_core::Result<(usize, usize, usize, usize)> {
+        let (batch, len, width) = qkv.shape().dims3()?;
+        let hidden = width / 3;
+        let d = hidden / self.heads.max(1);
+        if width != 3 * hidden || d * self.heads != hidden || mask.shape().elem_count() != batch * len {
+            candle_core::bail!("blas-attention: qkv {:?}, mask {:?}, {} heads", qkv.shape(), mask.shape(), self.heads);
+        }
+        Ok((batch, len, hidden, d))
+    }
+
+    /// Runs `work(head, its mask row, scratch)` for every (sequence, head), split over the threads; the
+    /// scratch holds `scratch` values per thread.
+    fn each_head(
+        &self,
+        blas: &Blas,
+        (qkv, mask): (&[f32], &[f32]),
+        (batch, len, hidden, d): (usize, usize, usize, usize),
+        scratch: usize,
+        work: impl Fn(usize, usize, &Head, &[f32], &mut [f32]) + Sync,
+    ) {
+        let width = 3 * hidden;
+        split(batch * self.heads, blas.threads, |pairs| {
+            let mut buffer = vec![0f32; scratch];
+            for pair in pairs {
+                let (seq, head) = (pair / self.heads, pair % self.heads);
+                let base = qkv[seq * len * width..].as_ptr();
+                // SAFETY: q, k and v of this head are len rows of d values, `width` apart, inside the sequence's
+                // rows.
+                let at = unsafe {
+                    Head {
+                        q: base.add(head * d),
+                        k: base.add(hidden + head * d),
+                        v: base.add(2 * hidden + head * d),
+                        len,
+                        d,
+                        width,
+                    }
+                };
+                work(seq, head, &at, &mask[seq * len..(seq + 1) * len], &mut buffer);
+            }
+        });
+    }
+}
+
+impl Blas {
+    /// One-threaded `C = op(A) · op(B)` on matrices inside larger buffers (rows `ld*` apart), op(A) m × k,
+    /// op(B) k × n: the callers split whole blocks over the threads.
+    ///
+    /// # Safety
+    /// The pointers must hold matrices of those shapes and leading dimensions.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn block(
+        &self,
+        (m, n, k): (usize, usize, usize),
+        (a, lda, ta): (*const f32, usize, bool),
+        (b, ldb, tb): (*const f32, usize, bool),
+        (c, ldc): (*mut f32, usize),
+    ) {
+        let trans = |t: bool| if t { TRANS } else { NO_TRANS };
+        (self.sgemm)(
+            ROW_MAJOR,
+            trans(ta),
+            trans(tb),
+            m as i32,
+            n as i32,
+            k as i32,
+            1.0,
+            a,
+            lda as i32,
+            b,
+            ldb as i32,
+            0.0,
+            c,
+            ldc as i32,
+        )
+    }
+
+    /// A head's probabilities, unnormalized, into `scores` (`len × len`) and each row's sum into `sums`.
+    ///
+    /// # Safety
+    /// `head` must point into a projection of its shapes.
+    unsafe fn head_scores(&self, head: &Head, mask: &[f32], scores: &mut [f32], sums: &mut [f32]) {
+        let (l, d, w) = (head.len, head.d, head.width);
+        self.block((l, l, d), (head.q, w, false), (head.k, w, true), (scores.as_mut_ptr(), l));
+        let masked_exp_row = super::kernels::masked_exp_row_fn();
+        for (row, sum) in scores.chunks_exact_mut(l).zip(sums) {
+            *sum = masked_exp_row(row, mask);
+        }
+    }
 }
 
 impl candle_core::CustomOp2 for Attention {
@@ -297,79 +409,103 @@ impl candle_core::CustomOp2 for Attention {
         mask_layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (blas, qkv, mask) = operands(self.name(), (qkv, qkv_layout), (mask, mask_layout))?;
-        let (batch, len, width) = qkv_layout.shape().dims3()?;
-        let hidden = width / 3;
-        let d = hidden / self.heads.max(1);
-        if width != 3 * hidden || d * self.heads != hidden || mask.len() != batch * len {
-            candle_core::bail!(
-                "blas-attention: qkv {:?}, mask {:?}, {} heads",
-                qkv_layout.shape(),
-                mask_layout.shape(),
-                self.heads
-            );
-        }
-        let masked_exp_row = super::kernels::masked_exp_row_fn();
+        let shapes @ (batch, len, hidden, d) = self.shapes(qkv_layout, mask_layout)?;
         let out = written(batch * len * hidden, |c| {
             let c = Shared(c);
-            split(batch * self.heads, blas.threads, |pairs| {
+            self.each_head(blas, (qkv, mask), shapes, len * len + len, |seq, head, at, mask, buffer| {
                 let c = c;
-                let (mut scores, mut sums) = (vec![0f32; len * len], vec![0f32; len]);
-                for pair in pairs {
-                    let (seq, head) = (pair / self.heads, pair % self.heads);
-                    let base = qkv[seq * len * width..].as_ptr();
-                    // SAFETY: q, k and v of this head are len rows of d values, `width` apart, inside the
-                    // sequence's rows; scores are len × len; the context block is len rows of d
-                    // values, `hidden` apart, written by this (sequence, head) alone.
-                    unsafe {
-                        let (q, k, v) =
-                            (base.add(head * d), base.add(hidden + head * d), base.add(2 * hidden + head * d));
-                        let (l, dd, w) = (len as i32, d as i32, width as i32);
-                        (blas.sgemm)(
-                            ROW_MAJOR,
-                            NO_TRANS,
-                            TRANS,
-                            l,
-                            l,
-                            dd,
-                            1.0,
-                            q,
-                            w,
-                            k,
-                            w,
-                            0.0,
-                            scores.as_mut_ptr(),
-                            l,
-                        );
-                        let mask = &mask[seq * len..(seq + 1) * len];
-                        for (row, sum) in scores.chunks_exact_mut(len).zip(&mut sums) {
-                            *sum = masked_exp_row(row, mask);
-                        }
-                        let context = c.0.add(seq * len * hidden + head * d);
-                        (blas.sgemm)(
-                            ROW_MAJOR,
-                            NO_TRANS,
-                            NO_TRANS,
-                            l,
-                            dd,
-                            l,
-                            1.0,
-                            scores.as_ptr(),
-                            l,
-                            v,
-                            w,
-                            0.0,
-                            context,
-                            hidden as i32,
-                        );
-                        for (i, sum) in sums.iter().enumerate() {
-                            let row = std::slice::from_raw_parts_mut(context.add(i * hidden), d);
-                            row.iter_mut().for_each(|x| *x /= sum);
-                        }
+                let (scores, sums) = buffer.split_at_mut(len * len);
+                // SAFETY: the context block is len rows of d values, `hidden` apart, written by this (sequence,
+                // head) alone.
+                unsafe {
+                    blas.head_scores(at, mask, scores, sums);
+                    let context = c.0.add(seq * len * hidden + head * d);
+                    blas.block(
+                        (len, d, len),
+                        (scores.as_ptr(), len, false),
+                        (at.v, at.width, false),
+                        (context, hidden),
+                    );
+                    for (i, sum) in sums.iter().enumerate() {
+                        std::slice::from_raw_parts_mut(context.add(i * hidden), d).iter_mut().for_each(|x| *x /= sum);
                     }
                 }
-            })
+            });
         });
         Ok((CpuStorage::F32(out), Shape::from((batch, len, hidden))))
+    }
+
+    fn bwd(
+        &self,
+        qkv: &Tensor,
+        mask: &Tensor,
+        _: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let dqkv = qkv.apply_op3_no_bwd(mask, &grad.contiguous()?, &AttentionBackward { heads: self.heads })?;
+        Ok((Some(dqkv), None))
+    }
+}
+
+/// The gradient of `Attention` with respect to its projection: per head, with P the probabilities and dC the
+/// context's gradient, dV = Pᵀ · dC, dS = P ⊙ (dC · vᵀ − rowsum(dC · vᵀ ⊙ P)), dQ = dS · K, dK = dSᵀ · Q.
+struct AttentionBackward {
+    heads: usize,
+}
+
+impl candle_core::CustomOp3 for AttentionBackward {
+    fn name(&self) -> &'static str {
+        "blas-attention-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        qkv: &CpuStorage,
+        qkv_layout: &Layout,
+        mask: &CpuStorage,
+        mask_layout: &Layout,
+        grad: &CpuStorage,
+        grad_layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let attention = Attention { heads: self.heads };
+        let (blas, qkv, mask) = operands(self.name(), (qkv, qkv_layout), (mask, mask_layout))?;
+        let shapes @ (batch, len, hidden, d) = attention.shapes(qkv_layout, mask_layout)?;
+        let grad = match (grad, grad_layout.contiguous_offsets()) {
+            (CpuStorage::F32(g), Some((start, end))) if end - start == batch * len * hidden => &g[start..end],
+            _ => candle_core::bail!("{}: the gradient must be a contiguous [batch, len, hidden]", self.name()),
+        };
+        let width = 3 * hidden;
+        let softmax_grad_row = super::kernels::softmax_grad_row_fn();
+        let out = written(batch * len * width, |dqkv| {
+            let dqkv = Shared(dqkv);
+            let scratch = 2 * len * len + len;
+            attention.each_head(blas, (qkv, mask), shapes, scratch, |seq, head, at, mask, buffer| {
+                let dqkv = dqkv;
+                let (probs, rest) = buffer.split_at_mut(len * len);
+                let (dp, sums) = rest.split_at_mut(len * len);
+                // SAFETY: dC of this head is len rows of d values, `hidden` apart; its three gradient blocks are
+                // len rows of d values, `width` apart, written by this (sequence, head) alone.
+                unsafe {
+                    blas.head_scores(at, mask, probs, sums);
+                    for (row, sum) in probs.chunks_exact_mut(len).zip(sums.iter()) {
+                        row.iter_mut().for_each(|p| *p /= sum);
+                    }
+                    let dc = grad.as_ptr().add(seq * len * hidden + head * d);
+                    let out = dqkv.0.add(seq * len * width + head * d);
+                    let (dq, dk, dv) = (out, out.add(hidden), out.add(2 * hidden));
+                    let p = probs.as_ptr();
+                    blas.block((len, d, len), (p, len, true), (dc, hidden, false), (dv, width));
+                    blas.block((len, len, d), (dc, hidden, false), (at.v, width, true), (dp.as_mut_ptr(), len));
+                    for (p_row, dp_row) in probs.chunks_exact(len).zip(dp.chunks_exact_mut(len)) {
+                        softmax_grad_row(p_row, dp_row);
+                    }
+                    let ds = dp.as_ptr();
+                    blas.block((len, d, len), (ds, len, false), (at.k, width, false), (dq, width));
+                    blas.block((len, d, len), (ds, len, true), (at.q, width, false), (dk, width));
+                }
+            });
+        });
+        Ok((CpuStorage::F32(out), Shape::from((batch, len, width))))
     }
 }
 
@@ -436,19 +572,30 @@ mod tests {
             assert!(worst < 1e-4, "{worst}");
         }
 
-        // Fused attention against the plain chain: per head, softmax(q · kᵀ + mask) · v.
+        // Fused attention against the plain chain, per head softmax(q · kᵀ + mask) · v: the values, in
+        // inference and on the graph, and the projection's gradient.
         let (batch, len, heads, d) = (2, 5, 3, 4);
         let hidden = heads * d;
-        let qkv = Tensor::randn(0f32, 1.0, (batch, len, 3 * hidden), &device).unwrap();
+        let qkv = candle_core::Var::randn(0f32, 1.0, (batch, len, 3 * hidden), &device).unwrap();
         let mask = Tensor::new(&[[0f32, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, f32::MIN, f32::MIN]], &device).unwrap();
-        let got = attention(&qkv, &mask, heads).unwrap().unwrap();
+        let direction = Tensor::randn(0f32, 1.0, (batch, len, hidden), &device).unwrap();
+        let run = |y: Tensor| {
+            let grads = (y.clone() * &direction).unwrap().sum_all().unwrap().backward().unwrap();
+            [y, grads.get(qkv.as_tensor()).unwrap().clone()]
+        };
         let split = qkv.reshape((batch, len, 3, heads, d)).unwrap().permute((2, 0, 3, 1, 4)).unwrap();
         let part = |i: usize| split.get(i).unwrap().contiguous().unwrap();
         let scores = part(0).matmul(&part(1).t().unwrap()).unwrap();
         let scores = scores.broadcast_add(&mask.reshape((batch, 1, 1, len)).unwrap()).unwrap();
-        let probs = candle_nn::ops::softmax_last_dim(&scores).unwrap();
-        let want = probs.matmul(&part(2)).unwrap().transpose(1, 2).unwrap().reshape((batch, len, hidden)).unwrap();
-        let worst = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-        assert!(worst < 1e-5, "{worst}");
+        let probs = candle_nn::ops::softmax(&scores, candle_core::D::Minus1).unwrap();
+        let want = run(probs.matmul(&part(2)).unwrap().transpose(1, 2).unwrap().reshape((batch, len, hidden)).unwrap());
+        let inference = attention(qkv.as_tensor(), &mask, heads, false).unwrap().unwrap();
+        let got = run(attention(qkv.as_tensor(), &mask, heads, true).unwrap().unwrap());
+        let pairs =
+            [("inference", &inference, &want[0]), ("graph", &got[0], &want[0]), ("gradient", &got[1], &want[1])];
+        for (what, got, want) in pairs {
+            let worst = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(worst < 1e-5, "{what}: {worst}");
+        }
     }
 }

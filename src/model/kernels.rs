@@ -325,6 +325,10 @@ vectorized!(
     masked_exp_row_fn = masked_exp_row(row: &mut [f32], mask: &[f32]) -> f32
 );
 vectorized!(
+    /// Softmax's backward pass for one row, in place: `grad ← probs ⊙ (grad − Σ grad ⊙ probs)`.
+    softmax_grad_row_fn = softmax_grad_row(probs: &[f32], grad: &mut [f32]) -> ()
+);
+vectorized!(
     /// The exact GELU of `x + bias` in place, for whole rows of `bias`'s width.
     bias_gelu_rows_fn = bias_gelu_rows(x: &mut [f32], bias: &[f32]) -> ()
 );
@@ -332,6 +336,21 @@ vectorized!(
     /// `x ← LayerNorm(x + residual)` in place, for whole rows of the weight's width.
     add_norm_rows_fn = add_norm_rows(x: &mut [f32], residual: &[f32], weight: &[f32], bias: &[f32], eps: f32) -> ()
 );
+
+#[inline(always)]
+fn softmax_grad_row(probs: &[f32], grad: &mut [f32]) {
+    const LANES: usize = 32;
+    let mut acc = [0f32; LANES];
+    let (p_chunks, g_chunks) = (probs.chunks_exact(LANES), grad.chunks_exact(LANES));
+    let rest: f32 = p_chunks.remainder().iter().zip(g_chunks.remainder()).map(|(p, g)| p * g).sum();
+    for (p, g) in p_chunks.zip(g_chunks) {
+        for ((a, p), g) in acc.iter_mut().zip(p).zip(g) {
+            *a += p * g;
+        }
+    }
+    let dot = acc.iter().sum::<f32>() + rest;
+    grad.iter_mut().zip(probs).for_each(|(g, p)| *g = p * (*g - dot));
+}
 
 #[inline(always)]
 fn masked_exp_row(row: &mut [f32], mask: &[f32]) -> f32 {
@@ -448,14 +467,11 @@ impl CustomOp2 for SoftmaxBackward {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (probs, grad) = (slice(s, l, self.name())?, slice(gs, gl, self.name())?);
         let width = last_dim(l);
-        let mut output = vec![0f32; probs.len()];
-        rows(probs, width, &mut output, |first, inp, out| {
-            let grad = &grad[first * width..first * width + inp.len()];
-            for ((y, o), g) in inp.chunks(width).zip(out.chunks_mut(width)).zip(grad.chunks(width)) {
-                let dot: f32 = y.iter().zip(g).map(|(a, b)| a * b).sum();
-                for ((o, &y), &g) in o.iter_mut().zip(y).zip(g) {
-                    *o = y * (g - dot);
-                }
+        let mut output = grad.to_vec();
+        let grad_row = softmax_grad_row_fn();
+        rows_mut(&mut output, width, |first, out| {
+            for (g, y) in out.chunks_mut(width).zip(probs[first * width..].chunks(width)) {
+                grad_row(y, g);
             }
         });
         Ok((CpuStorage::F32(output), l.shape().clone()))
