@@ -4,8 +4,9 @@
 //! softmax is our row kernel with a vectorized exp; the intermediate bias and the exact GELU are one pass on every core
 //! with a polynomial erf. Weights load from the same checkpoints (`bert.`-prefixed or not).
 //!
-//! `Bert::quantize` turns the encoder's linear layers into int8 ones (GGML's Q8_0 blocks: 32 weights share a
-//! scale; each activation row is quantized the same way on the fly, and the products accumulate in integers).
+//! `Bert::quantize` turns the encoder's linear layers into int8 ones: on CPUs with AVX-512 VNNI our kernel
+//! (one scale per weight row and per activation row, `int8.rs`); elsewhere GGML's Q8_0 blocks (32 weights
+//! share a scale; each activation row is quantized the same way on the fly).
 //!
 //! For training, `Bert::trainable` builds the same model from differentiable operations only: candle-nn's
 //! fused LayerNorm and softmax have no backward pass (LayerNorm's output is silently detached), so our fused
@@ -18,6 +19,7 @@ use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use candle_transformers::models::bert::{Config, HiddenAct};
 
 use super::blas::{self, BlasLinear};
+use super::int8::{self, Int8Linear};
 use super::kernels;
 
 pub struct Bert {
@@ -44,9 +46,11 @@ pub struct Encoder {
 enum Dense {
     Float(Linear),
     Blas(BlasLinear),
-    /// `pad` zero columns make the inputs a whole number of 256-wide blocks: candle's tiled int8 kernel
-    /// (AVX-512 VNNI) takes only those, and otherwise falls back to dot products many times slower.
-    Int8 {
+    /// int8 weights per output row, on CPUs with AVX-512 VNNI (`int8.rs`).
+    Int8(Int8Linear),
+    /// candle's Q8_0 elsewhere: `pad` zero columns make the inputs a whole number of 256-wide blocks (its
+    /// tiled kernel takes only those, and otherwise falls back to dot products many times slower).
+    Q8 {
         weight: QMatMul,
         bias: Option<Tensor>,
         pad: usize,
@@ -61,7 +65,8 @@ impl Dense {
         match self {
             Dense::Float(linear) => linear.forward(x),
             Dense::Blas(linear) => linear.forward(x),
-            Dense::Int8 { weight, bias, pad } => {
+            Dense::Int8(linear) => linear.forward(x),
+            Dense::Q8 { weight, bias, pad } => {
                 let y = if *pad > 0 {
                     weight.forward(&x.pad_with_zeros(candle_core::D::Minus1, 0, *pad)?)?
                 } else {
@@ -88,7 +93,7 @@ impl Dense {
     fn float(&self) -> candle_core::Result<&Linear> {
         match self {
             Dense::Float(linear) => Ok(linear),
-            Dense::Blas(_) | Dense::Int8 { .. } => candle_core::bail!("an inference layer in training"),
+            Dense::Blas(_) | Dense::Int8(_) | Dense::Q8 { .. } => candle_core::bail!("an inference layer in training"),
         }
     }
 
@@ -96,12 +101,16 @@ impl Dense {
         let (weight, bias) = match self {
             Dense::Float(linear) => (linear.weight().clone(), linear.bias().cloned()),
             Dense::Blas(linear) => linear.tensors(device)?,
-            Dense::Int8 { .. } => return Ok(()),
+            Dense::Int8(_) | Dense::Q8 { .. } => return Ok(()),
         };
+        if device.is_cpu() && int8::available() {
+            *self = Dense::Int8(Int8Linear::new(&weight, bias.as_ref())?);
+            return Ok(());
+        }
         let inputs = weight.dim(1)?;
         let pad = inputs.next_multiple_of(INT8_BLOCK) - inputs;
         let weight = QMatMul::from_qtensor(QTensor::quantize(&weight.pad_with_zeros(1, 0, pad)?, GgmlDType::Q8_0)?)?;
-        *self = Dense::Int8 { weight, bias, pad };
+        *self = Dense::Q8 { weight, bias, pad };
         Ok(())
     }
 }

@@ -85,7 +85,7 @@ impl Blas {
 }
 
 /// Runs `work` over `0..count` split into contiguous ranges, one per thread.
-fn split(count: usize, threads: usize, work: impl Fn(std::ops::Range<usize>) + Sync) {
+pub(super) fn split(count: usize, threads: usize, work: impl Fn(std::ops::Range<usize>) + Sync) {
     let threads = threads.clamp(1, count.max(1));
     if threads == 1 {
         return work(0..count);
@@ -526,7 +526,7 @@ fn operands<'s>(
 
 /// `len` values that `write` fills whole through the pointer: `sgemm` with β = 0 overwrites its output, so
 /// zeroing the buffer first would be a wasted pass.
-fn written(len: usize, write: impl FnOnce(*mut f32)) -> Vec<f32> {
+pub(super) fn written(len: usize, write: impl FnOnce(*mut f32)) -> Vec<f32> {
     let mut v = Vec::with_capacity(len);
     write(v.as_mut_ptr());
     // SAFETY: `write` initialized all `len` values.

@@ -8,6 +8,7 @@ mod bert;
 mod blas;
 pub mod cobert;
 mod hub;
+mod int8;
 mod kernels;
 mod queue;
 mod served;
