@@ -102,7 +102,14 @@ pub(super) fn split(count: usize, threads: usize, work: impl Fn(std::ops::Range<
 
 /// An output shared by the threads of `split`, each writing its own rows.
 #[derive(Clone, Copy)]
-struct Shared(*mut f32);
+pub(super) struct Shared(pub(super) *mut f32);
+
+impl Shared {
+    /// The pointer; through a method, so that closures capture the whole (`Sync`) wrapper, not its field.
+    pub(super) fn ptr(&self) -> *mut f32 {
+        self.0
+    }
+}
 // SAFETY: the threads write disjoint parts of an output, and only read operands.
 unsafe impl Send for Shared {}
 unsafe impl Sync for Shared {}
@@ -413,13 +420,12 @@ impl candle_core::CustomOp2 for Attention {
         let out = written(batch * len * hidden, |c| {
             let c = Shared(c);
             self.each_head(blas, (qkv, mask), shapes, len * len + len, |seq, head, at, mask, buffer| {
-                let c = c;
                 let (scores, sums) = buffer.split_at_mut(len * len);
                 // SAFETY: the context block is len rows of d values, `hidden` apart, written by this (sequence,
                 // head) alone.
                 unsafe {
                     blas.head_scores(at, mask, scores, sums);
-                    let context = c.0.add(seq * len * hidden + head * d);
+                    let context = c.ptr().add(seq * len * hidden + head * d);
                     blas.block(
                         (len, d, len),
                         (scores.as_ptr(), len, false),
@@ -480,7 +486,6 @@ impl candle_core::CustomOp3 for AttentionBackward {
             let dqkv = Shared(dqkv);
             let scratch = 2 * len * len + len;
             attention.each_head(blas, (qkv, mask), shapes, scratch, |seq, head, at, mask, buffer| {
-                let dqkv = dqkv;
                 let (probs, rest) = buffer.split_at_mut(len * len);
                 let (dp, sums) = rest.split_at_mut(len * len);
                 // SAFETY: dC of this head is len rows of d values, `hidden` apart; its three gradient blocks are
@@ -491,7 +496,7 @@ impl candle_core::CustomOp3 for AttentionBackward {
                         row.iter_mut().for_each(|p| *p /= sum);
                     }
                     let dc = grad.as_ptr().add(seq * len * hidden + head * d);
-                    let out = dqkv.0.add(seq * len * width + head * d);
+                    let out = dqkv.ptr().add(seq * len * width + head * d);
                     let (dq, dk, dv) = (out, out.add(hidden), out.add(2 * hidden));
                     let p = probs.as_ptr();
                     blas.block((len, d, len), (p, len, true), (dc, hidden, false), (dv, width));

@@ -7,7 +7,7 @@
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 
-use super::blas::{split, written};
+use super::blas::{split, written, Shared};
 
 /// Output columns per packed tile: one 512-bit register of 32-bit accumulators.
 const TILE: usize = 16;
@@ -104,16 +104,15 @@ impl CustomOp1 for Int8Linear {
         let x = &data[start..end];
         let (rows, n, k) = (x.len() / self.inputs, self.outputs, self.inputs);
         let out = written(rows * n, |y| {
-            let y = SharedOut(y);
+            let y = Shared(y);
             // Each thread quantizes its own rows, then multiplies them.
             split(rows.div_ceil(ROWS), candle_core::utils::get_num_threads(), |blocks| {
-                let y = y;
                 let mine = blocks.start * ROWS..(blocks.end * ROWS).min(rows);
                 let (bytes, scales) = self.quantize_rows(&x[mine.start * k..mine.end * k], mine.len());
                 for block in 0..blocks.len() {
                     // SAFETY: VNNI was detected; the block's rows are inside the padded activations and its
                     // output rows (the real ones only) are this thread's.
-                    unsafe { self.block(&bytes, &scales, block, mine.len(), y.0.add(mine.start * n)) };
+                    unsafe { self.block(&bytes, &scales, block, mine.len(), y.ptr().add(mine.start * n)) };
                 }
             });
         });
@@ -122,12 +121,6 @@ impl CustomOp1 for Int8Linear {
         Ok((CpuStorage::F32(out), Shape::from(dims)))
     }
 }
-
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: the threads write disjoint row blocks of the output.
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
 
 #[cfg(target_arch = "x86_64")]
 impl Int8Linear {

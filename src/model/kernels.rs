@@ -444,7 +444,7 @@ fn exp(x: f32) -> f32 {
     let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1)
         * r
-        + 5.000_000_1e-1;
+        + 0.5;
     let e = p * r * r + r + 1.0;
     let n = shifted.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
     e * f32::from_bits((n.wrapping_add(127) as u32) << 23)
