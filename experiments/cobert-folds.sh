@@ -30,8 +30,8 @@ other_heads() { [ "$1" = random ] && echo backbone || echo random; }
 # A re-ranked run's top DEPTH, then the first stage's other documents in its order, scored below them.
 with_tail() { # reranked bm25 out
   awk 'FNR == 1 { file++ }
-       file == 1 { print; seen[$1 " " $3] = 1; if (!($1 in low) || $5 < low[$1]) low[$1] = $5; n[$1]++; next }
-       !(($1 " " $3) in seen) && ($1 in n) { n[$1]++; print $1, "Q0", $3, n[$1], low[$1] - n[$1], $6 }' "$1" "$2" > "$3"
+       file == 1 { print; seen[$1 " " $3] = 1; if (!($1 in low) || $5 < low[$1]) low[$1] = $5; n[$1]++; tag[$1] = $6; next }
+       !(($1 " " $3) in seen) && ($1 in n) { n[$1]++; print $1, "Q0", $3, n[$1], low[$1] - n[$1], tag[$1] }' "$1" "$2" > "$3"
 }
 
 for c in $COLLECTIONS; do
