@@ -176,19 +176,10 @@ impl Int8Linear {
     }
 }
 
-/// Quantizes one row into `out` (value / scale + 128, rounded), returning the scale.
-fn quantize_row_fn() -> fn(&[f32], &mut [u8]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx512f") {
-        #[target_feature(enable = "avx512f")]
-        fn avx512(row: &[f32], out: &mut [u8]) -> f32 {
-            quantize_row(row, out)
-        }
-        // SAFETY: the feature was just detected.
-        return |row, out| unsafe { avx512(row, out) };
-    }
-    quantize_row
-}
+super::kernels::vectorized!(
+    /// Quantizes one row into `out` (value / scale + 128, rounded), returning the scale.
+    quantize_row_fn = quantize_row(row: &[f32], out: &mut [u8]) -> f32
+);
 
 #[inline(always)]
 fn quantize_row(row: &[f32], out: &mut [u8]) -> f32 {

@@ -315,6 +315,8 @@ macro_rules! vectorized {
     };
 }
 
+pub(super) use vectorized;
+
 vectorized!(
     /// The softmax of one row.
     softmax_row_fn = softmax_row(row: &[f32], out: &mut [f32]) -> ()
