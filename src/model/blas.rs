@@ -300,6 +300,9 @@ struct Attention {
     heads: usize,
 }
 
+/// `kernels::masked_exp_row_fn()`'s row kernel, looked up once per op rather than per head.
+type MaskedExpRow = fn(&mut [f32], &[f32]) -> f32;
+
 /// One head of one sequence inside a QKV projection: q, k and v are `len` rows of `d` values, `width` apart.
 struct Head {
     q: *const f32,
@@ -393,10 +396,16 @@ impl Blas {
     ///
     /// # Safety
     /// `head` must point into a projection of its shapes.
-    unsafe fn head_scores(&self, head: &Head, mask: &[f32], scores: &mut [f32], sums: &mut [f32]) {
+    unsafe fn head_scores(
+        &self,
+        head: &Head,
+        mask: &[f32],
+        scores: &mut [f32],
+        sums: &mut [f32],
+        masked_exp_row: MaskedExpRow,
+    ) {
         let (l, d, w) = (head.len, head.d, head.width);
         self.block((l, l, d), (head.q, w, false), (head.k, w, true), (scores.as_mut_ptr(), l));
-        let masked_exp_row = super::kernels::masked_exp_row_fn();
         for (row, sum) in scores.chunks_exact_mut(l).zip(sums) {
             *sum = masked_exp_row(row, mask);
         }
@@ -417,6 +426,7 @@ impl candle_core::CustomOp2 for Attention {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (blas, qkv, mask) = operands(self.name(), (qkv, qkv_layout), (mask, mask_layout))?;
         let shapes @ (batch, len, hidden, d) = self.shapes(qkv_layout, mask_layout)?;
+        let masked_exp_row = super::kernels::masked_exp_row_fn();
         let out = written(batch * len * hidden, |c| {
             let c = Shared(c);
             self.each_head(blas, (qkv, mask), shapes, len * len + len, |seq, head, at, mask, buffer| {
@@ -424,7 +434,7 @@ impl candle_core::CustomOp2 for Attention {
                 // SAFETY: the context block is len rows of d values, `hidden` apart, written by this (sequence,
                 // head) alone.
                 unsafe {
-                    blas.head_scores(at, mask, scores, sums);
+                    blas.head_scores(at, mask, scores, sums, masked_exp_row);
                     let context = c.ptr().add(seq * len * hidden + head * d);
                     blas.block(
                         (len, d, len),
@@ -481,7 +491,8 @@ impl candle_core::CustomOp3 for AttentionBackward {
             _ => candle_core::bail!("{}: the gradient must be a contiguous [batch, len, hidden]", self.name()),
         };
         let width = 3 * hidden;
-        let softmax_grad_row = super::kernels::softmax_grad_row_fn();
+        let (softmax_grad_row, masked_exp_row) =
+            (super::kernels::softmax_grad_row_fn(), super::kernels::masked_exp_row_fn());
         let out = written(batch * len * width, |dqkv| {
             let dqkv = Shared(dqkv);
             let scratch = 2 * len * len + len;
@@ -491,7 +502,7 @@ impl candle_core::CustomOp3 for AttentionBackward {
                 // SAFETY: dC of this head is len rows of d values, `hidden` apart; its three gradient blocks are
                 // len rows of d values, `width` apart, written by this (sequence, head) alone.
                 unsafe {
-                    blas.head_scores(at, mask, probs, sums);
+                    blas.head_scores(at, mask, probs, sums, masked_exp_row);
                     for (row, sum) in probs.chunks_exact_mut(len).zip(sums.iter()) {
                         row.iter_mut().for_each(|p| *p /= sum);
                     }

@@ -72,16 +72,7 @@ fn rows<F>(input: &[f32], width: usize, output: &mut [f32], f: F)
 where
     F: Fn(usize, &[f32], &mut [f32]) + Sync,
 {
-    let rows = input.len() / width.max(1);
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let per_chunk = rows.div_ceil(threads).max(1);
-    let chunk = per_chunk * width;
-    std::thread::scope(|scope| {
-        for (i, (inp, out)) in input.chunks(chunk).zip(output.chunks_mut(chunk)).enumerate() {
-            let f = &f;
-            scope.spawn(move || f(i * per_chunk, inp, out));
-        }
-    });
+    rows_mut(output, width, |first, out| f(first, &input[first * width..first * width + out.len()], out));
 }
 
 /// `f` over groups of whole rows of `width` of `data`, in place, in parallel: `f(first_row, rows)`.
