@@ -274,6 +274,8 @@ fn main() -> anyhow::Result<()> {
     // time in `clear_page_erms`, 20 % fewer pairs/s). The peak stays bounded by `max_batch_tokens`.
     // SAFETY: sets an option before any other thread runs; mimalloc reads options atomically.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+    // Before any other thread starts, so that all of them inherit it.
+    longrank::model::flush_subnormals();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

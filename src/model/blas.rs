@@ -84,17 +84,18 @@ impl Blas {
     }
 }
 
-/// Runs `work` over `0..count` split into contiguous ranges, one per thread.
+/// Runs `work` over `0..count` split into contiguous ranges, one per thread of rayon's pool (candle's own):
+/// its workers are woken, where threads spawned per call cost a spawn, a join and fresh stack pages each time.
 pub(super) fn split(count: usize, threads: usize, work: impl Fn(std::ops::Range<usize>) + Sync) {
     let threads = threads.clamp(1, count.max(1));
     if threads == 1 {
         return work(0..count);
     }
     let chunk = count.div_ceil(threads);
-    std::thread::scope(|scope| {
+    rayon::scope(|scope| {
         for t in 1..threads {
             let work = &work;
-            scope.spawn(move || work((t * chunk).min(count)..((t + 1) * chunk).min(count)));
+            scope.spawn(move |_| work((t * chunk).min(count)..((t + 1) * chunk).min(count)));
         }
         work(0..chunk.min(count));
     });

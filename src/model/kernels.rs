@@ -81,12 +81,12 @@ where
     F: Fn(usize, &mut [f32]) + Sync,
 {
     let rows = data.len() / width.max(1);
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let per_chunk = rows.div_ceil(threads).max(1);
-    std::thread::scope(|scope| {
+    let per_chunk = rows.div_ceil(rayon::current_num_threads()).max(1);
+    // On rayon's pool, as `blas::split`.
+    rayon::scope(|scope| {
         for (i, chunk) in data.chunks_mut(per_chunk * width).enumerate() {
             let f = &f;
-            scope.spawn(move || f(i * per_chunk, chunk));
+            scope.spawn(move |_| f(i * per_chunk, chunk));
         }
     });
 }
