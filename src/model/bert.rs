@@ -117,8 +117,9 @@ impl Dense {
 
 /// The query, key and value projections as one `[3h, h]` product.
 enum Qkv {
-    /// Concatenated at load time, the attention scale folded into the query rows (inference).
-    Fused(Dense),
+    /// Concatenated at load time, the attention scale folded into the query rows (inference). The bias stays
+    /// apart: `blas::attention` applies it without a pass over the projection.
+    Fused { dense: Dense, bias: Tensor },
     /// The variables as they are, concatenated and scaled on every pass (training).
     Parts { weights: [Tensor; 3], biases: [Tensor; 3], scale: f64 },
 }
@@ -126,7 +127,7 @@ enum Qkv {
 impl Qkv {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
-            Qkv::Fused(dense) => dense.forward(x),
+            Qkv::Fused { dense, .. } => dense.forward(x),
             Qkv::Parts { weights: [wq, wk, wv], biases: [bq, bk, bv], scale } => {
                 let weight = Tensor::cat(&[&(wq * *scale)?, wk, wv], 0)?;
                 let bias = Tensor::cat(&[&(bq * *scale)?, bk, bv], 0)?;
@@ -134,15 +135,24 @@ impl Qkv {
             }
         }
     }
+
+    /// The bias that `forward` left out.
+    fn bias(&self) -> Option<&Tensor> {
+        match self {
+            Qkv::Fused { bias, .. } => Some(bias),
+            Qkv::Parts { .. } => None,
+        }
+    }
 }
 
+/// The projections after attention are kept without their biases, each added in the pass that follows (the
+/// GELU's, or residual + LayerNorm's) instead of in a pass of its own.
 struct Layer {
     qkv: Qkv,
-    out: Dense,
+    out: (Dense, Tensor),
     norm1: LayerNorm,
-    /// The intermediate projection (without its bias) and the bias, which joins the GELU's pass.
     inter: (Dense, Tensor),
-    output: Dense,
+    output: (Dense, Tensor),
     norm2: LayerNorm,
 }
 
@@ -179,10 +189,10 @@ impl Bert {
             candle_core::bail!("int8 layers run on the CPU only");
         }
         for layer in &mut self.encoder.layers {
-            if let Qkv::Fused(qkv) = &mut layer.qkv {
-                qkv.quantize(&device)?;
+            if let Qkv::Fused { dense, .. } = &mut layer.qkv {
+                dense.quantize(&device)?;
             }
-            for dense in [&mut layer.out, &mut layer.inter.0, &mut layer.output] {
+            for dense in [&mut layer.out.0, &mut layer.inter.0, &mut layer.output.0] {
                 dense.quantize(&device)?;
             }
         }
@@ -222,20 +232,22 @@ impl Encoder {
                 } else {
                     let weight = Tensor::cat(&[&(q.0 * scale)?, &k.0, &v.0], 0)?;
                     let bias = Tensor::cat(&[&(q.1 * scale)?, &k.1, &v.1], 0)?;
-                    Qkv::Fused(Dense::inference(Linear::new(weight, Some(bias)))?)
+                    Qkv::Fused { dense: Dense::inference(Linear::new(weight, None))?, bias }
                 };
-                let dense =
-                    |linear: Linear| if differentiable { Ok(Dense::Float(linear)) } else { Dense::inference(linear) };
+                // A projection without its bias, and the bias.
+                let split = |name: &str, (outputs, inputs): (usize, usize)| -> candle_core::Result<(Dense, Tensor)> {
+                    let vb = vb.pp(name);
+                    let linear = Linear::new(vb.get((outputs, inputs), "weight")?, None);
+                    let dense = if differentiable { Dense::Float(linear) } else { Dense::inference(linear)? };
+                    Ok((dense, vb.get(outputs, "bias")?))
+                };
+                let inner = config.intermediate_size;
                 Ok(Layer {
                     qkv,
-                    out: dense(candle_nn::linear(h, h, vb.pp("attention.output.dense"))?)?,
+                    out: split("attention.output.dense", (h, h))?,
                     norm1: norm(vb.pp("attention.output.LayerNorm"))?,
-                    inter: {
-                        let vb = vb.pp("intermediate.dense");
-                        let weight = vb.get((config.intermediate_size, h), "weight")?;
-                        (dense(Linear::new(weight, None))?, vb.get(config.intermediate_size, "bias")?)
-                    },
-                    output: dense(candle_nn::linear(config.intermediate_size, h, vb.pp("output.dense"))?)?,
+                    inter: split("intermediate.dense", (inner, h))?,
+                    output: split("output.dense", (h, inner))?,
                     norm2: norm(vb.pp("output.LayerNorm"))?,
                 })
             })
@@ -271,9 +283,13 @@ impl Encoder {
             Some(additive) => additive.reshape((batch, len))?,
             None => Tensor::zeros((batch, len), qkv.dtype(), qkv.device())?,
         };
-        if let Some(context) = blas::attention(&qkv, &mask, self.heads, self.differentiable)? {
+        if let Some(context) = blas::attention(&qkv, &mask, layer.qkv.bias(), self.heads, self.differentiable)? {
             return self.feed_forward(layer, x, &context);
         }
+        let qkv = match layer.qkv.bias() {
+            Some(bias) => qkv.broadcast_add(bias)?,
+            None => qkv,
+        };
         let qkv = qkv.reshape((batch, len, 3, self.heads, self.head_dim))?.permute((2, 0, 3, 1, 4))?;
         let (q, k, v) = (qkv.get(0)?.contiguous()?, qkv.get(1)?.contiguous()?, qkv.get(2)?.contiguous()?);
         let scores = q.matmul(&k.t()?)?;
@@ -289,7 +305,7 @@ impl Encoder {
     /// The rest of a layer after attention: output projection, residual and LayerNorm, then the feed-forward
     /// block with its own.
     fn feed_forward(&self, layer: &Layer, x: &Tensor, context: &Tensor) -> candle_core::Result<Tensor> {
-        let x = self.add_norm(&layer.norm1, self.linear(context, &layer.out)?, x)?;
+        let x = self.add_norm(&layer.norm1, self.linear(context, &layer.out.0)?, &layer.out.1, x)?;
         let (weight, bias) = &layer.inter;
         let inner = self.linear(&x, weight)?;
         let inner = match self.act {
@@ -298,15 +314,16 @@ impl Encoder {
             HiddenAct::GeluApproximate => inner.broadcast_add(bias)?.gelu()?,
             HiddenAct::Relu => inner.broadcast_add(bias)?.relu()?,
         };
-        self.add_norm(&layer.norm2, self.linear(&inner, &layer.output)?, &x)
+        self.add_norm(&layer.norm2, self.linear(&inner, &layer.output.0)?, &layer.output.1, &x)
     }
 
-    /// `LayerNorm(y + residual)`; in inference written over `y`, which each layer's projection has just made.
-    fn add_norm(&self, norm: &LayerNorm, y: Tensor, residual: &Tensor) -> candle_core::Result<Tensor> {
+    /// `LayerNorm(y + bias + residual)` of a projection `y` without its bias; in inference written over `y`,
+    /// which the projection has just made.
+    fn add_norm(&self, norm: &LayerNorm, y: Tensor, bias: &Tensor, residual: &Tensor) -> candle_core::Result<Tensor> {
         if self.differentiable {
-            self.normalize(norm, &(y + residual)?)
+            self.normalize(norm, &(y.broadcast_add(bias)? + residual)?)
         } else {
-            kernels::add_layer_norm_in_place(y, residual, norm, self.eps)
+            kernels::add_layer_norm_in_place(y, bias, residual, norm, self.eps)
         }
     }
 

@@ -282,10 +282,15 @@ impl candle_core::CustomOp2 for Product {
 /// len). No per-head copies and no `[batch, heads, len, len]` tensor: one `len × len` scratch per thread.
 /// With `differentiable`, the op is on the graph: its backward pass recomputes each head's probabilities
 /// rather than keeping them, and writes the three gradients into one `[batch, len, 3 · hidden]` tensor.
-/// `None` when BLAS is not loaded.
+///
+/// `bias` (inference only): the projection's bias `[3 · hidden]`, not yet added to `qkv`, which saves a pass
+/// over the projection. Softmax ignores what is constant along a row, so the key bias drops out; the query
+/// bias adds `b_q · k_j` to key j's mask value; the value bias adds `b_v` to each context row, whose
+/// probabilities sum to 1. `None` when BLAS is not loaded.
 pub fn attention(
     qkv: &Tensor,
     mask: &Tensor,
+    bias: Option<&Tensor>,
     heads: usize,
     differentiable: bool,
 ) -> candle_core::Result<Option<Tensor>> {
@@ -293,12 +298,18 @@ pub fn attention(
         return Ok(None);
     }
     let (qkv, mask) = (qkv.contiguous()?, mask.contiguous()?);
-    let op = Attention { heads };
-    Ok(Some(if differentiable { qkv.apply_op2(&mask, op)? } else { qkv.apply_op2_no_bwd(&mask, &op)? }))
+    let op = Attention { heads, bias: bias.map(|b| b.to_vec1()).transpose()? };
+    Ok(Some(match (differentiable, &op.bias) {
+        (false, _) => qkv.apply_op2_no_bwd(&mask, &op)?,
+        (true, None) => qkv.apply_op2(&mask, op)?,
+        (true, Some(_)) => candle_core::bail!("blas-attention: a separate bias has no backward pass"),
+    }))
 }
 
 struct Attention {
     heads: usize,
+    /// The projection's bias when it is not in `qkv` (inference).
+    bias: Option<Vec<f32>>,
 }
 
 /// `kernels::masked_exp_row_fn()`'s row kernel, looked up once per op rather than per head.
@@ -430,8 +441,21 @@ impl candle_core::CustomOp2 for Attention {
         let masked_exp_row = super::kernels::masked_exp_row_fn();
         let out = written(batch * len * hidden, |c| {
             let c = Shared(c);
-            self.each_head(blas, (qkv, mask), shapes, len * len + len, |seq, head, at, mask, buffer| {
-                let (scores, sums) = buffer.split_at_mut(len * len);
+            self.each_head(blas, (qkv, mask), shapes, len * len + 2 * len, |seq, head, at, mask, buffer| {
+                let (scores, rest) = buffer.split_at_mut(len * len);
+                let (sums, shifted) = rest.split_at_mut(len);
+                let (mask, value_bias) = match &self.bias {
+                    Some(bias) => {
+                        let query_bias = &bias[head * d..(head + 1) * d];
+                        for (j, (shifted, m)) in shifted.iter_mut().zip(mask).enumerate() {
+                            // SAFETY: key j of this head is d values inside the projection.
+                            let key = unsafe { std::slice::from_raw_parts(at.k.add(j * at.width), d) };
+                            *shifted = m + key.iter().zip(query_bias).map(|(k, b)| k * b).sum::<f32>();
+                        }
+                        (&*shifted, Some(&bias[2 * hidden + head * d..2 * hidden + (head + 1) * d]))
+                    }
+                    None => (mask, None),
+                };
                 // SAFETY: the context block is len rows of d values, `hidden` apart, written by this (sequence,
                 // head) alone.
                 unsafe {
@@ -444,7 +468,11 @@ impl candle_core::CustomOp2 for Attention {
                         (context, hidden),
                     );
                     for (i, sum) in sums.iter().enumerate() {
-                        std::slice::from_raw_parts_mut(context.add(i * hidden), d).iter_mut().for_each(|x| *x /= sum);
+                        let row = std::slice::from_raw_parts_mut(context.add(i * hidden), d);
+                        match value_bias {
+                            Some(b) => row.iter_mut().zip(b).for_each(|(x, b)| *x = *x / sum + b),
+                            None => row.iter_mut().for_each(|x| *x /= sum),
+                        }
                     }
                 }
             });
@@ -459,6 +487,9 @@ impl candle_core::CustomOp2 for Attention {
         _: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        if self.bias.is_some() {
+            candle_core::bail!("blas-attention: a separate bias has no backward pass");
+        }
         let dqkv = qkv.apply_op3_no_bwd(mask, &grad.contiguous()?, &AttentionBackward { heads: self.heads })?;
         Ok((Some(dqkv), None))
     }
@@ -484,7 +515,7 @@ impl candle_core::CustomOp3 for AttentionBackward {
         grad: &CpuStorage,
         grad_layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let attention = Attention { heads: self.heads };
+        let attention = Attention { heads: self.heads, bias: None };
         let (blas, qkv, mask) = operands(self.name(), (qkv, qkv_layout), (mask, mask_layout))?;
         let shapes @ (batch, len, hidden, d) = attention.shapes(qkv_layout, mask_layout)?;
         let grad = match (grad, grad_layout.contiguous_offsets()) {
@@ -600,16 +631,27 @@ mod tests {
             let grads = (y.clone() * &direction).unwrap().sum_all().unwrap().backward().unwrap();
             [y, grads.get(qkv.as_tensor()).unwrap().clone()]
         };
-        let split = qkv.reshape((batch, len, 3, heads, d)).unwrap().permute((2, 0, 3, 1, 4)).unwrap();
-        let part = |i: usize| split.get(i).unwrap().contiguous().unwrap();
-        let scores = part(0).matmul(&part(1).t().unwrap()).unwrap();
-        let scores = scores.broadcast_add(&mask.reshape((batch, 1, 1, len)).unwrap()).unwrap();
-        let probs = candle_nn::ops::softmax(&scores, candle_core::D::Minus1).unwrap();
-        let want = run(probs.matmul(&part(2)).unwrap().transpose(1, 2).unwrap().reshape((batch, len, hidden)).unwrap());
-        let inference = attention(qkv.as_tensor(), &mask, heads, false).unwrap().unwrap();
-        let got = run(attention(qkv.as_tensor(), &mask, heads, true).unwrap().unwrap());
-        let pairs =
-            [("inference", &inference, &want[0]), ("graph", &got[0], &want[0]), ("gradient", &got[1], &want[1])];
+        let chain = |qkv: &Tensor| {
+            let split = qkv.reshape((batch, len, 3, heads, d)).unwrap().permute((2, 0, 3, 1, 4)).unwrap();
+            let part = |i: usize| split.get(i).unwrap().contiguous().unwrap();
+            let scores = part(0).matmul(&part(1).t().unwrap()).unwrap();
+            let scores = scores.broadcast_add(&mask.reshape((batch, 1, 1, len)).unwrap()).unwrap();
+            let probs = candle_nn::ops::softmax(&scores, candle_core::D::Minus1).unwrap();
+            probs.matmul(&part(2)).unwrap().transpose(1, 2).unwrap().reshape((batch, len, hidden)).unwrap()
+        };
+        let want = run(chain(qkv.as_tensor()));
+        let inference = attention(qkv.as_tensor(), &mask, None, heads, false).unwrap().unwrap();
+        let got = run(attention(qkv.as_tensor(), &mask, None, heads, true).unwrap().unwrap());
+        // The projection's bias passed apart (inference): as the chain on the biased projection.
+        let bias = Tensor::randn(0f32, 1.0, 3 * hidden, &device).unwrap();
+        let biased = attention(qkv.as_tensor(), &mask, Some(&bias), heads, false).unwrap().unwrap();
+        let want_biased = chain(&qkv.broadcast_add(&bias).unwrap());
+        let pairs = [
+            ("inference", &inference, &want[0]),
+            ("graph", &got[0], &want[0]),
+            ("gradient", &got[1], &want[1]),
+            ("bias apart", &biased, &want_biased),
+        ];
         for (what, got, want) in pairs {
             let worst = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
             assert!(worst < 1e-5, "{what}: {worst}");

@@ -46,20 +46,23 @@ pub fn bias_gelu_in_place(x: Tensor, bias: &Tensor) -> candle_core::Result<Tenso
     }
 }
 
-/// Inference: `LayerNorm(y + residual)`, written over `y` (a fresh projection no other tensor shares): the
-/// residual connection and the norm in one pass, no new tensor.
+/// Inference: `LayerNorm(y + shift + residual)`, written over `y` (a fresh projection no other tensor shares;
+/// `shift`, its bias, one row): the projection's bias, the residual connection and the norm in one pass, no
+/// new tensor.
 pub fn add_layer_norm_in_place(
     y: Tensor,
+    shift: &Tensor,
     residual: &Tensor,
     norm: &candle_nn::LayerNorm,
     eps: f64,
 ) -> candle_core::Result<Tensor> {
     match norm.bias() {
         Some(bias) if fused(&y) && y.is_contiguous() => {
-            y.inplace_op3(residual, &Tensor::stack(&[norm.weight(), bias], 0)?, &AddLayerNorm { eps: eps as f32 })?;
+            let params = Tensor::stack(&[shift, norm.weight(), bias], 0)?;
+            y.inplace_op3(residual, &params, &AddLayerNorm { eps: eps as f32 })?;
             Ok(y)
         }
-        _ => candle_nn::Module::forward(norm, &(y + residual)?),
+        _ => candle_nn::Module::forward(norm, &(y.broadcast_add(shift)? + residual)?),
     }
 }
 
@@ -175,7 +178,7 @@ impl InplaceOp2 for BiasGeluInPlace {
     }
 }
 
-/// `y ← LayerNorm(y + residual)` with `[weight; bias]` stacked as `[2, width]`.
+/// `y ← LayerNorm(y + shift + residual)` with `[shift; weight; bias]` stacked as `[3, width]`.
 struct AddLayerNorm {
     eps: f32,
 }
@@ -195,15 +198,16 @@ impl InplaceOp3 for AddLayerNorm {
         pl: &Layout,
     ) -> candle_core::Result<()> {
         let (residual, params) = (slice(rs, rl, self.name())?, slice(ps, pl, self.name())?);
-        let width = params.len() / 2;
+        let width = params.len() / 3;
         if last_dim(l) != width || rl.shape() != l.shape() {
             candle_core::bail!("{}: {:?} + {:?}, norm of {width}", self.name(), l.shape(), rl.shape());
         }
-        let (weight, bias) = params.split_at(width);
+        let (shift, rest) = params.split_at(width);
+        let (weight, bias) = rest.split_at(width);
         let y = slice_mut(s, l, self.name())?;
         let add_norm = add_norm_rows_fn();
         rows_mut(y, width, |first, rows| {
-            add_norm(rows, &residual[first * width..first * width + rows.len()], weight, bias, self.eps)
+            add_norm(rows, &residual[first * width..first * width + rows.len()], shift, weight, bias, self.eps)
         });
         Ok(())
     }
@@ -326,8 +330,9 @@ vectorized!(
     bias_gelu_rows_fn = bias_gelu_rows(x: &mut [f32], bias: &[f32]) -> ()
 );
 vectorized!(
-    /// `x ← LayerNorm(x + residual)` in place, for whole rows of the weight's width.
-    add_norm_rows_fn = add_norm_rows(x: &mut [f32], residual: &[f32], weight: &[f32], bias: &[f32], eps: f32) -> ()
+    /// `x ← LayerNorm(x + shift + residual)` in place, for whole rows of the weight's width.
+    add_norm_rows_fn =
+        add_norm_rows(x: &mut [f32], residual: &[f32], shift: &[f32], weight: &[f32], bias: &[f32], eps: f32) -> ()
 );
 
 #[inline(always)]
@@ -364,10 +369,10 @@ fn bias_gelu_rows(x: &mut [f32], bias: &[f32]) {
 }
 
 #[inline(always)]
-fn add_norm_rows(x: &mut [f32], residual: &[f32], weight: &[f32], bias: &[f32], eps: f32) {
+fn add_norm_rows(x: &mut [f32], residual: &[f32], shift: &[f32], weight: &[f32], bias: &[f32], eps: f32) {
     let width = weight.len();
     for (row, res) in x.chunks_mut(width).zip(residual.chunks(width)) {
-        row.iter_mut().zip(res).for_each(|(v, r)| *v += r);
+        row.iter_mut().zip(res).zip(shift).for_each(|((v, r), s)| *v += r + s);
         let mean = lanes(row, 0.0, |a, b| a + b) / width as f32;
         let mut squares = [0f32; 8];
         let chunks = row.chunks_exact(8);
@@ -689,10 +694,10 @@ mod tests {
         // Widths that are not a multiple of the 8 lanes exercise the remainders.
         let (y, residual) = ((random(&[3, 21, 52], 7, 2.0) + 0.5).unwrap(), random(&[3, 21, 52], 8, 1.0));
         let norm = candle_nn::LayerNorm::new((random(&[52], 9, 0.3) + 1.0).unwrap(), random(&[52], 10, 0.3), 1e-12);
-        let want =
-            candle_nn::ops::layer_norm_slow(&(&y + &residual).unwrap(), norm.weight(), norm.bias().unwrap(), 1e-12)
-                .unwrap();
-        let got = add_layer_norm_in_place(y.copy().unwrap(), &residual, &norm, 1e-12).unwrap();
+        let shift = random(&[52], 13, 1.0);
+        let sum = (y.broadcast_add(&shift).unwrap() + &residual).unwrap();
+        let want = candle_nn::ops::layer_norm_slow(&sum, norm.weight(), norm.bias().unwrap(), 1e-12).unwrap();
+        let got = add_layer_norm_in_place(y.copy().unwrap(), &shift, &residual, &norm, 1e-12).unwrap();
         assert!(max_diff(&got, &want) < 1e-5, "add + LayerNorm differs by {}", max_diff(&got, &want));
 
         let (x, bias) = (random(&[2, 33, 70], 11, 3.0), random(&[70], 12, 1.0));
