@@ -288,6 +288,26 @@ impl Run {
         Ok(run)
     }
 
+    /// What an interrupted batch had finished, from its partial run file (`text`, whole topics appended one
+    /// after another): up to the last complete line, less the last topic, which the interruption may have cut
+    /// short. A partial run of another run tag (another pipeline) is an error, not something to mix in.
+    pub fn resume(text: &str, path: &Path, tag: &str) -> Result<Run, EvalError> {
+        let complete = &text[..text.rfind('\n').map_or(0, |end| end + 1)];
+        let mut run = Run::parse(complete, path)?;
+        if !run.topics.is_empty() && run.tag != tag {
+            return Err(EvalError::parse(
+                path,
+                complete.lines().count(),
+                &format!("a partial run tagged {:?}, not {tag:?}: delete the file to start over", run.tag),
+            ));
+        }
+        if let Some(last) = complete.lines().filter_map(|line| line.split_whitespace().next()).last() {
+            run.topics.remove(last);
+        }
+        run.tag = tag.to_string();
+        Ok(run)
+    }
+
     /// Writes the run in TREC format, each topic ranked by score (ties by docid, as trec_eval orders them).
     pub fn write(&self, out: &mut impl Write) -> std::io::Result<()> {
         for (qid, docs) in &self.topics {
@@ -392,6 +412,21 @@ mod tests {
         let mut out = Vec::new();
         run.write(&mut out).unwrap();
         assert_eq!(String::from_utf8(out).unwrap(), "1 Q0 b 1 2 t\n1 Q0 c 2 1.5 t\n1 Q0 a 3 1.5 t\n");
+    }
+
+    #[test]
+    fn resume_keeps_whole_topics_but_the_last_and_refuses_another_tag() {
+        // Topics in the order they were appended (not sorted); the file was cut inside topic 3's second line.
+        let text = "9 Q0 a 1 2 t\n9 Q0 b 2 1 t\n10 Q0 c 1 3 t\n3 Q0 d 1 5 t\n3 Q0 e 2";
+        let run = Run::resume(text, &p(), "t").unwrap();
+        assert_eq!(run.topics.keys().collect::<Vec<_>>(), ["10", "9"]);
+        assert_eq!(run.topics["9"].len(), 2);
+        // Cut at a line's end, the last topic may still miss lines: it is dropped too.
+        let run = Run::resume("9 Q0 a 1 2 t\n10 Q0 c 1 3 t\n", &p(), "t").unwrap();
+        assert_eq!(run.topics.keys().collect::<Vec<_>>(), ["9"]);
+        assert!(Run::resume("", &p(), "t").unwrap().topics.is_empty());
+        let err = Run::resume("9 Q0 a 1 2 bm25\n10 Q0 c 1 3 bm25\n", &p(), "maxp").unwrap_err();
+        assert_eq!(err.to_string(), "t:2: a partial run tagged \"bm25\", not \"maxp\": delete the file to start over");
     }
 
     #[test]

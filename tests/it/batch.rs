@@ -282,6 +282,61 @@ fn cli_batch_writes_a_run_and_prints_metrics() {
 }
 
 #[test]
+fn cli_batch_resumes_from_its_partial_run() {
+    let f = fixture();
+    let topics = data("cranfield/topics.tsv");
+    let batch = |out: &Path| {
+        let args = ["batch", "--collection", "cranfield", "--topics", topics.to_str().unwrap(), "-k", "10", "--out"];
+        crate::common::cli(f.dir.path(), &[&args[..], &[out.to_str().unwrap()]].concat())
+    };
+    let full = f.dir.path().join("resume-full.run");
+    assert!(batch(&full).status.success());
+    let full = std::fs::read_to_string(&full).unwrap();
+    let mut qids: Vec<&str> = full.lines().map(|l| l.split(' ').next().unwrap()).collect();
+    qids.dedup();
+    let kept = &qids[..20];
+    // An interrupted batch: 20 whole topics, their scores marked so that a recomputation would show, then
+    // the next topic cut inside a line.
+    let mut partial: String = full
+        .lines()
+        .filter(|l| kept.contains(&l.split(' ').next().unwrap()))
+        .map(|l| {
+            let c: Vec<&str> = l.split(' ').collect();
+            format!("{} Q0 {} {} {} {}\n", c[0], c[2], c[3], 1000 - c[3].parse::<i32>().unwrap(), c[5])
+        })
+        .collect();
+    let next = full.lines().find(|l| !kept.contains(&l.split(' ').next().unwrap())).unwrap();
+    partial.push_str(&next[..next.len() - 5]);
+    let out = f.dir.path().join("resume.run");
+    let partial_path = f.dir.path().join("resume.run.partial");
+    std::fs::write(&partial_path, &partial).unwrap();
+    let reply = batch(&out);
+    assert!(reply.status.success(), "{}", String::from_utf8_lossy(&reply.stderr));
+    // The last topic before the cut may be short of lines as far as the batch can tell: it is run again.
+    assert!(String::from_utf8_lossy(&reply.stderr).contains("19 topics done"));
+    assert!(!partial_path.exists(), "the partial run is removed once the run is whole");
+    let resumed = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(resumed.lines().count(), full.lines().count());
+    for (got, want) in resumed.lines().zip(full.lines()) {
+        let qid = want.split(' ').next().unwrap();
+        let score = |l: &str| l.split(' ').nth(4).unwrap().to_string();
+        if kept[..19].contains(&qid) {
+            let rank: f64 = got.split(' ').nth(3).unwrap().parse().unwrap();
+            assert_eq!(score(got).parse::<f64>().unwrap() + rank, 1000.0, "kept from the partial run: {got}");
+        } else {
+            assert_eq!(got, want, "topics from the last whole one on are run again");
+        }
+    }
+
+    // A partial run of another pipeline is refused, named, and left alone.
+    std::fs::write(&partial_path, "1 Q0 d 1 2.5 longrank-maxp\n1 Q0 e 2 1.5 longrank-maxp\n").unwrap();
+    let reply = batch(&out);
+    let stderr = String::from_utf8_lossy(&reply.stderr);
+    assert!(!reply.status.success() && stderr.contains("resume.run.partial") && stderr.contains("delete"), "{stderr}");
+    assert!(partial_path.exists());
+}
+
+#[test]
 fn restart_without_resume_marks_the_job_interrupted() {
     let dir = tempfile::tempdir().unwrap();
     cli_ok(dir.path(), &["index", "--collection", "cranfield", data("cranfield/docs.jsonl").to_str().unwrap()]);
