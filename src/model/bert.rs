@@ -41,9 +41,10 @@ pub struct Encoder {
     differentiable: bool,
 }
 
-/// A linear layer: float weights (candle's product), the same through BLAS (inference, when one is
-/// installed), or int8 blocks.
+/// A linear layer's product `x · Wᵀ`, without its bias (each layer adds that in the pass that follows): float
+/// weights (candle's product), the same through BLAS (inference, when one is installed), or int8 blocks.
 enum Dense {
+    /// A `Linear` without bias.
     Float(Linear),
     Blas(BlasLinear),
     /// int8 weights per output row, on CPUs with AVX-512 VNNI (`int8.rs`).
@@ -52,7 +53,6 @@ enum Dense {
     /// tiled kernel takes only those, and otherwise falls back to dot products many times slower).
     Q8 {
         weight: QMatMul,
-        bias: Option<Tensor>,
         pad: usize,
     },
 }
@@ -66,51 +66,43 @@ impl Dense {
             Dense::Float(linear) => linear.forward(x),
             Dense::Blas(linear) => linear.forward(x),
             Dense::Int8(linear) => linear.forward(x),
-            Dense::Q8 { weight, bias, pad } => {
-                let y = if *pad > 0 {
-                    weight.forward(&x.pad_with_zeros(candle_core::D::Minus1, 0, *pad)?)?
-                } else {
-                    weight.forward(x)?
-                };
-                match bias {
-                    Some(bias) => y.broadcast_add(bias),
-                    None => Ok(y),
-                }
-            }
+            Dense::Q8 { weight, pad: 0 } => weight.forward(x),
+            Dense::Q8 { weight, pad } => weight.forward(&x.pad_with_zeros(candle_core::D::Minus1, 0, *pad)?),
         }
     }
 
-    /// An inference layer: through BLAS when one is loaded and the weights are f32 on the CPU.
-    fn inference(linear: Linear) -> candle_core::Result<Dense> {
-        if blas::available_for(linear.weight()) {
-            Ok(Dense::Blas(BlasLinear::new(linear.weight(), linear.bias())?))
+    /// The product by `weight` (`[outputs, inputs]`): through BLAS in inference when one is loaded and the
+    /// weights are f32 on the CPU.
+    fn new(weight: Tensor, differentiable: bool) -> candle_core::Result<Dense> {
+        if !differentiable && blas::available_for(&weight) {
+            Ok(Dense::Blas(BlasLinear::new(&weight)?))
         } else {
-            Ok(Dense::Float(linear))
+            Ok(Dense::Float(Linear::new(weight, None)))
         }
     }
 
-    /// The float layer (training's, which is built as `Float` and never quantized).
-    fn float(&self) -> candle_core::Result<&Linear> {
+    /// The float weight (training's layers are built as `Float` and never quantized).
+    fn float(&self) -> candle_core::Result<&Tensor> {
         match self {
-            Dense::Float(linear) => Ok(linear),
+            Dense::Float(linear) => Ok(linear.weight()),
             Dense::Blas(_) | Dense::Int8(_) | Dense::Q8 { .. } => candle_core::bail!("an inference layer in training"),
         }
     }
 
     fn quantize(&mut self, device: &candle_core::Device) -> candle_core::Result<()> {
-        let (weight, bias) = match self {
-            Dense::Float(linear) => (linear.weight().clone(), linear.bias().cloned()),
-            Dense::Blas(linear) => linear.tensors(device)?,
+        let weight = match self {
+            Dense::Float(linear) => linear.weight().clone(),
+            Dense::Blas(linear) => linear.weight(device)?,
             Dense::Int8(_) | Dense::Q8 { .. } => return Ok(()),
         };
         if device.is_cpu() && int8::available() {
-            *self = Dense::Int8(Int8Linear::new(&weight, bias.as_ref())?);
+            *self = Dense::Int8(Int8Linear::new(&weight)?);
             return Ok(());
         }
         let inputs = weight.dim(1)?;
         let pad = inputs.next_multiple_of(INT8_BLOCK) - inputs;
         let weight = QMatMul::from_qtensor(QTensor::quantize(&weight.pad_with_zeros(1, 0, pad)?, GgmlDType::Q8_0)?)?;
-        *self = Dense::Q8 { weight, bias, pad };
+        *self = Dense::Q8 { weight, pad };
         Ok(())
     }
 }
@@ -232,14 +224,12 @@ impl Encoder {
                 } else {
                     let weight = Tensor::cat(&[&(q.0 * scale)?, &k.0, &v.0], 0)?;
                     let bias = Tensor::cat(&[&(q.1 * scale)?, &k.1, &v.1], 0)?;
-                    Qkv::Fused { dense: Dense::inference(Linear::new(weight, None))?, bias }
+                    Qkv::Fused { dense: Dense::new(weight, false)?, bias }
                 };
                 // A projection without its bias, and the bias.
                 let split = |name: &str, (outputs, inputs): (usize, usize)| -> candle_core::Result<(Dense, Tensor)> {
                     let vb = vb.pp(name);
-                    let linear = Linear::new(vb.get((outputs, inputs), "weight")?, None);
-                    let dense = if differentiable { Dense::Float(linear) } else { Dense::inference(linear)? };
-                    Ok((dense, vb.get(outputs, "bias")?))
+                    Ok((Dense::new(vb.get((outputs, inputs), "weight")?, differentiable)?, vb.get(outputs, "bias")?))
                 };
                 let inner = config.intermediate_size;
                 Ok(Layer {
@@ -331,8 +321,7 @@ impl Encoder {
     /// training takes one product over all rows.
     fn linear(&self, x: &Tensor, dense: &Dense) -> candle_core::Result<Tensor> {
         if self.differentiable {
-            let linear = dense.float()?;
-            affine(x, linear.weight(), linear.bias())
+            affine(x, dense.float()?, None)
         } else {
             dense.forward(x)
         }

@@ -49,12 +49,12 @@ struct Operand {
 }
 
 impl Blas {
-    /// `C = op(A) · op(B)` (plus what `C` holds when `accumulate`), row-major, op(A) m × k, op(B) k × n: the
-    /// rows of `C` split over the threads, each running a one-threaded `sgemm` on its rows.
+    /// `C = op(A) · op(B)`, row-major, op(A) m × k, op(B) k × n: the rows of `C` split over the threads, each
+    /// running a one-threaded `sgemm` on its rows.
     ///
     /// # Safety
     /// The pointers must hold matrices of those shapes (A: m × k, or k × m transposed; B: k × n, or n × k).
-    unsafe fn product(&self, (m, n, k): (usize, usize, usize), a: Operand, b: Operand, c: *mut f32, accumulate: bool) {
+    unsafe fn product(&self, (m, n, k): (usize, usize, usize), a: Operand, b: Operand, c: *mut f32) {
         let c = Shared(c);
         split(m, self.threads, |rows| {
             let (a, b, c) = (a, b, c);
@@ -63,7 +63,6 @@ impl Blas {
                 if a.transposed { (a.data.add(rows.start), m) } else { (a.data.add(rows.start * k), k) };
             let ldb = if b.transposed { k } else { n };
             let trans = |t: bool| if t { TRANS } else { NO_TRANS };
-            let beta = if accumulate { 1.0 } else { 0.0 };
             (self.sgemm)(
                 ROW_MAJOR,
                 trans(a.transposed),
@@ -76,7 +75,7 @@ impl Blas {
                 lda as i32,
                 b.data,
                 ldb as i32,
-                beta,
+                0.0,
                 c.0.add(rows.start * n),
                 n as i32,
             )
@@ -148,31 +147,24 @@ pub fn available_for(weight: &Tensor) -> bool {
     weight.device().is_cpu() && weight.dtype() == DType::F32 && blas().is_some()
 }
 
-/// `x · Wᵀ + b` over the last dimension, the weights kept as BLAS reads them.
+/// `x · Wᵀ` over the last dimension (the encoder adds each bias in a later pass), the weights kept as BLAS
+/// reads them.
 pub struct BlasLinear {
     /// `[outputs, inputs]`, row-major.
     weight: Vec<f32>,
-    bias: Option<Vec<f32>>,
     outputs: usize,
     inputs: usize,
 }
 
 impl BlasLinear {
-    pub fn new(weight: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<BlasLinear> {
+    pub fn new(weight: &Tensor) -> candle_core::Result<BlasLinear> {
         let (outputs, inputs) = weight.dims2()?;
-        Ok(BlasLinear {
-            weight: weight.flatten_all()?.to_vec1()?,
-            bias: bias.map(|b| b.to_vec1()).transpose()?,
-            outputs,
-            inputs,
-        })
+        Ok(BlasLinear { weight: weight.flatten_all()?.to_vec1()?, outputs, inputs })
     }
 
-    /// The weight and bias as tensors again (for quantizing).
-    pub fn tensors(&self, device: &candle_core::Device) -> candle_core::Result<(Tensor, Option<Tensor>)> {
-        let weight = Tensor::from_slice(&self.weight, (self.outputs, self.inputs), device)?;
-        let bias = self.bias.as_ref().map(|b| Tensor::from_slice(b, self.outputs, device)).transpose()?;
-        Ok((weight, bias))
+    /// The weight as a tensor again (for quantizing).
+    pub fn weight(&self, device: &candle_core::Device) -> candle_core::Result<Tensor> {
+        Tensor::from_slice(&self.weight, (self.outputs, self.inputs), device)
     }
 
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
@@ -200,15 +192,7 @@ impl CustomOp1 for BlasLinear {
         let (x, weight) =
             (Operand { data: x.as_ptr(), transposed: false }, Operand { data: self.weight.as_ptr(), transposed: true });
         // SAFETY: x is rows × k, the weight n × k, the output rows × n.
-        let product = |c: *mut f32| unsafe { blas.product((rows, n, k), x, weight, c, self.bias.is_some()) };
-        let out = match &self.bias {
-            Some(bias) => {
-                let mut out = bias.repeat(rows);
-                product(out.as_mut_ptr());
-                out
-            }
-            None => written(rows * n, product),
-        };
+        let out = written(rows * n, |c| unsafe { blas.product((rows, n, k), x, weight, c) });
         dims.pop();
         dims.push(self.outputs);
         Ok((CpuStorage::F32(out), Shape::from(dims)))
@@ -253,7 +237,7 @@ impl candle_core::CustomOp2 for Product {
         let a = Operand { data: a.as_ptr(), transposed: self.transpose_a };
         let b = Operand { data: b.as_ptr(), transposed: self.transpose_b };
         // SAFETY: the shapes were checked above.
-        let out = written(m * n, |c| unsafe { blas.product((m, n, k), a, b, c, false) });
+        let out = written(m * n, |c| unsafe { blas.product((m, n, k), a, b, c) });
         Ok((CpuStorage::F32(out), Shape::from((m, n))))
     }
 
@@ -487,9 +471,6 @@ impl candle_core::CustomOp2 for Attention {
         _: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        if self.bias.is_some() {
-            candle_core::bail!("blas-attention: a separate bias has no backward pass");
-        }
         let dqkv = qkv.apply_op3_no_bwd(mask, &grad.contiguous()?, &AttentionBackward { heads: self.heads })?;
         Ok((Some(dqkv), None))
     }
@@ -591,20 +572,17 @@ mod tests {
     fn blas_linear_equals_candles_when_a_blas_is_installed() {
         let device = Device::Cpu;
         let weight = Tensor::randn(0f32, 1.0, (48, 40), &device).unwrap();
-        let bias = Tensor::randn(0f32, 1.0, 48, &device).unwrap();
         let x = Tensor::randn(0f32, 1.0, (3, 7, 40), &device).unwrap();
         if !available_for(&weight) {
             // CI installs OpenBLAS and says so: there, a library that fails to load fails the test.
             assert!(std::env::var_os("LONGRANK_EXPECT_BLAS").is_none(), "OpenBLAS was expected to load");
             return;
         }
-        for bias in [Some(&bias), None] {
-            let want = candle_nn::Linear::new(weight.clone(), bias.cloned()).forward(&x).unwrap();
-            let got = BlasLinear::new(&weight, bias).unwrap().forward(&x).unwrap();
-            assert_eq!(got.dims(), [3, 7, 48]);
-            let worst = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-            assert!(worst < 1e-4, "{worst}");
-        }
+        let want = candle_nn::Linear::new(weight.clone(), None).forward(&x).unwrap();
+        let got = BlasLinear::new(&weight).unwrap().forward(&x).unwrap();
+        assert_eq!(got.dims(), [3, 7, 48]);
+        let worst = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(worst < 1e-4, "{worst}");
         // x · wᵀ on the graph: the values and both gradients as candle's.
         let x = candle_core::Var::randn(0f32, 1.0, (9, 40), &device).unwrap();
         let w = candle_core::Var::randn(0f32, 1.0, (48, 40), &device).unwrap();

@@ -1,7 +1,7 @@
 //! int8 linear layers for inference on CPUs with AVX-512 VNNI: the weights quantized once per output row
 //! (symmetric, one scale each), each activation row quantized on the fly (symmetric, one scale, stored as
 //! unsigned bytes offset by 128 because `vpdpbusd` multiplies unsigned by signed bytes), products accumulated
-//! in 32-bit integers four at a time, then `y = s_x · s_w · (acc − 128 · Σ w) + b`. This is onnxruntime's
+//! in 32-bit integers four at a time, then `y = s_x · s_w · (acc − 128 · Σ w)`. This is onnxruntime's
 //! dynamic quantization of a MatMul; candle's Q8_0 (blocks of 32 with a scale each) needs a float scale per
 //! block inside the inner loop and ran slower than our float path.
 
@@ -14,7 +14,7 @@ const TILE: usize = 16;
 /// Rows per micro-kernel call: 8 rows × 2 tiles keep 16 accumulators in registers.
 const ROWS: usize = 8;
 
-/// A linear layer `x · Wᵀ + b` with int8 weights.
+/// A linear layer's product `x · Wᵀ` with int8 weights (the encoder adds each bias in a later pass).
 pub struct Int8Linear {
     /// Per tile of 16 outputs, per group of 4 inputs, the 16 × 4 weights (output-major): what one `vpdpbusd`
     /// multiplies against one broadcast group of 4 activations.
@@ -22,7 +22,6 @@ pub struct Int8Linear {
     /// Per output: its scale, and 128 · Σ of its quantized weights (the offset of the unsigned activations).
     scales: Vec<f32>,
     offsets: Vec<i32>,
-    bias: Vec<f32>,
     outputs: usize,
     inputs: usize,
 }
@@ -38,8 +37,8 @@ pub fn available() -> bool {
 }
 
 impl Int8Linear {
-    /// From float `weight` (`[outputs, inputs]`) and `bias`.
-    pub fn new(weight: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Int8Linear> {
+    /// From float `weight` (`[outputs, inputs]`).
+    pub fn new(weight: &Tensor) -> candle_core::Result<Int8Linear> {
         let (outputs, inputs) = weight.dims2()?;
         let w: Vec<f32> = weight.flatten_all()?.to_vec1()?;
         let groups = inputs.div_ceil(4);
@@ -59,11 +58,7 @@ impl Int8Linear {
             scales[o] = scale;
             offsets[o] = 128 * sum;
         }
-        let bias = match bias {
-            Some(b) => b.to_vec1()?,
-            None => vec![0f32; outputs],
-        };
-        Ok(Int8Linear { packed, scales, offsets, bias, outputs, inputs })
+        Ok(Int8Linear { packed, scales, offsets, outputs, inputs })
     }
 
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
@@ -156,11 +151,10 @@ impl Int8Linear {
                 let mask: __mmask16 = if width == TILE { !0 } else { (1u16 << width) - 1 };
                 let w_scale = _mm512_maskz_loadu_ps(mask, self.scales[column..].as_ptr());
                 let offset = _mm512_maskz_loadu_epi32(mask, self.offsets[column..].as_ptr());
-                let bias = _mm512_maskz_loadu_ps(mask, self.bias[column..].as_ptr());
                 for (r, acc) in acc.iter().enumerate().take(real) {
                     let value = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[t], offset));
                     let scale = _mm512_mul_ps(w_scale, _mm512_set1_ps(row_scales[first + r]));
-                    let out = _mm512_fmadd_ps(value, scale, bias);
+                    let out = _mm512_mul_ps(value, scale);
                     _mm512_mask_storeu_ps(y.add((first + r) * self.outputs + column), mask, out);
                 }
             }
@@ -209,10 +203,9 @@ mod tests {
         // Widths off the 4-input groups and 16-output tiles, and rows off the 8-row blocks.
         for (outputs, inputs, rows) in [(37, 30, 11), (384, 384, 16), (48, 1536, 3)] {
             let weight = Tensor::randn(0f32, 0.1, (outputs, inputs), &device).unwrap();
-            let bias = Tensor::randn(0f32, 1.0, outputs, &device).unwrap();
             let x = Tensor::randn(0f32, 1.0, (rows, inputs), &device).unwrap();
-            let want = candle_nn::Linear::new(weight.clone(), Some(bias.clone())).forward(&x).unwrap();
-            let got = Int8Linear::new(&weight, Some(&bias)).unwrap().forward(&x).unwrap();
+            let want = candle_nn::Linear::new(weight.clone(), None).forward(&x).unwrap();
+            let got = Int8Linear::new(&weight).unwrap().forward(&x).unwrap();
             assert_eq!(got.dims(), [rows, outputs]);
             let err = (&got - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
             let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
