@@ -347,49 +347,19 @@ fn main() -> anyhow::Result<()> {
             let params = BatchParams { collection, pipeline, k: Some(k), depth, field, tag, ..Default::default() };
             let rerank = rerank.map(|r| read_run(&r)).transpose()?;
             let plan = engine.plan_batch(&params, eval::read_topics(&topics)?, rerank)?;
-            // Each finished topic is appended to `OUT.partial`; a batch started again after an interruption
-            // keeps what it holds and runs the other topics. The run is then written whole to a temporary file
-            // and renamed, so `OUT` is never half a run.
-            let with_suffix = |suffix: &str| PathBuf::from(format!("{}.{suffix}", out.display()));
-            let (partial, whole) = (with_suffix("partial"), with_suffix("tmp"));
-            let mut run = match std::fs::read_to_string(&partial) {
-                Ok(text) => eval::Run::resume(&text, &partial, &plan.tag)?,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    eval::Run { tag: plan.tag.clone(), ..Default::default() }
-                }
-                Err(e) => return Err(e).with_context(|| format!("reading {}", partial.display())),
-            };
-            if !run.topics.is_empty() {
-                eprintln!("resuming from {}: {} topics done", partial.display(), run.topics.len());
+            // An interrupted batch run again with the same command keeps its finished topics.
+            let mut partial = eval::PartialRun::open(&out, &plan.tag)?;
+            if !partial.run().topics.is_empty() {
+                eprintln!("resuming: {} topics done", partial.run().topics.len());
             }
-            let append = |run: &eval::Run, create: bool| -> anyhow::Result<()> {
-                let mut text = Vec::new();
-                run.write(&mut text)?;
-                let mut file = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(!create)
-                    .write(true)
-                    .truncate(create)
-                    .open(&partial)
-                    .with_context(|| format!("writing {}", partial.display()))?;
-                file.write_all(&text).with_context(|| format!("writing {}", partial.display()))
-            };
-            append(&run, true)?; // what was kept, without a cut-off last topic
+            let remaining: Vec<_> = plan.topics.iter().filter(|t| !partial.run().topics.contains_key(&t.qid)).collect();
             let bar = progress_bar(plan.topics.len() as u64, "topics")?;
-            bar.set_position(run.topics.len() as u64);
-            let (mut flops, mut ran) = (None, 0);
-            let remaining: Vec<_> = plan.topics.iter().filter(|t| !run.topics.contains_key(&t.qid)).collect();
+            bar.set_position((plan.topics.len() - remaining.len()) as u64);
+            let (mut flops, ran) = (None, remaining.len());
             for topic in remaining {
                 let ranked = plan.run_topic(&engine, topic, &Cancel::default())?;
-                ran += 1;
                 flops = ranked.flops.map(|f| f + flops.unwrap_or(0.0)).or(flops);
-                let one = eval::Run {
-                    tag: plan.tag.clone(),
-                    topics: [(topic.qid.clone(), ranked.scored.clone())].into(),
-                    ..Default::default()
-                };
-                append(&one, false)?;
-                run.topics.insert(topic.qid.clone(), ranked.scored);
+                partial.push(&topic.qid, ranked.scored)?;
                 bar.inc(1);
             }
             bar.finish_and_clear();
@@ -397,11 +367,7 @@ fn main() -> anyhow::Result<()> {
                 // Over the topics run by this invocation (a resumed batch's earlier ones are not counted).
                 eprintln!("model FLOPs: {:.4e} per topic ({flops:.4e} in all)", flops / ran as f64);
             }
-            let mut text = Vec::new();
-            run.write(&mut text)?;
-            std::fs::write(&whole, &text).with_context(|| format!("writing {}", whole.display()))?;
-            std::fs::rename(&whole, &out).with_context(|| format!("writing {}", out.display()))?;
-            std::fs::remove_file(&partial).with_context(|| format!("removing {}", partial.display()))?;
+            let (run, text) = partial.finish(&out)?;
             eprintln!("wrote {} topics to {}", run.topics.len(), out.display());
             if let Some(qrels) = qrels {
                 for qid in qrels.topics.keys().filter(|q| !run.topics.contains_key(*q)) {

@@ -319,6 +319,72 @@ impl Run {
     }
 }
 
+/// A run written as it is made, for a batch that can be interrupted: each finished topic is appended to
+/// `OUT.partial`; opened again, it keeps what an earlier attempt finished (`Run::resume`); `finish` writes the
+/// whole run to `OUT` through a temporary file and a rename, so `OUT` is never half a run, then drops the
+/// partial file.
+pub struct PartialRun {
+    path: PathBuf,
+    file: std::fs::File,
+    run: Run,
+}
+
+impl PartialRun {
+    /// The partial run of `out` for run tag `tag`, with the topics an earlier attempt finished.
+    pub fn open(out: &Path, tag: &str) -> Result<PartialRun, EvalError> {
+        let path = with_suffix(out, "partial");
+        let io = |e: std::io::Error| EvalError::Io { path: path.clone(), message: e.to_string() };
+        let run = match std::fs::read_to_string(&path) {
+            Ok(text) => Run::resume(&text, &path, tag)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Run { tag: tag.to_string(), ..Default::default() },
+            Err(e) => return Err(io(e)),
+        };
+        // Rewritten with what was kept, without a cut-off last topic, then appended to.
+        let mut file = std::fs::File::create(&path).map_err(io)?;
+        let mut text = Vec::new();
+        run.write(&mut text).map_err(io)?;
+        file.write_all(&text).map_err(io)?;
+        Ok(PartialRun { path, file, run })
+    }
+
+    /// The topics finished so far.
+    pub fn run(&self) -> &Run {
+        &self.run
+    }
+
+    /// Appends a finished topic.
+    pub fn push(&mut self, qid: &str, scored: Vec<Scored>) -> Result<(), EvalError> {
+        let one = Run { tag: self.run.tag.clone(), topics: [(qid.to_string(), scored)].into(), ..Default::default() };
+        let mut text = Vec::new();
+        one.write(&mut text).and_then(|()| self.file.write_all(&text)).map_err(|e| self.io(e))?;
+        self.run.topics.extend(one.topics);
+        Ok(())
+    }
+
+    /// Writes the whole run to `out` and removes the partial file; returns the run and its text.
+    pub fn finish(self, out: &Path) -> Result<(Run, Vec<u8>), EvalError> {
+        let mut text = Vec::new();
+        self.run.write(&mut text).map_err(|e| self.io(e))?;
+        let whole = with_suffix(out, "tmp");
+        let out_err = |e: std::io::Error| EvalError::Io { path: out.to_path_buf(), message: e.to_string() };
+        std::fs::write(&whole, &text).and_then(|()| std::fs::rename(&whole, out)).map_err(out_err)?;
+        std::fs::remove_file(&self.path).map_err(|e| self.io(e))?;
+        Ok((self.run, text))
+    }
+
+    fn io(&self, e: std::io::Error) -> EvalError {
+        EvalError::Io { path: self.path.clone(), message: e.to_string() }
+    }
+}
+
+/// `path` with `.suffix` appended (`run.txt` → `run.txt.partial`).
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".");
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
 /// The shortest text that reads back as the same score: single precision when the score is one (our
 /// BM25 scores are), so distinct scores never print as a tie and the order trec_eval sees is ours.
 fn format_score(score: f64) -> String {
@@ -427,6 +493,25 @@ mod tests {
         assert!(Run::resume("", &p(), "t").unwrap().topics.is_empty());
         let err = Run::resume("9 Q0 a 1 2 bm25\n10 Q0 c 1 3 bm25\n", &p(), "maxp").unwrap_err();
         assert_eq!(err.to_string(), "t:2: a partial run tagged \"bm25\", not \"maxp\": delete the file to start over");
+    }
+
+    #[test]
+    fn a_partial_run_appends_topics_resumes_and_finishes_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("x.run");
+        let doc = |docid: &str, score: f64| Scored { docid: docid.into(), score };
+        let mut partial = PartialRun::open(&out, "t").unwrap();
+        partial.push("2", vec![doc("a", 1.0)]).unwrap();
+        partial.push("1", vec![doc("b", 2.0), doc("c", 1.0)]).unwrap();
+        drop(partial); // interrupted: the last topic appended may be incomplete, so it is run again
+        let mut partial = PartialRun::open(&out, "t").unwrap();
+        assert_eq!(partial.run().topics.keys().collect::<Vec<_>>(), ["2"]);
+        partial.push("1", vec![doc("b", 2.0)]).unwrap();
+        let (run, text) = partial.finish(&out).unwrap();
+        assert_eq!(run.topics.len(), 2);
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "1 Q0 b 1 2 t\n2 Q0 a 1 1 t\n");
+        assert_eq!(std::fs::read(&out).unwrap(), text);
+        assert!(!dir.path().join("x.run.partial").exists() && !dir.path().join("x.run.tmp").exists());
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-pub use formats::{make_folds, read_folds, read_topics, Qrels, Run, Scored, Topic, TopicField};
+pub use formats::{make_folds, read_folds, read_topics, PartialRun, Qrels, Run, Scored, Topic, TopicField};
 pub use measures::{evaluate, EvalOptions, Evaluation, Measure};
 
 #[derive(Debug, thiserror::Error)]
