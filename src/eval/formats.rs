@@ -339,11 +339,13 @@ impl PartialRun {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Run { tag: tag.to_string(), ..Default::default() },
             Err(e) => return Err(io(e)),
         };
-        // Rewritten with what was kept, without a cut-off last topic, then appended to.
-        let mut file = std::fs::File::create(&path).map_err(io)?;
+        // Rewritten with what was kept, without a cut-off last topic (through a rename, so that an
+        // interruption here loses nothing), then appended to.
         let mut text = Vec::new();
         run.write(&mut text).map_err(io)?;
-        file.write_all(&text).map_err(io)?;
+        let kept = with_suffix(&path, "tmp");
+        std::fs::write(&kept, &text).and_then(|()| std::fs::rename(&kept, &path)).map_err(io)?;
+        let file = std::fs::OpenOptions::new().append(true).open(&path).map_err(io)?;
         Ok(PartialRun { path, file, run })
     }
 
