@@ -258,22 +258,23 @@ impl Encoder {
             }
             None => None,
         };
+        // The same mask as `[batch, len]` rows for the fused attention op, built once for every layer.
+        let rows = match &additive {
+            Some(additive) => additive.reshape((batch, len))?,
+            None => Tensor::zeros((batch, len), x.dtype(), x.device())?,
+        };
         let mut x = x.clone();
         for layer in &self.layers {
-            x = self.layer(layer, &x, additive.as_ref())?;
+            x = self.layer(layer, &x, additive.as_ref(), &rows)?;
         }
         Ok(x)
     }
 
-    fn layer(&self, layer: &Layer, x: &Tensor, additive: Option<&Tensor>) -> candle_core::Result<Tensor> {
+    fn layer(&self, layer: &Layer, x: &Tensor, additive: Option<&Tensor>, rows: &Tensor) -> candle_core::Result<Tensor> {
         let (batch, len, hidden) = x.dims3()?;
         let qkv = layer.qkv.forward(x)?;
         // With BLAS loaded, one fused op (with its backward pass in training); else candle's chain.
-        let mask = match additive {
-            Some(additive) => additive.reshape((batch, len))?,
-            None => Tensor::zeros((batch, len), qkv.dtype(), qkv.device())?,
-        };
-        if let Some(context) = blas::attention(&qkv, &mask, layer.qkv.bias(), self.heads, self.differentiable)? {
+        if let Some(context) = blas::attention(&qkv, rows, layer.qkv.bias(), self.heads, self.differentiable)? {
             return self.feed_forward(layer, x, &context);
         }
         let qkv = match layer.qkv.bias() {
