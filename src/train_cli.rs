@@ -188,7 +188,7 @@ pub fn run(args: TrainArgs, config: &Config) -> anyhow::Result<()> {
     let bar = Bar(bar);
     let report = train::train(&data, &init, &args.out, &options, &device, dtype, &bar)?;
     bar.0.finish_and_clear();
-    println!("{:<10}\t{:>6}\t{:>9}\t{:>9}\t{}", "model", "steps", "best dev", "best step", "stopped early");
+    println!("{:<10}\t{:>6}\t{:>9}\t{:>9}\tstopped early", "model", "steps", "best dev", "best step");
     for m in &report.models {
         let dev = m.best_dev.map_or("-".into(), |v| format!("{v:.4}"));
         let step = m.best_step.map_or("-".into(), |v| v.to_string());

@@ -27,8 +27,8 @@ pub fn next_markup(s: &str, from: usize) -> Option<Markup<'_>> {
     while let Some(off) = memchr(b'<', &bytes[i..]) {
         let start = i + off;
         let rest = &s[start..];
-        if rest.starts_with("<!--") {
-            let end = rest[4..].find("-->").map(|e| start + 4 + e + 3).unwrap_or(s.len());
+        if let Some(comment) = rest.strip_prefix("<!--") {
+            let end = comment.find("-->").map(|e| start + 4 + e + 3).unwrap_or(s.len());
             return Some(Markup::Skip { start, end });
         }
         let next = bytes.get(start + 1).copied();
@@ -48,9 +48,7 @@ pub fn next_markup(s: &str, from: usize) -> Option<Markup<'_>> {
                     i = start + 1;
                     continue;
                 }
-                let Some(gt) = rest.find('>') else {
-                    return None;
-                };
+                let gt = rest.find('>')?;
                 let end = start + gt + 1;
                 let name_end = name_start + name_len;
                 let attrs = if name_end < end - 1 { &s[name_end..end - 1] } else { "" };

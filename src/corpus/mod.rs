@@ -301,6 +301,10 @@ fn parse_tsv(line: &str, at: Location) -> Result<Document, CorpusError> {
     Ok(Document { id: id.trim().to_string(), title: title.trim().to_string(), text: text.to_string() })
 }
 
+/// The demo collection the quick start serves when no other collection is indexed: thirty short
+/// multi-paragraph articles written for this project (JSONL).
+pub const DEMO_JSONL: &str = include_str!("demo.jsonl");
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,7 +342,3 @@ mod tests {
         assert_eq!(detect(b"just text"), None);
     }
 }
-
-/// The demo collection the quick start serves when no other collection is indexed: thirty short
-/// multi-paragraph articles written for this project (JSONL).
-pub const DEMO_JSONL: &str = include_str!("demo.jsonl");

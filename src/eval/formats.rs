@@ -301,7 +301,7 @@ impl Run {
                 &format!("a partial run tagged {:?}, not {tag:?}: delete the file to start over", run.tag),
             ));
         }
-        if let Some(last) = complete.lines().filter_map(|line| line.split_whitespace().next()).last() {
+        if let Some(last) = complete.lines().rev().find_map(|line| line.split_whitespace().next()) {
             run.topics.remove(last);
         }
         run.tag = tag.to_string();

@@ -320,7 +320,7 @@ impl Progress {
     }
 
     fn update(&self, bytes: u64, docs: u64) {
-        if docs % 256 == 0 {
+        if docs.is_multiple_of(256) {
             self.bar.set_position(bytes);
             let rate = docs as f64 / self.started.elapsed().as_secs_f64().max(1e-3);
             self.bar.set_message(format!("{docs} docs, {rate:.0} docs/s"));
