@@ -24,7 +24,6 @@ BIN="${BIN:-${CARGO_TARGET_DIR:-$HOME/.cache/longrank-target}/release/longrank}"
 STEPS1="${STEPS1:-200}" STEPS2="${STEPS2:-100}" DEPTH="${DEPTH:-60}" HEADS="${HEADS:-backbone}"
 export RUST_LOG=warn
 L=(--config "$HERE/experiments/best-squad.toml" --data-dir "$WORK/data")
-heads_flag() { [ "$1" = random ] && echo --random-heads || true; }
 other_heads() { [ "$1" = random ] && echo backbone || echo random; }
 
 # A re-ranked run's top DEPTH, then the first stage's other documents in its order, scored below them.
@@ -66,7 +65,7 @@ for c in $COLLECTIONS; do
       fi
       "$BIN" "${L[@]}" "${COMMON[@]}" --method cobert --init "$F/first/allp/model" --out "$out" \
         --cobert-depth "$DEPTH" --prototypes 4 --group "$DEPTH" --overlap 4 --steps "$STEPS2" --lr 1e-4 --eval-every 25 \
-        "${flags[@]}" $(heads_flag "$heads")
+        "${flags[@]}" --heads "$heads"
     done
     run() { # name pipeline [model]
       [ -s "$F/$1.run" ] && return

@@ -353,6 +353,40 @@ fn cobert_heads_train_over_a_frozen_model_and_the_server_scores_as_training_did(
 }
 
 #[test]
+fn cobert_heads_start_as_the_backbones_last_layers_or_from_the_seed() {
+    use longrank::model::cobert::CoBertConfig;
+    use longrank::model::CoBertInit;
+    use std::collections::HashMap;
+    let models = tempfile::tempdir().unwrap();
+    tiny_cross_encoder(models.path(), 23);
+    let config = CoBertConfig { prototypes: 2, group: 3, overlap: 1, calibrator_layers: 1, ..Default::default() };
+    let weights = |from_backbone| -> HashMap<String, Vec<f32>> {
+        let init = CoBertInit { config, from_backbone };
+        let model = TrainableCrossEncoder::init_with(models.path(), &Device::Cpu, DType::F32, 1, Some(init)).unwrap();
+        let values = |var: &candle_core::Var| var.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        model.variables().iter().map(|(name, var)| (name.clone(), values(var))).collect()
+    };
+    let (copied, drawn) = (weights(true), weights(false));
+    // The tiny backbone has 2 layers: the 1-layer calibrator starts as layer 1, the 4-layer groupwise scorer
+    // as layers 0, 1, 0, 1.
+    let source = |head: &str, i: usize| match head {
+        "calibrator" => 1,
+        _ => i % 2,
+    };
+    let mut checked = 0;
+    for (name, values) in copied.iter().filter(|(n, _)| n.ends_with("dense.weight") || n.ends_with("query.weight")) {
+        let Some(rest) = name.strip_prefix("cobert.") else { continue };
+        let (head, rest) = rest.split_once('.').unwrap();
+        let (i, tail) = rest.strip_prefix("encoder.layer.").unwrap().split_once('.').unwrap();
+        let backbone = &copied[&format!("bert.encoder.layer.{}.{tail}", source(head, i.parse().unwrap()))];
+        assert_eq!(values, backbone, "{name} copies the backbone's layer");
+        assert_ne!(&drawn[name], backbone, "{name} drawn from the seed");
+        checked += 1;
+    }
+    assert_eq!(checked, 5 * 4, "query, attention output, intermediate and output weights of 5 layers");
+}
+
+#[test]
 fn cobert_trains_end_to_end_and_the_server_runs_its_first_round_with_the_model_it_started_from() {
     use longrank::model::cobert::CoBertConfig;
     use longrank::model::CoBertInit;
