@@ -2,7 +2,7 @@
 for each OpenBLAS named on the command line, in alternating rounds (BENCHMARKS.md, the speed issue).
 
 usage: python sgemm_probe.py NAME=LIBRARY[:PREFIX] ... [--rounds 3]
-  e.g. debian=libopenblas.so.0  new=/path/scipy_openblas32/lib/libscipy_openblas.so:scipy_
+  e.g. debian=libopenblas.so.0  new=/path/scipy_openblas32/lib/libscipy_openblas.so:scipy_  mkl=/path/libmkl_rt.so.3
 """
 import argparse
 import ctypes
@@ -42,7 +42,9 @@ def main():
         name, _, path = spec.partition("=")
         path, _, prefix = path.partition(":")
         lib = ctypes.CDLL(path)
-        getattr(lib, prefix + "openblas_set_num_threads")(1)
+        # OpenBLAS, or MKL (`MKL_THREADING_LAYER=SEQUENTIAL` keeps it one-threaded as well).
+        threads = getattr(lib, prefix + "openblas_set_num_threads", None) or lib.MKL_Set_Num_Threads
+        threads(1)
         libs[name] = getattr(lib, prefix + "cblas_sgemm")
     print("round library " + " ".join(f"{m}x{n}x{k}" for m, n, k in SHAPES))
     for r in range(args.rounds):

@@ -1,9 +1,11 @@
-//! The encoder's matrix products through the system's OpenBLAS when one is installed (Debian's
-//! `libopenblas0`): loaded at run time, so nothing is needed to build or run without it. Linear layers in
+//! The encoder's matrix products through a CBLAS loaded at run time when one is installed, so nothing is
+//! needed to build or run without it: Intel's MKL on Intel CPUs (`libmkl_rt`, e.g. from PyPI's `mkl`), else
+//! OpenBLAS (Debian's `libopenblas0`). Linear layers in
 //! inference (`BlasLinear`) and in training (`matmul_t`, with its backward pass), and inference attention as
 //! one op (`attention`). Its AVX-512 kernels run these products at about 280 GFLOP/s on this machine's two
-//! cores, where candle's `gemm` (AVX2 kernels on stable Rust) reaches about half that (BENCHMARKS.md). `LONGRANK_BLAS=off` turns it off;
-//! `LONGRANK_BLAS=/path/to/libopenblas.so` picks the library.
+//! cores, where candle's `gemm` (AVX2 kernels on stable Rust) reaches about half that, and MKL's another 4-16 %
+//! faster on whole forward passes (BENCHMARKS.md). `LONGRANK_BLAS=off` turns it off; `LONGRANK_BLAS=/path/to/lib`
+//! picks the library (OpenBLAS or MKL).
 
 use std::sync::OnceLock;
 
@@ -120,9 +122,12 @@ fn blas() -> Option<&'static Blas> {
     static BLAS: OnceLock<Option<Blas>> = OnceLock::new();
     BLAS.get_or_init(|| {
         let choice = std::env::var("LONGRANK_BLAS").unwrap_or_default();
+        let openblas = ["libopenblas.so.0", "libopenblas.so"];
         let names: Vec<&str> = match choice.as_str() {
             "off" => return None,
-            "" => vec!["libopenblas.so.0", "libopenblas.so"],
+            // MKL takes slower paths on other vendors' CPUs.
+            "" if intel_cpu() => ["libmkl_rt.so.3", "libmkl_rt.so.2"].into_iter().chain(openblas).collect(),
+            "" => openblas.to_vec(),
             path => vec![path],
         };
         names.into_iter().find_map(|name| {
@@ -131,8 +136,12 @@ fn blas() -> Option<&'static Blas> {
             unsafe {
                 let library = libloading::Library::new(name).ok()?;
                 let sgemm = *library.get::<Sgemm>(b"cblas_sgemm\0").ok()?;
+                // One-threaded calls: OpenBLAS's thread count, MKL's sequential layer (before any other MKL call).
                 if let Ok(set) = library.get::<unsafe extern "C" fn(i32)>(b"openblas_set_num_threads\0") {
                     set(1);
+                }
+                if let Ok(set) = library.get::<unsafe extern "C" fn(i32) -> i32>(b"MKL_Set_Threading_Layer\0") {
+                    set(MKL_THREADING_SEQUENTIAL);
                 }
                 tracing::info!("linear layers through {name}");
                 Some(Blas { sgemm, _library: library, threads: candle_core::utils::get_num_threads() })
@@ -140,6 +149,20 @@ fn blas() -> Option<&'static Blas> {
         })
     })
     .as_ref()
+}
+
+/// `mkl_service.h`'s `MKL_THREADING_SEQUENTIAL`.
+const MKL_THREADING_SEQUENTIAL: i32 = 1;
+
+/// Whether the CPU's vendor string is Intel's.
+fn intel_cpu() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let id = std::arch::x86_64::__cpuid(0);
+        [id.ebx, id.edx, id.ecx].map(u32::to_le_bytes).concat() == b"GenuineIntel"
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// Whether linear layers on `weight`'s device and dtype can go through BLAS.
@@ -575,7 +598,7 @@ mod tests {
         let x = Tensor::randn(0f32, 1.0, (3, 7, 40), &device).unwrap();
         if !available_for(&weight) {
             // CI installs OpenBLAS and says so: there, a library that fails to load fails the test.
-            assert!(std::env::var_os("LONGRANK_EXPECT_BLAS").is_none(), "OpenBLAS was expected to load");
+            assert!(std::env::var_os("LONGRANK_EXPECT_BLAS").is_none(), "a BLAS (OpenBLAS or MKL) was expected to load");
             return;
         }
         let want = candle_nn::Linear::new(weight.clone(), None).forward(&x).unwrap();
