@@ -270,7 +270,13 @@ impl Encoder {
         Ok(x)
     }
 
-    fn layer(&self, layer: &Layer, x: &Tensor, additive: Option<&Tensor>, rows: &Tensor) -> candle_core::Result<Tensor> {
+    fn layer(
+        &self,
+        layer: &Layer,
+        x: &Tensor,
+        additive: Option<&Tensor>,
+        rows: &Tensor,
+    ) -> candle_core::Result<Tensor> {
         let (batch, len, hidden) = x.dims3()?;
         let qkv = layer.qkv.forward(x)?;
         // With BLAS loaded, one fused op (with its backward pass in training); else candle's chain.
