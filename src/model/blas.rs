@@ -3,7 +3,7 @@
 //! OpenBLAS (Debian's `libopenblas0`). Linear layers in
 //! inference (`BlasLinear`) and in training (`matmul_t`, with its backward pass), and inference attention as
 //! one op (`attention`). Its AVX-512 kernels run these products at about 280 GFLOP/s on this machine's two
-//! cores, where candle's `gemm` (AVX2 kernels on stable Rust) reaches about half that, and MKL's another 4-16 %
+//! cores, where candle's `gemm` (AVX2 kernels on stable Rust) reaches about half that, and MKL's another 2-17 %
 //! faster on whole forward passes (BENCHMARKS.md). `LONGRANK_BLAS=off` turns it off; `LONGRANK_BLAS=/path/to/lib`
 //! picks the library (OpenBLAS or MKL).
 
