@@ -592,6 +592,14 @@ mod tests {
     use candle_core::{Device, Module};
 
     #[test]
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    fn the_cpu_vendor_is_read_as_the_kernel_reads_it() {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
+        let vendor = cpuinfo.lines().find_map(|l| l.strip_prefix("vendor_id")).unwrap();
+        assert_eq!(intel_cpu(), vendor.trim_start_matches([' ', '\t', ':']) == "GenuineIntel", "{vendor}");
+    }
+
+    #[test]
     fn blas_linear_equals_candles_when_a_blas_is_installed() {
         let device = Device::Cpu;
         let weight = Tensor::randn(0f32, 1.0, (48, 40), &device).unwrap();
