@@ -167,6 +167,12 @@ fn summary(dir: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap()
 }
 
+/// Whether a Co-BERT run under `dir` started its heads from the backbone, as its `train.json` records.
+fn heads_from_backbone(dir: &Path) -> bool {
+    let options: Value = serde_json::from_slice(&std::fs::read(dir.join("train.json")).unwrap()).unwrap();
+    options["options"]["cobert"]["from_backbone"].as_bool().unwrap()
+}
+
 fn best_dev(summary: &Value, name: &str) -> f64 {
     let models = summary["models"].as_array().unwrap();
     let model = models.iter().find(|m| m["name"] == name).unwrap_or_else(|| panic!("no {name}: {summary}"));
@@ -336,6 +342,7 @@ fn cobert_heads_train_over_a_frozen_model_and_the_server_scores_as_training_did(
     cli_ok(d, &args);
     let report = summary(&d.join("co"));
     assert!(best_dev(&report, "cobert") > 0.0, "{report}");
+    assert!(!heads_from_backbone(&d.join("co")), "heads are drawn from the seed by default");
     let steps: Vec<u64> = losses(&d.join("co/cobert/log.jsonl")).into_iter().map(|(s, _)| s).collect();
     assert_eq!(steps, (1..=30).collect::<Vec<_>>());
     let saved = d.join("co/cobert/model");
@@ -417,11 +424,24 @@ fn cobert_trains_end_to_end_and_the_server_runs_its_first_round_with_the_model_i
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     synthetic_collection(d);
-    let cobert = ["--cobert-depth", "5", "--prototypes", "2", "--group", "3", "--overlap", "1", "--end-to-end"];
+    let cobert = [
+        "--cobert-depth",
+        "5",
+        "--prototypes",
+        "2",
+        "--group",
+        "3",
+        "--overlap",
+        "1",
+        "--end-to-end",
+        "--heads",
+        "backbone",
+    ];
     let args: Vec<&str> =
         train_args(models.path().to_str().unwrap(), "e2e", "cobert", "12").into_iter().chain(cobert).collect();
     cli_ok(d, &args);
     assert!(best_dev(&summary(&d.join("e2e")), "cobert") > 0.0);
+    assert!(heads_from_backbone(&d.join("e2e")), "--heads backbone");
     let saved = d.join("e2e/cobert/model");
     let first_round = std::fs::read(saved.join("first-round/model.safetensors")).unwrap();
     assert_eq!(first_round, std::fs::read(models.path().join("model.safetensors")).unwrap());
