@@ -5,8 +5,10 @@
 //! one op (`attention`). Its AVX-512 kernels run these products at about 280 GFLOP/s on this machine's two
 //! cores, where candle's `gemm` (AVX2 kernels on stable Rust) reaches about half that, and MKL's another 2-17 %
 //! faster on whole forward passes (BENCHMARKS.md). `LONGRANK_BLAS=off` turns it off; `LONGRANK_BLAS=/path/to/lib`
-//! picks the library (OpenBLAS or MKL).
+//! picks the library (OpenBLAS or MKL). A library is tried on one small product when loaded and passed over
+//! if it fails (an MKL missing one of its parts would otherwise end the process on the first product).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
@@ -143,12 +145,51 @@ fn blas() -> Option<&'static Blas> {
                 if let Ok(set) = library.get::<unsafe extern "C" fn(i32) -> i32>(b"MKL_Set_Threading_Layer\0") {
                     set(MKL_THREADING_SEQUENTIAL);
                 }
+                if !trial_product(&library, sgemm) {
+                    tracing::warn!(
+                        "{name} loaded but could not multiply (an MKL without all its libraries beside it?); \
+                         passed over"
+                    );
+                    return None;
+                }
                 tracing::info!("linear layers through {name}");
                 Some(Blas { sgemm, _library: library, threads: candle_core::utils::get_num_threads() })
             }
         })
     })
     .as_ref()
+}
+
+/// MKL's handler of fatal errors (`mkl_set_exit_handler`): called instead of `exit`, after which the failed
+/// call returns without computing.
+type MklExitHandler = unsafe extern "C" fn(handler: Option<extern "C" fn(why: i32)>) -> i32;
+
+static MKL_FATAL: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn mkl_fatal(_why: i32) {
+    MKL_FATAL.store(true, Ordering::SeqCst);
+}
+
+/// Multiplies two 2×2 matrices through a freshly loaded library. MKL loads its parts (interface, threading
+/// layer, CPU kernels) on the first product and exits the process when one is missing; its exit handler is
+/// caught for that one product, so an incomplete MKL is passed over instead of ending the server.
+///
+/// SAFETY: `sgemm` is `library`'s `cblas_sgemm`.
+unsafe fn trial_product(library: &libloading::Library, sgemm: Sgemm) -> bool {
+    let on_exit = library.get::<MklExitHandler>(b"MKL_Set_Exit_Handler\0").ok();
+    MKL_FATAL.store(false, Ordering::SeqCst);
+    if let Some(set) = &on_exit {
+        set(Some(mkl_fatal));
+    }
+    let (a, b, mut c) = ([1f32, 2.0, 3.0, 4.0], [5f32, 6.0, 7.0, 8.0], [0f32; 4]);
+    sgemm(ROW_MAJOR, NO_TRANS, NO_TRANS, 2, 2, 2, 1.0, a.as_ptr(), 2, b.as_ptr(), 2, 0.0, c.as_mut_ptr(), 2);
+    let works = !MKL_FATAL.load(Ordering::SeqCst) && c == [19.0, 22.0, 43.0, 50.0];
+    // A working MKL's later fatal errors exit as it documents: a product that silently did nothing would be
+    // worse. A failed one is not called again, not even to reset its handler (that call fails and exits too).
+    if let Some(set) = on_exit.filter(|_| works) {
+        set(None);
+    }
+    works
 }
 
 /// `mkl_service.h`'s `MKL_THREADING_SEQUENTIAL`.

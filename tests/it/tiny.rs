@@ -554,3 +554,29 @@ fn the_cobert_pipeline_rescores_maxp_candidates_with_its_heads() {
     // A plain cross-encoder has no heads.
     search("cobert", "plain").assert_error(400, "invalid_parameter");
 }
+
+/// MKL loads its parts on the first product and exits the process when one is missing (as a cache holding
+/// only `libmkl_rt` did to CI once): longrank tries a product when it loads a BLAS and passes such an MKL over
+/// for OpenBLAS. Runs where the tests go through MKL (`.ci/run`'s first pass).
+#[test]
+fn an_mkl_missing_its_parts_is_passed_over_for_openblas() {
+    let Some(mkl) = std::env::var("LONGRANK_BLAS").ok().filter(|blas| blas.contains("libmkl_rt")) else {
+        return;
+    };
+    let alone = tempfile::tempdir().unwrap();
+    std::fs::copy(&mkl, alone.path().join("libmkl_rt.so.3")).unwrap();
+    let models = tempfile::tempdir().unwrap();
+    tiny_cross_encoder(models.path(), 5);
+    let dir = tempfile::tempdir().unwrap();
+    let bench = ["bench", "model", "--dir", models.path().to_str().unwrap(), "--lengths", "16", "--batches", "2"];
+    let bench = [&bench[..], &["--warmup", "0", "--reps", "1"]].concat();
+    // The default choice (MKL first on Intel CPUs), with the lone libmkl_rt first on the loader's path.
+    let env = [("LONGRANK_BLAS", ""), ("LD_LIBRARY_PATH", alone.path().to_str().unwrap()), ("RUST_LOG", "info")];
+    let out = cli_env(dir.path(), &bench, &env);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("RESULT system=longrank-candle len=16"), "{stderr}");
+    assert!(stderr.contains("linear layers through libopenblas.so.0"), "{stderr}");
+    let intel = std::fs::read_to_string("/proc/cpuinfo").unwrap().contains("GenuineIntel");
+    assert_eq!(stderr.contains("libmkl_rt.so.3 loaded but could not multiply"), intel, "{stderr}");
+}
