@@ -8,7 +8,10 @@
 #      the full model and each ablation (no calibration, no groupwise scorer, no averaging), heads initialized
 #      from the backbone's last layers or at random ($HEADS), plus the full model with the other initialization;
 #   3. test runs of fold f: BM25, BM25+RM3, MaxP with the fold's cross-encoder, Co-BERT and each ablation, all
-#      re-ranking BM25's top $DEPTH (one group), BM25's ranks below appended for MAP@1000.
+#      re-ranking BM25's top $DEPTH (one group), BM25's ranks below appended for MAP@1000. The first round is
+#      scored once: MaxP runs on the full Co-BERT checkpoint, whose backbone is the fold's cross-encoder
+#      unchanged (frozen), and stores its pairs' outputs with their [CLS] states (`--store-scores`), which the
+#      Co-BERT runs read.
 # Then the five test folds' runs are joined per system and compared with MaxP: P@20, nDCG@20 and MAP@1000
 # with paired t-tests. Every step skips what is already there: rerun to resume.
 # usage: experiments/cobert-folds.sh [WORK_DIR=/tmp/longrank-cobert] [COLLECTIONS="cranfield time medline"]
@@ -71,14 +74,14 @@ for c in $COLLECTIONS; do
       [ -s "$F/$1.run" ] && return
       local model=(); [ -n "${3:-}" ] && model=(--model "$3")
       "$BIN" "${L[@]}" "${model[@]}" batch --collection "$c" --topics "$F/test-topics.tsv" --pipeline "$2" \
-        --depth "$DEPTH" -k "$DEPTH" --out "$F/$1.reranked" > /dev/null
+        --depth "$DEPTH" -k "$DEPTH" --store-scores --out "$F/$1.reranked" > /dev/null
       with_tail "$F/$1.reranked" "$F/bm25.run" "$F/$1.run"
     }
     for p in bm25 bm25+rm3; do
       [ -s "$F/$p.run" ] || "$BIN" "${L[@]}" batch --collection "$c" --topics "$F/test-topics.tsv" --pipeline "$p" \
         -k 1000 --out "$F/$p.run" > /dev/null
     done
-    run maxp maxp "$F/first/allp/model"
+    run maxp maxp "$F/co-full/cobert/model"
     for v in full no-calibration no-groupwise no-average other-heads; do run "cobert-$v" cobert "$F/co-$v/cobert/model"; done
   done
   MEASURES=(-m P.20 -m ndcg_cut.20 -m map)

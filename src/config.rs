@@ -90,6 +90,11 @@ pub struct ModelConfig {
     pub max_queued_inputs: usize,
     /// Cached cross-encoder scores or bi-encoder embeddings per model (an embedding of 384 floats is 1.5 KB).
     pub cache_entries: usize,
+    /// Keep cross-encoder outputs of (query, segment) pairs on disk, in the collection's `scores/`
+    /// directory, so that runs over the same topics with the same weights (an experiment's MaxP and Co-BERT
+    /// runs, a rerun) score each pair once, across processes. The files grow with every new query: meant
+    /// for batch experiments (`longrank batch --store-scores`), not for serving.
+    pub store_scores: bool,
     /// How documents are cut into segments, unless a request says otherwise.
     pub segments: SegmentOptions,
 }
@@ -153,6 +158,7 @@ impl Default for ModelConfig {
             max_batch_tokens: 8192,
             max_queued_inputs: 10_000,
             cache_entries: 100_000,
+            store_scores: false,
             segments: SegmentOptions::default(),
         }
     }

@@ -106,6 +106,10 @@ enum Command {
         /// Measures printed when qrels are given (trec_eval syntax; default: trec_eval's default set).
         #[arg(short = 'm', long = "measure")]
         measures: Vec<String>,
+        /// Keep the cross-encoder's (query, segment) outputs in the collection's `scores/` directory and read
+        /// them from there (`store_scores` in configuration): runs with the same weights score each pair once.
+        #[arg(long)]
+        store_scores: bool,
         #[arg(long)]
         out: PathBuf,
     },
@@ -340,7 +344,21 @@ fn main() -> anyhow::Result<()> {
         Command::Bench { what: BenchCommand::Train { dir, length, batch, warmup, steps } } => {
             bench::train(bench::TrainBench { dir: &dir, length, batch, warmup, steps })
         }
-        Command::Batch { collection, topics, qrels, field, pipeline, k, depth, tag, rerank, measures, out } => {
+        Command::Batch {
+            collection,
+            topics,
+            qrels,
+            field,
+            pipeline,
+            k,
+            depth,
+            tag,
+            rerank,
+            measures,
+            store_scores,
+            out,
+        } => {
+            config.model.store_scores |= store_scores;
             let engine = open_engine(&config)?;
             let measures = Measure::parse_all(&measures)?;
             let qrels = qrels.map(|q| Qrels::read(&q)).transpose()?;

@@ -170,6 +170,24 @@ pub fn weights_hash(dir: &Path) -> Result<String, ModelError> {
     Ok(format!("{:016x}", hash.0))
 }
 
+/// A fingerprint of what the outputs of a cross-encoder's first queue depend on besides the options: the
+/// weights of the model it runs (Co-BERT's heads left out; for a Co-BERT trained end to end, its first-round
+/// cross-encoder), its configuration and its tokenizer. A Co-BERT checkpoint trained on a frozen backbone
+/// shares it with that backbone's own directory.
+pub fn pairs_hash(dir: &Path) -> Result<String, ModelError> {
+    let first_round = dir.join(cobert::FIRST_ROUND_DIR);
+    let dir = if first_round.is_dir() { &first_round } else { dir };
+    let mut files = weight_files(dir)?;
+    files.retain(|f| !f.ends_with(cobert::WEIGHTS_FILE));
+    files
+        .extend(["config.json", "tokenizer.json", "vocab.txt"].map(|f| dir.join(f)).into_iter().filter(|f| f.exists()));
+    let mut hash = Fnv::default();
+    for file in files {
+        hash.write(&std::fs::read(&file).map_err(|e| load_err(&file, e))?);
+    }
+    Ok(format!("{:016x}", hash.0))
+}
+
 /// 64-bit FNV-1a: stable across processes and Rust versions (cache keys that persist on disk use it).
 pub(crate) struct Fnv(pub u64);
 
@@ -507,6 +525,15 @@ impl Reranker {
             Reranker::Bi(m) => m.max_seq_length.saturating_sub(2),
         }
         .max(1)
+    }
+
+    /// The length of `forward`'s outputs.
+    pub fn output_width(&self) -> usize {
+        match self {
+            Reranker::Cross(_) | Reranker::CoBert(cobert::CoBert { own: Some(_), .. }) => 1,
+            Reranker::Bi(m) => m.dims(),
+            Reranker::CoBert(m) => 1 + m.backbone.hidden_size,
+        }
     }
 
     /// One output per encoded input: `[logit]` (cross-encoder), the embedding (bi-encoder), or the logit

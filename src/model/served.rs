@@ -1,8 +1,8 @@
 //! A loaded model as the pipelines use it: (query, text) pairs in, scores out, through the model's inference
 //! queue, with a bounded LRU in front of it. A cross-encoder's scores are cached by (query, text), so
 //! switching between FirstP, MaxP and SumP for one query scores each segment once; a bi-encoder's embeddings
-//! are cached by text (and read from and added to the collection's embedding file when one is given), so
-//! repeated queries only embed the query.
+//! are cached by text, so repeated queries only embed the query. Both are also read from and added to an
+//! on-disk store when one is given (a collection's embedding file; its pair outputs with `store_scores`).
 
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
@@ -78,17 +78,17 @@ impl Served {
         self.model.segment_budget(self.options.max_length, self.options.max_query_tokens)
     }
 
-    /// Scores every text against the query.
+    /// Scores every text against the query; `store` holds this model's outputs on disk (see the module).
     pub fn score(
         &self,
         query: &str,
         texts: &[&str],
-        vectors: Option<&VectorFile>,
+        store: Option<&VectorFile>,
         cancel: &Cancel,
     ) -> Result<Scores, ModelError> {
         match &*self.model {
             Reranker::Cross(m) | Reranker::CoBert(super::cobert::CoBert { cross: m, .. }) => {
-                let (pairs, timing, computed) = self.pair_outputs(m, &self.queue, query, texts, cancel)?;
+                let (pairs, timing, computed) = self.pair_outputs(m, &self.queue, query, texts, store, cancel)?;
                 // Each output ends with the pair's length, so FLOPs count cached pairs too.
                 let flops = pairs.iter().map(|o| m.pair_flops(o[o.len() - 1] as usize)).sum();
                 let scores = pairs.iter().map(|o| o[0]).collect();
@@ -99,25 +99,15 @@ impl Served {
                 let mut keys: Vec<u64> = texts.iter().map(|t| key(None, t)).collect();
                 keys.push(key(None, query));
                 let (mut found, mut missing) = self.cached(&keys);
-                if let Some(file) = vectors {
-                    missing.retain(|&i| match (i < texts.len()).then(|| file.get(keys[i])).flatten() {
-                        Some(v) => {
-                            found[i] = Some(v.into());
-                            false
-                        }
-                        None => true,
-                    });
-                }
+                // Texts' embeddings are stored, the query's is not.
+                let stored = |i: usize| i < texts.len();
+                from_store(store, &keys, stored, &mut found, &mut missing);
                 let inputs = missing
                     .iter()
                     .map(|&i| m.encode(texts.get(i).copied().unwrap_or(query)))
                     .collect::<Result<Vec<_>, _>>()?;
                 let (outputs, timing) = self.queue.run(inputs, cancel)?;
-                if let Some(file) = vectors {
-                    for (&i, v) in missing.iter().zip(&outputs).filter(|(&i, _)| i < texts.len()) {
-                        file.append(keys[i], v)?;
-                    }
-                }
+                to_store(store, &keys, stored, &missing, &outputs)?;
                 self.remember(&keys, &missing, outputs, &mut found);
                 let q = found.pop().flatten().expect("the query embedded");
                 let scores = found.iter().map(|e| cosine(&q, e.as_ref().expect("every text embedded"))).collect();
@@ -134,12 +124,16 @@ impl Served {
         queue: &Queue,
         query: &str,
         texts: &[&str],
+        store: Option<&VectorFile>,
         cancel: &Cancel,
     ) -> Result<(Vec<Arc<[f32]>>, JobTiming, usize), ModelError> {
-        // The two queues' outputs differ, so their cache keys do.
-        let salt: &[u8] = if std::ptr::eq(queue, &self.queue) { b"" } else { b"second" };
+        // The two queues' outputs differ, so their cache keys do; the store holds the first queue's only.
+        let first = std::ptr::eq(queue, &self.queue);
+        let salt: &[u8] = if first { b"" } else { b"second" };
+        let store = store.filter(|_| first);
         let keys: Vec<u64> = texts.iter().map(|t| key(Some((salt, query)), t)).collect();
-        let (mut found, missing) = self.cached(&keys);
+        let (mut found, mut missing) = self.cached(&keys);
+        from_store(store, &keys, |_| true, &mut found, &mut missing);
         let inputs = missing
             .iter()
             .map(|&i| m.encode(query, texts[i], self.options.max_length, self.options.max_query_tokens))
@@ -149,6 +143,7 @@ impl Served {
         for (output, len) in outputs.iter_mut().zip(lengths) {
             output.push(len as f32);
         }
+        to_store(store, &keys, |_| true, &missing, &outputs)?;
         self.remember(&keys, &missing, outputs, &mut found);
         let found = found.into_iter().map(|o| o.expect("every pair scored")).collect();
         Ok((found, timing, missing.len()))
@@ -156,12 +151,18 @@ impl Served {
 
     /// Co-BERT's second round: the outputs (logit, `[CLS]` state, length) of (query, text) pairs, normally
     /// cached by the first round.
-    pub fn interactions(&self, query: &str, texts: &[&str], cancel: &Cancel) -> Result<Vec<Arc<[f32]>>, ModelError> {
+    pub fn interactions(
+        &self,
+        query: &str,
+        texts: &[&str],
+        store: Option<&VectorFile>,
+        cancel: &Cancel,
+    ) -> Result<Vec<Arc<[f32]>>, ModelError> {
         let Reranker::CoBert(m) = &*self.model else {
             return Err(ModelError::Unsupported("the cobert pipeline needs a Co-BERT model".into()));
         };
         let queue = self.second.as_ref().unwrap_or(&self.queue);
-        let (outputs, _, _) = self.pair_outputs(m.interactions(), queue, query, texts, cancel)?;
+        let (outputs, _, _) = self.pair_outputs(m.interactions(), queue, query, texts, store, cancel)?;
         Ok(outputs)
     }
 
@@ -202,6 +203,39 @@ impl Served {
     pub fn queued(&self) -> usize {
         self.queue.queued() + self.second.as_ref().map_or(0, Queue::queued)
     }
+}
+
+/// Moves the missing outputs that the store holds (among those `stored` says it keeps) into `found`.
+fn from_store(
+    store: Option<&VectorFile>,
+    keys: &[u64],
+    stored: impl Fn(usize) -> bool,
+    found: &mut [Option<Arc<[f32]>>],
+    missing: &mut Vec<usize>,
+) {
+    let Some(file) = store else { return };
+    missing.retain(|&i| match stored(i).then(|| file.get(keys[i])).flatten() {
+        Some(output) => {
+            found[i] = Some(output.into());
+            false
+        }
+        None => true,
+    });
+}
+
+/// Adds the computed outputs (of the `missing` indices) that `stored` says the store keeps.
+fn to_store(
+    store: Option<&VectorFile>,
+    keys: &[u64],
+    stored: impl Fn(usize) -> bool,
+    missing: &[usize],
+    outputs: &[Vec<f32>],
+) -> Result<(), ModelError> {
+    let Some(file) = store else { return Ok(()) };
+    for (&i, output) in missing.iter().zip(outputs).filter(|(&i, _)| stored(i)) {
+        file.append(keys[i], output)?;
+    }
+    Ok(())
 }
 
 /// The cache key of a (query, text) pair (after the queue's salt), or of a text alone; stable, since embedding

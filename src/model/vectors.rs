@@ -1,5 +1,6 @@
-//! A bi-encoder's segment embeddings kept on disk (in the collection's directory), so they are computed once
-//! per segment, not once per process. Two append-only files: `NAME.keys` (u64 text keys) and `NAME.f32`
+//! Model outputs kept on disk (in the collection's directory), so they are computed once, not once per
+//! process: a bi-encoder's segment embeddings, or a cross-encoder's (query, segment) outputs when
+//! `store_scores` is on. Two append-only files: `NAME.keys` (u64 text keys) and `NAME.f32`
 //! (`dims` floats per record, little-endian), record i in both. Vectors are written before keys, so a key
 //! never points past its vector; a crash mid-append leaves a torn tail that the next open cuts off.
 

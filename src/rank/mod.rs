@@ -476,7 +476,7 @@ impl Engine {
             )));
         }
         let model = self.model_for(&options)?.expect("re-ranking pipelines have a model");
-        let mut vectors = None;
+        let mut store = None;
         let candidates: Vec<rerank::Candidate> = match (request.documents, request.docids) {
             (Some(documents), None) => documents
                 .into_iter()
@@ -492,7 +492,7 @@ impl Engine {
                 .collect(),
             (None, Some(docids)) => {
                 let collection = self.collection(request.collection.as_deref())?;
-                vectors = self.models.vectors(&collection, &model)?;
+                store = self.models.store(&collection, &model)?;
                 docids
                     .into_iter()
                     .map(|docid| match collection.get(&docid)? {
@@ -515,7 +515,7 @@ impl Engine {
             });
         }
         let k = in_range("k", request.k, count, self.limits.max_k)?;
-        let reranked = self.rerank_with(&model, vectors.as_deref(), query, &options, candidates, cancel)?;
+        let reranked = self.rerank_with(&model, store.as_deref(), query, &options, candidates, cancel)?;
         let timing = ModelTiming::of(&reranked);
         let query_terms = analyzer::terms(query);
         let results = reranked
@@ -552,8 +552,8 @@ impl Engine {
                 }),
             })
             .collect::<Result<Vec<_>, RankError>>()?;
-        let vectors = self.models.vectors(collection, &model)?;
-        Ok(self.rerank_with(&model, vectors.as_deref(), query, options, candidates, cancel)?.into())
+        let store = self.models.store(collection, &model)?;
+        Ok(self.rerank_with(&model, store.as_deref(), query, options, candidates, cancel)?.into())
     }
 
     /// Computes a bi-encoder's segment embeddings for every document of a collection ahead of queries, into
@@ -567,7 +567,11 @@ impl Engine {
     ) -> Result<(usize, usize), RankError> {
         let name = self.models.check(model)?;
         let model = self.models.get(&name, "embed")?;
-        let Some(vectors) = self.models.vectors(collection, &model)? else {
+        let store = match model.served.model() {
+            crate::model::Reranker::Bi(_) => self.models.store(collection, &model)?,
+            _ => None,
+        };
+        let Some(vectors) = store else {
             return Err(RankError::InvalidParameter(format!(
                 "model {name:?} is a {}; only a bi-encoder's embeddings can be computed ahead",
                 model.kind()
@@ -628,14 +632,14 @@ impl Engine {
                 Ok(rerank::Candidate { first_stage_score: Some(hit.score), doc: collection.document(hit.address)? })
             })
             .collect::<Result<Vec<_>, IndexError>>()?;
-        let vectors = self.models.vectors(collection, model)?;
-        self.rerank_with(model, vectors.as_deref(), query, options, candidates, cancel)
+        let store = self.models.store(collection, model)?;
+        self.rerank_with(model, store.as_deref(), query, options, candidates, cancel)
     }
 
     fn rerank_with(
         &self,
         model: &LoadedModel,
-        vectors: Option<&crate::model::VectorFile>,
+        store: Option<&crate::model::VectorFile>,
         query: &str,
         options: &RankOptions,
         candidates: Vec<rerank::Candidate>,
@@ -644,7 +648,7 @@ impl Engine {
         let rerank_options = options.rerank.as_ref().expect("a re-ranking pipeline has re-ranking options");
         let job = rerank::Reranking {
             model,
-            vectors,
+            store,
             segments: &self.segments,
             pipeline: options.pipeline,
             options: rerank_options,

@@ -21,8 +21,8 @@ pub const DEFAULT: &str = "default";
 pub struct Models {
     slots: Vec<Slot>,
     config: ModelConfig,
-    /// Bi-encoder embedding files, per (collection, model), opened on first use.
-    vectors: Mutex<HashMap<(String, String), Arc<VectorFile>>>,
+    /// On-disk stores of model outputs, per (collection, model), opened on first use.
+    stores: Mutex<HashMap<(String, String), Arc<VectorFile>>>,
 }
 
 struct Slot {
@@ -77,7 +77,7 @@ impl Models {
             .chain(config.named.iter().map(|(n, m)| (n.clone(), m.source().to_string(), m.kind(), m.quantize())))
             .map(|(name, source, kind, quantize)| Slot { name, source, kind, quantize, state: OnceLock::new() })
             .collect();
-        Models { slots, config: config.clone(), vectors: Mutex::default() }
+        Models { slots, config: config.clone(), stores: Mutex::default() }
     }
 
     pub fn names(&self) -> Vec<String> {
@@ -157,18 +157,32 @@ impl Models {
             .collect()
     }
 
-    /// The embedding file of a bi-encoder for a collection (`COLLECTION/embeddings/WEIGHTS-DTYPE.*`); none
-    /// for cross-encoders, whose scores depend on the query.
-    pub fn vectors(&self, collection: &Collection, model: &LoadedModel) -> Result<Option<Arc<VectorFile>>, RankError> {
-        let Reranker::Bi(bi) = model.served.model() else { return Ok(None) };
+    /// A model's outputs kept on disk for a collection: a bi-encoder's segment embeddings
+    /// (`COLLECTION/embeddings/WEIGHTS-DTYPE.*`), or, with `store_scores`, a cross-encoder's (query, segment)
+    /// outputs (`COLLECTION/scores/PAIRS-DTYPE-LENGTH-QUERYLENGTH-WIDTH.*`, PAIRS the fingerprint of what they
+    /// depend on, `model::pairs_hash`); none otherwise.
+    pub fn store(&self, collection: &Collection, model: &LoadedModel) -> Result<Option<Arc<VectorFile>>, RankError> {
+        let reranker = model.served.model();
+        let is_bi = matches!(reranker, Reranker::Bi(_));
+        if !is_bi && !self.config.store_scores {
+            return Ok(None);
+        }
         let key = (collection.name().to_string(), model.name.clone());
-        let mut open = self.vectors.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = self.stores.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(file) = open.get(&key) {
             return Ok(Some(file.clone()));
         }
-        let dir = collection.path().join("embeddings");
-        let file = VectorFile::open(&dir, &format!("{}-{}", model.weights_hash, model.dtype), bi.dims())
-            .map_err(RankError::Model)?;
+        let width = reranker.output_width();
+        let (dir, name, dims) = if is_bi {
+            ("embeddings", format!("{}-{}", model.weights_hash, model.dtype), width)
+        } else {
+            let c = &self.config;
+            let pairs = model::pairs_hash(&model.dir).map_err(RankError::Model)?;
+            let name = format!("{pairs}-{}-{}-{}-{width}", model.dtype, c.max_length, c.max_query_tokens);
+            // Each stored output ends with its pair's length.
+            ("scores", name, width + 1)
+        };
+        let file = VectorFile::open(&collection.path().join(dir), &name, dims).map_err(RankError::Model)?;
         let file = Arc::new(file);
         open.insert(key, file.clone());
         Ok(Some(file))

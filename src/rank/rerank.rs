@@ -134,8 +134,8 @@ impl SegmentCache {
 /// Everything a re-ranking needs besides the candidates.
 pub struct Reranking<'a> {
     pub model: &'a LoadedModel,
-    /// The collection's embedding file (bi-encoders).
-    pub vectors: Option<&'a VectorFile>,
+    /// The model's outputs on disk for the collection (`Models::store`).
+    pub store: Option<&'a VectorFile>,
     pub segments: &'a SegmentCache,
     pub pipeline: Pipeline,
     pub options: &'a RerankOptions,
@@ -165,7 +165,7 @@ pub fn rerank(job: &Reranking<'_>, docs: Vec<Candidate>) -> Result<Reranked, Ran
         }
     }
     let texts: Vec<&str> = texts.iter().map(|t| t.as_ref()).collect();
-    let mut scores = served.score(job.query, &texts, job.vectors, job.cancel).map_err(RankError::Model)?;
+    let mut scores = served.score(job.query, &texts, job.store, job.cancel).map_err(RankError::Model)?;
     let mut per_doc: Vec<Vec<ScoredSegment>> = vec![Vec::new(); docs.len()];
     let mut best_input: Vec<Option<(f32, usize)>> = vec![None; docs.len()];
     for (i, ((d, s), &score)) in pairs.iter().zip(&scores.scores).enumerate() {
@@ -227,7 +227,7 @@ fn cobert(job: &Reranking<'_>, best: &[&str], first_round: &[f32]) -> Result<(Ve
     let mut order: Vec<usize> = (0..best.len()).collect();
     order.sort_by(|&a, &b| first_round[b].total_cmp(&first_round[a]));
     let texts: Vec<&str> = order.iter().map(|&d| best[d]).collect();
-    let outputs = served.interactions(job.query, &texts, job.cancel).map_err(RankError::Model)?;
+    let outputs = served.interactions(job.query, &texts, job.store, job.cancel).map_err(RankError::Model)?;
     let hidden = model.backbone.hidden_size;
     let states: Vec<&[f32]> = outputs.iter().map(|o| &o[1..1 + hidden]).collect();
     let ordered_first: Vec<f32> = order.iter().map(|&d| first_round[d]).collect();

@@ -580,3 +580,78 @@ fn an_mkl_missing_its_parts_is_passed_over_for_openblas() {
     let intel = std::fs::read_to_string("/proc/cpuinfo").unwrap().contains("GenuineIntel");
     assert_eq!(stderr.contains("libmkl_rt.so.3 loaded but could not multiply"), intel, "{stderr}");
 }
+
+/// `batch --store-scores` keeps the first round's (query, segment) outputs in the collection's `scores/`
+/// directory: a later run reads them instead of scoring (a value changed on disk shows in its run), and a
+/// Co-BERT model with other heads on the same frozen backbone reads what the first one stored.
+#[test]
+fn stored_scores_are_read_by_later_runs_and_shared_by_cobert_heads_on_one_backbone() {
+    let models = tempfile::tempdir().unwrap();
+    let (a, b, other) = (models.path().join("a"), models.path().join("b"), models.path().join("other"));
+    tiny_cobert(&a, 21);
+    tiny_cobert(&other, 22);
+    // b: a's backbone with other heads.
+    std::fs::create_dir_all(&b).unwrap();
+    for entry in std::fs::read_dir(&a).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, b.join(path.file_name().unwrap())).unwrap();
+    }
+    std::fs::copy(other.join("cobert.safetensors"), b.join("cobert.safetensors")).unwrap();
+    let dir = gov2_data_dir();
+    let topics = dir.path().join("topics.tsv");
+    std::fs::write(&topics, "1\toil pearls history national park industry texas tax energy wildlife\n").unwrap();
+    let run = |model: &Path, pipeline: &str, store: bool, out: &str| -> Vec<(String, f64)> {
+        let out = dir.path().join(out);
+        let (m, t, o) = (model.to_str().unwrap(), topics.to_str().unwrap(), out.to_str().unwrap());
+        let mut args = vec!["--model", m, "batch", "--collection", "gov2", "--topics", t, "--pipeline", pipeline];
+        args.extend(["--depth", "7", "-k", "7", "--out", o]);
+        if store {
+            args.push("--store-scores");
+        }
+        crate::common::cli_ok(dir.path(), &args);
+        let text = std::fs::read_to_string(&out).unwrap();
+        let mut scores: Vec<(String, f64)> = text
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .map(|f| (f[2].to_string(), f[4].parse().unwrap()))
+            .collect();
+        scores.sort_by(|x, y| x.0.cmp(&y.0));
+        scores
+    };
+    let stored = || -> Vec<PathBuf> {
+        let scores = dir.path().join("collections/gov2/scores");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(scores)
+            .map(|d| d.map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "f32")).collect())
+            .unwrap_or_default();
+        files.sort();
+        files
+    };
+    let close = |x: &[(String, f64)], y: &[(String, f64)]| {
+        x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.0 == q.0 && (p.1 - q.1).abs() < 1e-4)
+    };
+
+    let plain_a = run(&a, "cobert", false, "a-plain.run");
+    assert!(stored().is_empty(), "nothing stored without --store-scores");
+    assert!(close(&run(&a, "cobert", true, "a.run"), &plain_a), "storing does not change the scores");
+    let files = stored();
+    assert_eq!(files.len(), 1, "{files:?}");
+    // Each record: the logit, the [CLS] state (hidden 32) and the pair's length.
+    let size = std::fs::metadata(&files[0]).unwrap().len();
+    assert!(size > 0 && size % (34 * 4) == 0, "{size}");
+
+    // Other heads on the same backbone: the same store, nothing added, the scores as computed afresh.
+    let from_store = run(&b, "cobert", true, "b.run");
+    assert_eq!(stored(), files);
+    assert_eq!(std::fs::metadata(&files[0]).unwrap().len(), size, "b scored no pair");
+    assert!(close(&from_store, &run(&b, "cobert", false, "b-plain.run")), "{from_store:?}");
+    assert!(!close(&from_store, &plain_a), "other heads, other scores");
+
+    // Stored logits set to 0.5 on disk: MaxP over them gives every document 0.5.
+    let mut bytes = std::fs::read(&files[0]).unwrap();
+    for record in bytes.chunks_exact_mut(34 * 4) {
+        record[..4].copy_from_slice(&0.5f32.to_le_bytes());
+    }
+    std::fs::write(&files[0], bytes).unwrap();
+    let read = run(&a, "maxp", true, "a-maxp.run");
+    assert!(read.len() == 4 && read.iter().all(|(_, s)| *s == 0.5), "{read:?}");
+}
