@@ -95,6 +95,10 @@ pub struct TrainArgs {
     dev_measure: DevMeasure,
     #[arg(long, default_value_t = 100)]
     dev_queries: usize,
+    /// Training queries: a seeded sample of this many (default: every training query). Co-BERT runs the
+    /// first round over each one's candidates before training, which bounds what a CPU can afford.
+    #[arg(long)]
+    train_queries: Option<usize>,
     #[arg(long, default_value_t = 5)]
     dev_depth: usize,
     /// BeST iterations at most.
@@ -156,6 +160,7 @@ impl TrainArgs {
             patience: self.patience,
             dev_measure: self.dev_measure,
             dev_queries: self.dev_queries,
+            train_queries: self.train_queries,
             dev_depth: self.dev_depth,
             iterations: self.iterations,
             train_folds: self.train_folds.clone(),

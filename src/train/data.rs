@@ -149,14 +149,15 @@ impl<'a> Documents<'a> {
 
 /// Splits queries into training and dev: by folds (`train_folds`, `dev_fold`) when given, else a seeded
 /// sample of `dev_queries` for dev and the rest for training. The dev side is cut to a seeded sample of
-/// `dev_queries`.
+/// `dev_queries`, the training side to one of `train_queries` when set (its own stream: the dev sample does
+/// not depend on it).
 pub fn split(
     qids: &[String],
     folds: Option<&BTreeMap<String, usize>>,
     options: &TrainOptions,
 ) -> Result<(BTreeSet<String>, BTreeSet<String>), TrainError> {
     let mut rng = Rng::stream(options.seed, 0xdef);
-    let (train, mut dev): (Vec<String>, Vec<String>) = match (folds, options.dev_fold) {
+    let (mut train, mut dev): (Vec<String>, Vec<String>) = match (folds, options.dev_fold) {
         (Some(folds), Some(dev_fold)) => {
             let fold = |q: &String| folds.get(q).copied();
             let train = qids
@@ -179,8 +180,38 @@ pub fn split(
     dev.sort();
     rng.shuffle(&mut dev);
     dev.truncate(options.dev_queries);
+    if let Some(n) = options.train_queries {
+        train.sort();
+        Rng::stream(options.seed, 0x7a1).shuffle(&mut train);
+        train.truncate(n);
+    }
     if train.is_empty() || dev.is_empty() {
         return Err(TrainError::Data(format!("{} training and {} dev queries: need both", train.len(), dev.len())));
     }
     Ok((train.into_iter().collect(), dev.into_iter().collect()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn train_queries_cut_the_training_side_to_a_seeded_sample_and_leave_dev_alone() {
+        let qids: Vec<String> = (0..40).map(|i| format!("q{i}")).collect();
+        let folds: BTreeMap<String, usize> = qids.iter().enumerate().map(|(i, q)| (q.clone(), i % 4)).collect();
+        let options =
+            TrainOptions { train_folds: vec![0, 1, 2], dev_fold: Some(3), dev_queries: 5, ..Default::default() };
+        let (all, dev) = split(&qids, Some(&folds), &options).unwrap();
+        assert_eq!((all.len(), dev.len()), (30, 5));
+        let cut = TrainOptions { train_queries: Some(7), ..options.clone() };
+        let (some, same_dev) = split(&qids, Some(&folds), &cut).unwrap();
+        assert_eq!(some.len(), 7);
+        assert!(some.is_subset(&all));
+        assert_eq!(same_dev, dev);
+        assert_eq!(split(&qids, Some(&folds), &cut).unwrap().0, some, "seeded");
+        let other_seed = TrainOptions { seed: 7, ..cut };
+        assert_ne!(split(&qids, Some(&folds), &other_seed).unwrap().0, some);
+        // Left out of train.json when unset, so runs from before the option compare equal.
+        assert!(serde_json::to_value(&options).unwrap().get("train_queries").is_none());
+    }
 }

@@ -121,6 +121,10 @@ pub struct TrainOptions {
     pub patience: usize,
     pub dev_measure: DevMeasure,
     pub dev_queries: usize,
+    /// Training queries: a seeded sample of this many (none: all). Left out of `train.json` when none, so
+    /// runs from before the option resume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_queries: Option<usize>,
     pub dev_depth: usize,
     /// BeST iterations at most.
     pub iterations: usize,
@@ -157,6 +161,7 @@ impl Default for TrainOptions {
             patience: 3,
             dev_measure: DevMeasure::Mrr10,
             dev_queries: 100,
+            train_queries: None,
             dev_depth: 5,
             iterations: 3,
             train_folds: Vec::new(),
