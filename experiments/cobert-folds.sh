@@ -27,7 +27,7 @@ BIN="${BIN:-${CARGO_TARGET_DIR:-$HOME/.cache/longrank-target}/release/longrank}"
 STEPS1="${STEPS1:-200}" STEPS2="${STEPS2:-100}" DEPTH="${DEPTH:-60}" HEADS="${HEADS:-backbone}"
 export RUST_LOG=warn
 L=(--config "$HERE/experiments/best-squad.toml" --data-dir "$WORK/data")
-other_heads() { [ "$1" = random ] && echo backbone || echo random; }
+. "$HERE/experiments/cobert-variants.sh"
 
 # A re-ranked run's top DEPTH, then the first stage's other documents in its order, scored below them.
 with_tail() { # reranked bm25 out
@@ -53,23 +53,8 @@ for c in $COLLECTIONS; do
       --dev-measure ndcg@10 --batch 8)
     [ -d "$F/first/allp/model" ] || "$BIN" "${L[@]}" "${COMMON[@]}" --method allp --init "$MODEL" --out "$F/first" \
       --steps "$STEPS1" --lr 3e-5 --eval-every $(( STEPS1 / 2 )) --patience 0 --dev-depth "$DEPTH"
-    for v in full no-calibration no-groupwise no-average other-heads; do
-      heads="$HEADS" flags=()
-      case "$v" in
-        other-heads) heads="$(other_heads "$HEADS")" ;;
-        full) ;;
-        *) flags=("--$v") ;;
-      esac
-      out="$F/co-$v"
-      [ -d "$out/cobert/model" ] && continue
-      # Every variant reads the same first round: its cached features are copied, not recomputed.
-      if [ -s "$F/co-full/cobert/features-dev.jsonl" ] && [ ! -e "$out/cobert/features-dev.jsonl" ]; then
-        mkdir -p "$out/cobert" && cp "$F"/co-full/cobert/features-*.jsonl "$out/cobert/"
-      fi
-      "$BIN" "${L[@]}" "${COMMON[@]}" --method cobert --init "$F/first/allp/model" --out "$out" \
-        --cobert-depth "$DEPTH" --prototypes 4 --group "$DEPTH" --overlap 4 --steps "$STEPS2" --lr 1e-4 --eval-every 25 \
-        "${flags[@]}" --heads "$heads"
-    done
+    train_variants "$F" "$HEADS" "$BIN" "${L[@]}" "${COMMON[@]}" --method cobert --init "$F/first/allp/model" \
+      --cobert-depth "$DEPTH" --prototypes 4 --group "$DEPTH" --overlap 4 --steps "$STEPS2" --lr 1e-4 --eval-every 25
     run() { # name pipeline [model]
       [ -s "$F/$1.run" ] && return
       local model=(); [ -n "${3:-}" ] && model=(--model "$3")
@@ -82,7 +67,7 @@ for c in $COLLECTIONS; do
         -k 1000 --out "$F/$p.run" > /dev/null
     done
     run maxp maxp "$F/co-full/cobert/model"
-    for v in full no-calibration no-groupwise no-average other-heads; do run "cobert-$v" cobert "$F/co-$v/cobert/model"; done
+    for v in $VARIANTS; do run "cobert-$v" cobert "$F/co-$v/cobert/model"; done
   done
   MEASURES=(-m P.20 -m ndcg_cut.20 -m map)
   for s in bm25 bm25+rm3 maxp cobert-full cobert-no-calibration cobert-no-groupwise cobert-no-average cobert-other-heads; do

@@ -3,7 +3,8 @@
 # (experiments/best-squad.sh): its MaxP cross-encoder trained with `allp` (θ⁽⁰⁾) is the first round; Co-BERT's
 # heads train on a seeded sample of fold 0-2 questions on that frozen backbone, select on fold 3 and are tested
 # on the BeST run's 268 test questions (every 5th of fold 4), all at depth $DEPTH (one group): the full model
-# and each ablation (heads from the backbone, as in cobert-folds.sh) and the full model with random heads.
+# and each ablation (heads from the backbone, as in cobert-folds.sh) and the full model with random heads
+# (`co-other-heads`).
 # Test runs: BM25, BM25+RM3, MaxP, Co-BERT and each variant, compared with MaxP (MRR@10, nDCG@10, paired
 # t-tests). MaxP runs on the full Co-BERT checkpoint (the same backbone) and stores the first round's outputs
 # (`--store-scores`), which the Co-BERT runs read. Every step skips what is already there: rerun to resume.
@@ -28,25 +29,12 @@ L=(--config "$HERE/experiments/best-squad.toml" --data-dir "$WORK/data")
 # The BeST run's test questions.
 awk -F'\t' 'NR == FNR { fold[$1] = $2; next } fold[$1] == 4' "$D/folds.tsv" "$D/topics.tsv" \
   | awk -v n="$TEST_EVERY" 'NR % n == 1' > "$WORK/test-topics.tsv"
-for v in full no-calibration no-groupwise no-average random-heads; do
-  heads=backbone flags=()
-  case "$v" in
-    random-heads) heads=random ;;
-    full) ;;
-    *) flags=("--$v") ;;
-  esac
-  out="$WORK/co-$v"
-  [ -d "$out/cobert/model" ] && continue
-  # Every variant reads the same first round: its cached features are copied, not recomputed.
-  if [ -s "$WORK/co-full/cobert/features-dev.jsonl" ] && [ ! -e "$out/cobert/features-dev.jsonl" ]; then
-    mkdir -p "$out/cobert" && cp "$WORK"/co-full/cobert/features-*.jsonl "$out/cobert/"
-  fi
-  "$BIN" "${L[@]}" train --collection squad --topics "$D/topics.tsv" --qrels "$D/qrels.txt" --folds "$D/folds.tsv" \
-    --train-folds 0,1,2 --dev-fold 3 --train-queries "$TRAIN_QUERIES" --dev-queries "$DEV_QUERIES" \
-    --max-length 160 --max-query-tokens 32 --seed 42 --dev-measure mrr@10 --batch 8 \
-    --method cobert --init "$FIRST" --out "$out" --cobert-depth "$DEPTH" --prototypes 4 --group "$DEPTH" \
-    --overlap 4 --steps "$STEPS" --lr 1e-4 --eval-every 25 "${flags[@]}" --heads "$heads"
-done
+. "$HERE/experiments/cobert-variants.sh"
+train_variants "$WORK" backbone "$BIN" "${L[@]}" train --collection squad --topics "$D/topics.tsv" \
+  --qrels "$D/qrels.txt" --folds "$D/folds.tsv" --train-folds 0,1,2 --dev-fold 3 --train-queries "$TRAIN_QUERIES" \
+  --dev-queries "$DEV_QUERIES" --max-length 160 --max-query-tokens 32 --seed 42 --dev-measure mrr@10 --batch 8 \
+  --method cobert --init "$FIRST" --cobert-depth "$DEPTH" --prototypes 4 --group "$DEPTH" --overlap 4 \
+  --steps "$STEPS" --lr 1e-4 --eval-every 25
 run() { # name pipeline [model]
   [ -s "$WORK/$1.run" ] && return
   local model=(); [ -n "${3:-}" ] && model=(--model "$3")
@@ -56,8 +44,8 @@ run() { # name pipeline [model]
 run bm25 bm25
 run bm25+rm3 bm25+rm3
 run maxp maxp "$WORK/co-full/cobert/model"
-for v in full no-calibration no-groupwise no-average random-heads; do run "cobert-$v" cobert "$WORK/co-$v/cobert/model"; done
-for s in bm25 bm25+rm3 cobert-full cobert-no-calibration cobert-no-groupwise cobert-no-average cobert-random-heads; do
+for v in $VARIANTS; do run "cobert-$v" cobert "$WORK/co-$v/cobert/model"; done
+for s in bm25 bm25+rm3 cobert-full cobert-no-calibration cobert-no-groupwise cobert-no-average cobert-other-heads; do
   echo "== squad: A = maxp, B = $s"
   "$BIN" compare -M 10 -m recip_rank -m ndcg_cut.10 "$WORK/maxp.run" "$WORK/$s.run" "$D/qrels.txt"
 done

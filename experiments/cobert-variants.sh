@@ -1,0 +1,27 @@
+# Sourced by cobert-folds.sh and cobert-squad.sh: Co-BERT's variants on one frozen first round.
+VARIANTS="full no-calibration no-groupwise no-average other-heads"
+other_heads() { [ "$1" = random ] && echo backbone || echo random; }
+
+# train_variants DIR HEADS TRAIN_COMMAND...: trains into DIR/co-VARIANT the full model and each ablation with
+# heads HEADS (backbone|random), and the full model with the other heads; TRAIN_COMMAND is a whole
+# `longrank ... train --method cobert` command without --out and --heads. Trained variants are skipped.
+train_variants() {
+  local dir=$1 heads=$2 v h out
+  shift 2
+  for v in $VARIANTS; do
+    h="$heads"
+    local flags=()
+    case "$v" in
+      other-heads) h="$(other_heads "$heads")" ;;
+      full) ;;
+      *) flags=("--$v") ;;
+    esac
+    out="$dir/co-$v"
+    [ -d "$out/cobert/model" ] && continue
+    # Every variant reads the same first round: its cached features are copied, not recomputed.
+    if [ -s "$dir/co-full/cobert/features-dev.jsonl" ] && [ ! -e "$out/cobert/features-dev.jsonl" ]; then
+      mkdir -p "$out/cobert" && cp "$dir"/co-full/cobert/features-*.jsonl "$out/cobert/"
+    fi
+    "$@" --out "$out" "${flags[@]}" --heads "$h"
+  done
+}
