@@ -40,12 +40,16 @@ pub struct Scores {
     pub flops: Option<f64>,
 }
 
+/// One model output (a logit, with a `[CLS]` state for Co-BERT, and the pair's length; or an embedding), shared
+/// between the cache and its readers.
+pub type Output = Arc<[f32]>;
+
 pub struct Served {
     model: Arc<Reranker>,
     queue: Queue,
     /// Co-BERT's own backbone, when it is not the first round's (trained end to end).
     second: Option<Queue>,
-    cache: Mutex<LruCache<u64, Arc<[f32]>>>,
+    cache: Mutex<LruCache<u64, Output>>,
     options: ServeOptions,
 }
 
@@ -126,7 +130,7 @@ impl Served {
         texts: &[&str],
         store: Option<&VectorFile>,
         cancel: &Cancel,
-    ) -> Result<(Vec<Arc<[f32]>>, JobTiming, usize), ModelError> {
+    ) -> Result<(Vec<Output>, JobTiming, usize), ModelError> {
         // The two queues' outputs differ, so their cache keys do; the store holds the first queue's only.
         let first = std::ptr::eq(queue, &self.queue);
         let salt: &[u8] = if first { b"" } else { b"second" };
@@ -157,7 +161,7 @@ impl Served {
         texts: &[&str],
         store: Option<&VectorFile>,
         cancel: &Cancel,
-    ) -> Result<Vec<Arc<[f32]>>, ModelError> {
+    ) -> Result<Vec<Output>, ModelError> {
         let Reranker::CoBert(m) = &*self.model else {
             return Err(ModelError::Unsupported("the cobert pipeline needs a Co-BERT model".into()));
         };
@@ -183,17 +187,17 @@ impl Served {
     }
 
     /// Outputs found in the cache, and the indices still missing.
-    fn cached(&self, keys: &[u64]) -> (Vec<Option<Arc<[f32]>>>, Vec<usize>) {
+    fn cached(&self, keys: &[u64]) -> (Vec<Option<Output>>, Vec<usize>) {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let found: Vec<Option<Arc<[f32]>>> = keys.iter().map(|k| cache.get(k).cloned()).collect();
+        let found: Vec<Option<Output>> = keys.iter().map(|k| cache.get(k).cloned()).collect();
         let missing = (0..keys.len()).filter(|&i| found[i].is_none()).collect();
         (found, missing)
     }
 
-    fn remember(&self, keys: &[u64], missing: &[usize], outputs: Vec<Vec<f32>>, found: &mut [Option<Arc<[f32]>>]) {
+    fn remember(&self, keys: &[u64], missing: &[usize], outputs: Vec<Vec<f32>>, found: &mut [Option<Output>]) {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         for (&i, output) in missing.iter().zip(outputs) {
-            let output: Arc<[f32]> = output.into();
+            let output: Output = output.into();
             cache.put(keys[i], output.clone());
             found[i] = Some(output);
         }
@@ -210,7 +214,7 @@ fn from_store(
     store: Option<&VectorFile>,
     keys: &[u64],
     stored: impl Fn(usize) -> bool,
-    found: &mut [Option<Arc<[f32]>>],
+    found: &mut [Option<Output>],
     missing: &mut Vec<usize>,
 ) {
     let Some(file) = store else { return };
