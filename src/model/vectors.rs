@@ -1,12 +1,15 @@
 //! Model outputs kept on disk (in the collection's directory), so they are computed once, not once per
 //! process: a bi-encoder's segment embeddings, or a cross-encoder's (query, segment) outputs when
-//! `store_scores` is on. Two append-only files: `NAME.keys` (u64 text keys) and `NAME.f32`
-//! (`dims` floats per record, little-endian), record i in both. Vectors are written before keys, so a key
-//! never points past its vector; a crash mid-append leaves a torn tail that the next open cuts off.
+//! `store_scores` is on. Two files: `NAME.keys` (u64 text keys) and `NAME.f32` (`dims` floats per record,
+//! little-endian), record i in both; the keys file's length says how many records there are. Processes
+//! share the files (a server and a batch run, two experiment runs): appends take an exclusive `flock` on the
+//! keys file, read what other processes appended since, and write the vector at its record's offset before
+//! the key, so a key never points past its vector and a torn tail (a crash mid-append) is overwritten by the
+//! next append; a lookup that misses reads the other processes' new keys under a shared lock.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -22,6 +25,8 @@ pub struct VectorFile {
 
 struct Inner {
     keys: HashMap<u64, u64>,
+    /// Records read from the keys file so far.
+    records: u64,
     keys_file: File,
     vectors: File,
 }
@@ -31,25 +36,23 @@ impl VectorFile {
     pub fn open(dir: &Path, name: &str, dims: usize) -> Result<VectorFile, ModelError> {
         std::fs::create_dir_all(dir).map_err(|e| load_err(dir, e))?;
         let path = dir.join(name);
+        // Not in append mode: records are written at their offsets.
         let open = |ext: &str| {
             let p = path.with_extension(ext);
-            OpenOptions::new().read(true).append(true).create(true).open(&p).map_err(|e| load_err(&p, e))
+            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&p).map_err(|e| load_err(&p, e))
         };
-        let (mut keys_file, vectors) = (open("keys")?, open("f32")?);
-        let record = (dims * 4) as u64;
-        let vector_records = vectors.metadata().map_err(|e| load_err(&path, e))?.len() / record;
-        let mut bytes = Vec::new();
-        keys_file.read_to_end(&mut bytes).map_err(|e| load_err(&path, e))?;
-        let records = ((bytes.len() / 8) as u64).min(vector_records);
-        keys_file.set_len(records * 8).map_err(|e| load_err(&path, e))?;
-        vectors.set_len(records * record).map_err(|e| load_err(&path, e))?;
-        let keys = bytes
-            .chunks_exact(8)
-            .take(records as usize)
-            .enumerate()
-            .map(|(i, k)| (u64::from_le_bytes(k.try_into().expect("8 bytes")), i as u64))
-            .collect();
-        Ok(VectorFile { path, dims, inner: Mutex::new(Inner { keys, keys_file, vectors }) })
+        let (keys_file, vectors) = (open("keys")?, open("f32")?);
+        let file = VectorFile {
+            path,
+            dims,
+            inner: Mutex::new(Inner { keys: HashMap::new(), records: 0, keys_file, vectors }),
+        };
+        {
+            let mut inner = file.lock();
+            let _shared = Flock::new(&inner.keys_file, libc::LOCK_SH).map_err(|e| load_err(&file.path, e))?;
+            file.catch_up(&mut inner)?;
+        }
+        Ok(file)
     }
 
     /// Vectors stored.
@@ -58,7 +61,12 @@ impl VectorFile {
     }
 
     pub fn get(&self, key: u64) -> Option<Vec<f32>> {
-        let inner = self.lock();
+        let mut inner = self.lock();
+        if !inner.keys.contains_key(&key) {
+            // Another process may have stored it since.
+            let _shared = Flock::new(&inner.keys_file, libc::LOCK_SH).ok()?;
+            self.catch_up(&mut inner).ok()?;
+        }
         let record = *inner.keys.get(&key)?;
         let mut bytes = vec![0u8; self.dims * 4];
         let offset = record * bytes.len() as u64;
@@ -77,11 +85,35 @@ impl VectorFile {
         if inner.keys.contains_key(&key) {
             return Ok(());
         }
+        let _exclusive = Flock::new(&inner.keys_file, libc::LOCK_EX).map_err(|e| load_err(&self.path, e))?;
+        self.catch_up(&mut inner)?;
+        if inner.keys.contains_key(&key) {
+            return Ok(());
+        }
         let bytes: Vec<u8> = vector.iter().flat_map(|x| x.to_le_bytes()).collect();
-        let record = inner.keys.len() as u64;
-        inner.vectors.write_all(&bytes).map_err(|e| load_err(&self.path, e))?;
-        inner.keys_file.write_all(&key.to_le_bytes()).map_err(|e| load_err(&self.path, e))?;
+        let record = inner.records;
+        let io = |e| load_err(&self.path, e);
+        inner.vectors.write_all_at(&bytes, record * bytes.len() as u64).map_err(io)?;
+        inner.keys_file.write_all_at(&key.to_le_bytes(), record * 8).map_err(io)?;
         inner.keys.insert(key, record);
+        inner.records += 1;
+        Ok(())
+    }
+
+    /// Reads the keys appended (by any process) since the last read; the caller holds a `flock`.
+    fn catch_up(&self, inner: &mut Inner) -> Result<(), ModelError> {
+        let io = |e| load_err(&self.path, e);
+        let records = inner.keys_file.metadata().map_err(io)?.len() / 8;
+        if records <= inner.records {
+            return Ok(());
+        }
+        let mut bytes = vec![0u8; ((records - inner.records) * 8) as usize];
+        inner.keys_file.read_exact_at(&mut bytes, inner.records * 8).map_err(io)?;
+        for (i, k) in bytes.chunks_exact(8).enumerate() {
+            let key = u64::from_le_bytes(k.try_into().expect("8 bytes"));
+            inner.keys.entry(key).or_insert(inner.records + i as u64);
+        }
+        inner.records = records;
         Ok(())
     }
 
@@ -90,12 +122,41 @@ impl VectorFile {
     }
 }
 
+/// An advisory lock on a file, held until dropped (`flock(2)`: per open file, so it also orders two opens of
+/// one file within a process). Holds the descriptor, not the `File`, which must outlive the guard.
+struct Flock(RawFd);
+
+impl Flock {
+    fn new(file: &File, operation: libc::c_int) -> std::io::Result<Flock> {
+        let fd = file.as_raw_fd();
+        loop {
+            // SAFETY: flock on an open descriptor.
+            if unsafe { libc::flock(fd, operation) } == 0 {
+                return Ok(Flock(fd));
+            }
+            let error = std::io::Error::last_os_error();
+            if error.kind() != std::io::ErrorKind::Interrupted {
+                return Err(error);
+            }
+        }
+    }
+}
+
+impl Drop for Flock {
+    fn drop(&mut self) {
+        // SAFETY: the descriptor is still open (its `File` outlives the guard).
+        unsafe { libc::flock(self.0, libc::LOCK_UN) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
+
     use super::*;
 
     #[test]
-    fn vectors_survive_reopening_and_a_torn_tail_is_cut() {
+    fn vectors_survive_reopening_and_a_torn_tail_is_overwritten() {
         let dir = tempfile::tempdir().unwrap();
         let file = VectorFile::open(dir.path(), "m", 3).unwrap();
         file.append(7, &[1.0, 2.0, 3.0]).unwrap();
@@ -113,5 +174,26 @@ mod tests {
         assert_eq!(file.get(8), None);
         file.append(8, &[7.0, 8.0, 9.0]).unwrap();
         assert_eq!(VectorFile::open(dir.path(), "m", 3).unwrap().get(8).unwrap(), [7.0, 8.0, 9.0]);
+    }
+
+    /// Two opens of one store (two processes, as far as `flock` goes) appending in turn: each finds the
+    /// other's vectors, records stay aligned, and a key both append is stored once.
+    #[test]
+    fn two_writers_share_one_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (VectorFile::open(dir.path(), "m", 2).unwrap(), VectorFile::open(dir.path(), "m", 2).unwrap());
+        for i in 0..10u64 {
+            let writer = if i % 3 == 0 { &a } else { &b };
+            writer.append(i, &[i as f32, -(i as f32)]).unwrap();
+            // Keys the other open stored after this one last read its keys.
+            a.append(3, &[3.0, -3.0]).unwrap();
+            b.append(0, &[0.0, 0.0]).unwrap();
+        }
+        for reader in [&a, &b, &VectorFile::open(dir.path(), "m", 2).unwrap()] {
+            for i in 0..10u64 {
+                assert_eq!(reader.get(i).unwrap(), [i as f32, -(i as f32)], "key {i}");
+            }
+        }
+        assert_eq!(std::fs::metadata(dir.path().join("m.keys")).unwrap().len(), 10 * 8, "each key once");
     }
 }
