@@ -163,11 +163,7 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
 
 /// A stable fingerprint of the weights: 64-bit FNV-1a over the weight files' bytes, in hex.
 pub fn weights_hash(dir: &Path) -> Result<String, ModelError> {
-    let mut hash = Fnv::default();
-    for file in weight_files(dir)? {
-        hash.write(&std::fs::read(&file).map_err(|e| load_err(&file, e))?);
-    }
-    Ok(format!("{:016x}", hash.0))
+    files_hash(&weight_files(dir)?)
 }
 
 /// A fingerprint of what the outputs of a cross-encoder's first queue depend on besides the options: the
@@ -181,9 +177,14 @@ pub fn pairs_hash(dir: &Path) -> Result<String, ModelError> {
     files.retain(|f| !f.ends_with(cobert::WEIGHTS_FILE));
     files
         .extend(["config.json", "tokenizer.json", "vocab.txt"].map(|f| dir.join(f)).into_iter().filter(|f| f.exists()));
+    files_hash(&files)
+}
+
+/// 64-bit FNV-1a over the files' bytes, in order, in hex.
+fn files_hash(files: &[PathBuf]) -> Result<String, ModelError> {
     let mut hash = Fnv::default();
     for file in files {
-        hash.write(&std::fs::read(&file).map_err(|e| load_err(&file, e))?);
+        hash.write(&std::fs::read(file).map_err(|e| load_err(file, e))?);
     }
     Ok(format!("{:016x}", hash.0))
 }

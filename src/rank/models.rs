@@ -43,6 +43,8 @@ pub struct LoadedModel {
     pub weights_hash: String,
     pub served: Served,
     dtype: String,
+    /// `model::pairs_hash`, on first use (stores of pair outputs, per collection).
+    pairs_hash: OnceLock<String>,
 }
 
 impl LoadedModel {
@@ -140,6 +142,7 @@ impl Models {
             weights_hash,
             // Also names the embedding files, which int8 layers must not share with float ones.
             dtype: format!("{dtype:?}").to_lowercase() + if slot.quantize == Quantize::Int8 { "-int8" } else { "" },
+            pairs_hash: OnceLock::new(),
         })
     }
 
@@ -177,7 +180,13 @@ impl Models {
             ("embeddings", format!("{}-{}", model.weights_hash, model.dtype), width)
         } else {
             let c = &self.config;
-            let pairs = model::pairs_hash(&model.dir).map_err(RankError::Model)?;
+            let pairs = match model.pairs_hash.get() {
+                Some(hash) => hash,
+                None => {
+                    let hash = model::pairs_hash(&model.dir).map_err(RankError::Model)?;
+                    model.pairs_hash.get_or_init(|| hash)
+                }
+            };
             let name = format!("{pairs}-{}-{}-{}-{width}", model.dtype, c.max_length, c.max_query_tokens);
             // Each stored output ends with its pair's length.
             ("scores", name, width + 1)
