@@ -445,6 +445,8 @@ impl BiEncoder {
 
 /// A loaded model of either kind, scoring (query, segment) pairs: a cross-encoder's logit, or the cosine
 /// of a bi-encoder's query and segment embeddings.
+// One per loaded model: the variants' sizes do not matter, and boxing one would cost every match a deref.
+#[allow(clippy::large_enum_variant)]
 pub enum Reranker {
     Cross(CrossEncoder),
     Bi(BiEncoder),

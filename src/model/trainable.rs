@@ -318,7 +318,7 @@ struct Initializer {
 }
 
 impl Initializer {
-    fn from_source(&self, shape: &Shape, name: &str) -> Option<Tensor> {
+    fn checkpoint_tensor(&self, shape: &Shape, name: &str) -> Option<Tensor> {
         if let Some(rest) = name.strip_prefix("cobert.") {
             return self.cobert_from_backbone(shape, rest);
         }
@@ -389,7 +389,7 @@ impl SimpleBackend for Initializer {
         if let Some(var) = data.get(name) {
             return Ok(var.as_tensor().clone());
         }
-        let tensor = match self.from_source(&shape, name) {
+        let tensor = match self.checkpoint_tensor(&shape, name) {
             Some(t) => t.to_dtype(dtype)?.to_device(device)?,
             None => {
                 self.initialized.lock().unwrap_or_else(|e| e.into_inner()).push(name.to_string());

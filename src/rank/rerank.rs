@@ -74,8 +74,11 @@ pub fn interpolate(first_stage: &[f32], model: &[f32], weight: f32) -> Vec<f32> 
 /// Documents' segments, which depend on the document and the strategy but not on the query: cut once.
 #[derive(Default)]
 pub struct SegmentCache {
-    entries: Mutex<HashMap<(u64, Strategy), Arc<Vec<Segment>>>>,
+    entries: Mutex<HashMap<(u64, Strategy), Segments>>,
 }
+
+/// A document's segments, shared between the cache and its readers.
+type Segments = Arc<Vec<Segment>>;
 
 fn text_hash(text: &str) -> u64 {
     use std::hash::{Hash, Hasher};
@@ -94,7 +97,7 @@ pub struct Candidate {
 const MAX_CACHED_SEGMENTATIONS: usize = 100_000;
 
 impl SegmentCache {
-    fn get(&self, text: &str, strategy: Strategy, model: &Reranker) -> Arc<Vec<Segment>> {
+    fn get(&self, text: &str, strategy: Strategy, model: &Reranker) -> Segments {
         let key = (text_hash(text), strategy);
         if let Some(segments) = self.entries.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return segments.clone();

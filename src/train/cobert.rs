@@ -51,6 +51,14 @@ pub struct Features {
     pub passages: Vec<String>,
 }
 
+/// A candidate's best passage in the first round: its MaxP score, final `[CLS]` state and model input.
+#[derive(Clone)]
+struct BestPassage {
+    score: f32,
+    state: Vec<f32>,
+    text: String,
+}
+
 /// The first round of every query of `qids`, from `path` where computed before (a torn last line is
 /// recomputed), the rest computed and appended.
 #[allow(clippy::too_many_arguments)]
@@ -102,21 +110,21 @@ fn features(
             let states = states.to_dtype(DType::F32)?.to_vec2::<f32>()?;
             Ok(scores.into_iter().zip(states).collect::<Vec<_>>())
         })?;
-        let mut best: Vec<Option<(f32, Vec<f32>, String)>> = vec![None; hits.len()];
-        for ((d, (score, state)), input) in owners.into_iter().zip(outputs).zip(inputs) {
-            if best[d].as_ref().is_none_or(|(b, _, _)| score > *b) {
-                best[d] = Some((score, state, input));
+        let mut best: Vec<Option<BestPassage>> = vec![None; hits.len()];
+        for ((d, (score, state)), text) in owners.into_iter().zip(outputs).zip(inputs) {
+            if best[d].as_ref().is_none_or(|b| score > b.score) {
+                best[d] = Some(BestPassage { score, state, text });
             }
         }
-        let mut ranked: Vec<(String, (f32, Vec<f32>, String))> =
+        let mut ranked: Vec<(String, BestPassage)> =
             hits.iter().zip(best).filter_map(|(h, b)| Some((h.docid.clone(), b?))).collect();
-        ranked.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+        ranked.sort_by(|a, b| b.1.score.total_cmp(&a.1.score));
         let f = Features {
             qid: qid.clone(),
-            docids: ranked.iter().map(|r| r.0.clone()).collect(),
-            first_round: ranked.iter().map(|r| r.1 .0).collect(),
-            states: ranked.iter().flat_map(|r| r.1 .1.iter().copied()).collect(),
-            passages: ranked.into_iter().map(|r| r.1 .2).collect(),
+            docids: ranked.iter().map(|(docid, _)| docid.clone()).collect(),
+            first_round: ranked.iter().map(|(_, b)| b.score).collect(),
+            states: ranked.iter().flat_map(|(_, b)| b.state.iter().copied()).collect(),
+            passages: ranked.into_iter().map(|(_, b)| b.text).collect(),
         };
         writeln!(file, "{}", serde_json::to_string(&f).unwrap_or_default()).map_err(|e| TrainError::io(path, e))?;
         done.insert(qid.clone(), f);

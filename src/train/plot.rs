@@ -51,14 +51,17 @@ pub fn write_curves(log: &Path, svg: &Path, title: &str) -> Result<(), TrainErro
         "training loss (per step, moving average)",
         &[("loss", &loss, "#bbbbbb"), ("average", &average, COLORS[0])],
     );
-    let series: Vec<(&str, &[(f64, f64)], &str)> =
+    let series: Vec<Series> =
         dev.iter().zip(COLORS.iter().cycle().skip(1)).map(|((n, s), c)| (n.as_str(), s.as_slice(), *c)).collect();
     panel(&mut out, 2.0 * MARGIN + PANEL, "dev", &series);
     out.push_str("</svg>\n");
     std::fs::write(svg, out).map_err(|e| TrainError::io(svg, e))
 }
 
-fn panel(out: &mut String, top: f64, title: &str, series: &[(&str, &[(f64, f64)], &str)]) {
+/// A line of a panel: its name, its (x, y) points and its colour.
+type Series<'a> = (&'a str, &'a [(f64, f64)], &'a str);
+
+fn panel(out: &mut String, top: f64, title: &str, series: &[Series]) {
     let points = series.iter().flat_map(|s| s.1.iter());
     let (x0, x1, y0, y1) = points.fold((f64::MAX, f64::MIN, f64::MAX, f64::MIN), |(a, b, c, d), p| {
         (a.min(p.0), b.max(p.0), c.min(p.1), d.max(p.1))
