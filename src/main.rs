@@ -74,6 +74,9 @@ enum Command {
         /// First-stage candidates the re-ranking pipelines re-score.
         #[arg(long)]
         depth: Option<i64>,
+        /// Weight (0 to 1) of the min-max normalized first-stage score mixed into the re-ranked score.
+        #[arg(long)]
+        interpolate: Option<f32>,
         /// Print the response as JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -97,6 +100,9 @@ enum Command {
         k: i64,
         #[arg(long)]
         depth: Option<i64>,
+        /// Weight (0 to 1) of the min-max normalized first-stage score mixed into the re-ranked score.
+        #[arg(long)]
+        interpolate: Option<f32>,
         /// Run tag (default `longrank-PIPELINE`).
         #[arg(long)]
         tag: Option<String>,
@@ -352,6 +358,7 @@ fn main() -> anyhow::Result<()> {
             pipeline,
             k,
             depth,
+            interpolate,
             tag,
             rerank,
             measures,
@@ -362,7 +369,8 @@ fn main() -> anyhow::Result<()> {
             let engine = open_engine(&config)?;
             let measures = Measure::parse_all(&measures)?;
             let qrels = qrels.map(|q| Qrels::read(&q)).transpose()?;
-            let params = BatchParams { collection, pipeline, k: Some(k), depth, field, tag, ..Default::default() };
+            let params =
+                BatchParams { collection, pipeline, k: Some(k), depth, field, tag, interpolate, ..Default::default() };
             let rerank = rerank.map(|r| read_run(&r)).transpose()?;
             let plan = engine.plan_batch(&params, eval::read_topics(&topics)?, rerank)?;
             // An interrupted batch run again with the same command keeps its finished topics.
@@ -479,10 +487,10 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Search { collection, k, pipeline, depth, json, query } => {
+        Command::Search { collection, k, pipeline, depth, interpolate, json, query } => {
             let engine = open_engine(&config)?;
-            let request =
-                SearchRequest { query: query.join(" "), k, depth, collection, pipeline, ..Default::default() };
+            let query = query.join(" ");
+            let request = SearchRequest { query, k, depth, collection, pipeline, interpolate, ..Default::default() };
             let response = engine.search(request, &Cancel::default())?;
             let mut out = std::io::stdout().lock();
             if json {

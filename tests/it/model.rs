@@ -321,6 +321,25 @@ fn maxp_search_over_http_carries_segment_evidence() {
             "maxp re-ranks exactly the run's top 2 of topic {qid}"
         );
     }
+    // From the CLI too, all weight on the first stage gives its order (MaxP alone gives another); a weight
+    // above 1 is refused by name.
+    let rerank_top5 = |name: &str, extra: &[&str]| {
+        let out = dir.path().join(name);
+        let args = ["--model", model_arg, "batch", "--collection", "gov2", "--topics", t, "--pipeline", "maxp"];
+        let args = [&args[..], &["--depth", "5", "-k", "5", "--rerank", b, "--out", out.to_str().unwrap()], extra];
+        (crate::common::cli(dir.path(), &args.concat()), out)
+    };
+    let order = |out: &std::path::Path| -> Vec<(String, String)> {
+        let text = std::fs::read_to_string(out).unwrap();
+        text.lines().map(|l| l.split(' ').collect::<Vec<_>>()).map(|c| (c[0].to_string(), c[2].to_string())).collect()
+    };
+    let bm25_order = order(&bm25_run);
+    let (_, alone) = rerank_top5("maxp5.run", &[]);
+    assert_ne!(order(&alone), bm25_order);
+    let (_, mixed) = rerank_top5("mixed.run", &["--interpolate", "1"]);
+    assert_eq!(order(&mixed), bm25_order);
+    let (refused, _) = rerank_top5("refused.run", &["--interpolate", "2"]);
+    assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("interpolate"));
     let body =
         serde_json::json!({"topics": read("topics.701-702.txt"), "rerank": bm25_text, "pipeline": "maxp", "depth": 2});
     let job = crate::common::post_json(&server.url("/batch?wait=true"), &body.to_string()).json();
