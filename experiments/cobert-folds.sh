@@ -11,7 +11,8 @@
 #      re-ranking BM25's top $DEPTH (one group), BM25's ranks below appended for MAP@1000. The first round is
 #      scored once: MaxP runs on the full Co-BERT checkpoint, whose backbone is the fold's cross-encoder
 #      unchanged (frozen), and stores its pairs' outputs with their [CLS] states (`--store-scores`), which the
-#      Co-BERT runs read.
+#      Co-BERT runs read. A reference row mixes BM25's score into MaxP's (`--interpolate`), its weight chosen on
+#      the dev fold.
 # Then the five test folds' runs are joined per system and compared with MaxP: P@20, nDCG@20 and MAP@1000
 # with paired t-tests. Every step skips what is already there: rerun to resume.
 # usage: experiments/cobert-folds.sh [WORK_DIR=/tmp/longrank-cobert] [COLLECTIONS="cranfield time medline"]
@@ -55,11 +56,11 @@ for c in $COLLECTIONS; do
       --steps "$STEPS1" --lr 3e-5 --eval-every $(( STEPS1 / 2 )) --patience 0 --dev-depth "$DEPTH"
     train_variants "$F" "$HEADS" "$BIN" "${L[@]}" "${COMMON[@]}" --method cobert --init "$F/first/allp/model" \
       --cobert-depth "$DEPTH" --prototypes 4 --group "$DEPTH" --overlap 4 --steps "$STEPS2" --lr 1e-4 --eval-every 25
-    run() { # name pipeline [model]
+    run() { # name pipeline [model [batch options...]]
       [ -s "$F/$1.run" ] && return
       local model=(); [ -n "${3:-}" ] && model=(--model "$3")
       "$BIN" "${L[@]}" "${model[@]}" batch --collection "$c" --topics "$F/test-topics.tsv" --pipeline "$2" \
-        --depth "$DEPTH" -k "$DEPTH" --store-scores --out "$F/$1.reranked" > /dev/null
+        --depth "$DEPTH" -k "$DEPTH" --store-scores "${@:4}" --out "$F/$1.reranked" > /dev/null
       with_tail "$F/$1.reranked" "$F/bm25.run" "$F/$1.run"
     }
     for p in bm25 bm25+rm3; do
@@ -68,12 +69,29 @@ for c in $COLLECTIONS; do
     done
     run maxp maxp "$F/co-full/cobert/model"
     for v in $VARIANTS; do run "cobert-$v" cobert "$F/co-$v/cobert/model"; done
+    # A reference row, MaxP with BM25's normalized score mixed in (`--interpolate W`): W among 0, 0.1, ..., 1
+    # by nDCG@20 on the dev fold (the smaller weight on ties), every dev run reading one stored first round.
+    if [ ! -s "$F/maxp+bm25.run" ]; then
+      awk -F'\t' -v f="$dev" 'NR == FNR { fold[$1] = $2; next } fold[$1] == f' "$FOLDS" "$D/topics.tsv" > "$F/dev-topics.tsv"
+      mkdir -p "$F/dev-mixed"
+      best=-1 weight=
+      for w in 0 0.1 0.2 0.3 0.4 0.5 0.6 0.7 0.8 0.9 1; do
+        [ -s "$F/dev-mixed/$w.run" ] || "$BIN" "${L[@]}" --model "$F/co-full/cobert/model" batch --collection "$c" \
+          --topics "$F/dev-topics.tsv" --pipeline maxp --depth "$DEPTH" -k "$DEPTH" --interpolate "$w" --store-scores \
+          --out "$F/dev-mixed/$w.run" > /dev/null
+        ndcg=$("$BIN" eval -m ndcg_cut.20 "$F/dev-mixed/$w.run" "$D/qrels.txt" | awk '$1 == "ndcg_cut_20" { print $3 }')
+        if awk -v a="$ndcg" -v b="$best" 'BEGIN { exit !(a > b) }'; then best=$ndcg weight=$w; fi
+      done
+      echo "$weight" > "$F/maxp+bm25.weight"
+      run maxp+bm25 maxp "$F/co-full/cobert/model" --interpolate "$weight"
+    fi
   done
   MEASURES=(-m P.20 -m ndcg_cut.20 -m map)
-  for s in bm25 bm25+rm3 maxp cobert-full cobert-no-calibration cobert-no-groupwise cobert-no-average cobert-other-heads; do
+  for s in bm25 bm25+rm3 maxp maxp+bm25 cobert-full cobert-no-calibration cobert-no-groupwise cobert-no-average cobert-other-heads; do
     cat "$W"/fold*/"$s.run" > "$W/$s.run"
   done
-  for s in bm25 bm25+rm3 cobert-full cobert-no-calibration cobert-no-groupwise cobert-no-average cobert-other-heads; do
+  echo "== $c: BM25's weight in maxp+bm25 per fold (chosen on dev): $(cat "$W"/fold*/maxp+bm25.weight | paste -sd' ')"
+  for s in bm25 bm25+rm3 maxp+bm25 cobert-full cobert-no-calibration cobert-no-groupwise cobert-no-average cobert-other-heads; do
     echo "== $c: A = maxp, B = $s (heads: $HEADS; other-heads: $(other_heads "$HEADS"))"
     "$BIN" compare "${MEASURES[@]}" "$W/maxp.run" "$W/$s.run" "$D/qrels.txt"
   done
