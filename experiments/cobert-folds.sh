@@ -52,8 +52,11 @@ for c in $COLLECTIONS; do
     COMMON=(train --collection "$c" --topics "$D/topics.tsv" --qrels "$D/qrels.txt" --folds "$FOLDS"
       --train-folds "$train" --dev-fold "$dev" --max-length 160 --max-query-tokens 32 --seed 42
       --dev-measure ndcg@10 --batch 8)
-    [ -d "$F/first/allp/model" ] || "$BIN" "${L[@]}" "${COMMON[@]}" --method allp --init "$MODEL" --out "$F/first" \
+    # A run is finished when its summary is written (its model directory appears at the first dev gain).
+    [ -s "$F/first/summary.json" ] || "$BIN" "${L[@]}" "${COMMON[@]}" --method allp --init "$MODEL" --out "$F/first" \
       --steps "$STEPS1" --lr 3e-5 --eval-every $(( STEPS1 / 2 )) --patience 0 --dev-depth "$DEPTH"
+    # A finished run's last checkpoint (weights and optimizer state, to resume from) only takes disk space.
+    rm -rf "$F/first/allp/state"
     train_variants "$F" "$HEADS" "$BIN" "${L[@]}" "${COMMON[@]}" --method cobert --init "$F/first/allp/model" \
       --cobert-depth "$DEPTH" --prototypes 4 --group "$DEPTH" --overlap 4 --steps "$STEPS2" --lr 1e-4 --eval-every 25
     run() { # name pipeline [model [batch options...]]

@@ -17,11 +17,15 @@ train_variants() {
       *) flags=("--$v") ;;
     esac
     out="$dir/co-$v"
-    [ -d "$out/cobert/model" ] && continue
-    # Every variant reads the same first round: its cached features are copied, not recomputed.
-    if [ -s "$dir/co-full/cobert/features-dev.jsonl" ] && [ ! -e "$out/cobert/features-dev.jsonl" ]; then
-      mkdir -p "$out/cobert" && cp "$dir"/co-full/cobert/features-*.jsonl "$out/cobert/"
+    # A run is finished when its summary is written (its model directory appears at the first dev gain).
+    if [ ! -s "$out/summary.json" ]; then
+      # Every variant reads the same first round: its cached features are copied, not recomputed.
+      if [ -s "$dir/co-full/cobert/features-dev.jsonl" ] && [ ! -e "$out/cobert/features-dev.jsonl" ]; then
+        mkdir -p "$out/cobert" && cp "$dir"/co-full/cobert/features-*.jsonl "$out/cobert/"
+      fi
+      "$@" --out "$out" "${flags[@]}" --heads "$h"
     fi
-    "$@" --out "$out" "${flags[@]}" --heads "$h"
+    # A finished run's last checkpoint (weights and optimizer state, to resume from) only takes disk space.
+    rm -rf "$out/cobert/state"
   done
 }
