@@ -21,12 +21,9 @@ L=(--config "$CONFIG" --data-dir "$WORK/data")
 [ -d "$WORK/data/collections/squad" ] || "$BIN" "${L[@]}" index --collection squad "$D/docs.jsonl" > /dev/null
 awk -F'\t' 'NR == FNR { fold[$1] = $2; next } fold[$1] == 4' "$D/folds.tsv" "$D/topics.tsv" \
   | awk 'NR % 5 == 1' > "$WORK/test-topics.tsv"
-TRAIN=(train --collection squad --topics "$D/topics.tsv" --qrels "$D/qrels.txt" --folds "$D/folds.tsv"
-  --train-folds 0,1,2 --dev-fold 3 --passages "$D/passages.bytes.tsv" --init "$MODEL"
-  --max-length 160 --max-query-tokens 32 --steps 250 --batch 8 --lr 3e-5 --eval-every 125 --patience 0
-  --dev-queries 100 --dev-depth 5 --iterations 3 --seed 42)
+. "$HERE/experiments/squad-train.sh"
 for method in firstp best; do
-  /usr/bin/time -f "train $method: %e s" "$BIN" "${L[@]}" "${TRAIN[@]}" --method "$method" --out "$WORK/$method"
+  /usr/bin/time -f "train $method: %e s" "$BIN" "${L[@]}" "${SQUAD_TRAIN[@]}" --method "$method" --out "$WORK/$method"
 done
 # Test runs: BM25, then each model (FirstP scored with FirstP, the others with MaxP).
 run() { # name pipeline [model dir]

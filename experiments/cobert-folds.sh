@@ -59,10 +59,7 @@ for c in $COLLECTIONS; do
       --dev-measure ndcg@10 --batch 8)
     if [ -e "$K/complete" ]; then
       # Kept by an earlier machine: its re-ranked runs and weight stand in for the models, which are not kept.
-      for x in "$K"/*.reranked.gz; do
-        n="$(basename "$x" .gz)"
-        [ -s "$F/$n" ] || { gunzip -c "$x" > "$F/$n.part" && mv "$F/$n.part" "$F/$n"; }
-      done
+      restore "$K" "$F"
       cp "$K/maxp+bm25.weight" "$F/"
     else
       # A run is finished when its summary is written (its model directory appears at the first dev gain).
@@ -104,10 +101,9 @@ for c in $COLLECTIONS; do
     run maxp+bm25 maxp "$F/co-full/cobert/model" --interpolate "$(cat "$F/maxp+bm25.weight")"
     if [ ! -e "$K/complete" ]; then
       mkdir -p "$K"
-      for s in maxp maxp+bm25 $(printf 'cobert-%s ' $VARIANTS); do gzip -9cn "$F/$s.reranked" > "$K/$s.reranked.gz"; done
       cp "$F/maxp+bm25.weight" "$K/"
       for x in first $(printf 'co-%s ' $VARIANTS); do cp "$F/$x/summary.json" "$K/$x.summary.json"; done
-      touch "$K/complete"
+      keep "$F" "$K" $(printf '%s.reranked ' maxp maxp+bm25 $(printf 'cobert-%s ' $VARIANTS))
     fi
   done
   MEASURES=(-m P.20 -m ndcg_cut.20 -m map)

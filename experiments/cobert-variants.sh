@@ -1,4 +1,5 @@
-# Sourced by cobert-folds.sh and cobert-squad.sh: Co-BERT's variants on one frozen first round.
+# Sourced by cobert-folds.sh and cobert-squad.sh: Co-BERT's variants on one frozen first round, and the
+# results kept in the repository (experiments/results/cobert) so that a run resumes on a fresh machine.
 VARIANTS="full no-calibration no-groupwise no-average other-heads"
 other_heads() { [ "$1" = random ] && echo backbone || echo random; }
 
@@ -27,5 +28,23 @@ train_variants() {
     fi
     # A finished run's last checkpoint (weights and optimizer state, to resume from) only takes disk space.
     rm -rf "$out/cobert/state"
+  done
+}
+
+# keep FROM TO NAME...: FROM's named files gzipped into TO, then TO/complete (a run kept there is not trained again).
+keep() {
+  local from=$1 to=$2 n
+  shift 2
+  mkdir -p "$to"
+  for n in "$@"; do gzip -9cn "$from/$n" > "$to/$n.gz"; done
+  touch "$to/complete"
+}
+
+# restore FROM TO: every FROM/*.gz unpacked into TO, each written beside and renamed.
+restore() {
+  local x n
+  for x in "$1"/*.gz; do
+    n="$(basename "$x" .gz)"
+    [ -s "$2/$n" ] || { gunzip -c "$x" > "$2/$n.part" && mv "$2/$n.part" "$2/$n"; }
   done
 }
