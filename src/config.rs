@@ -1,6 +1,7 @@
-//! Typed settings. Precedence, lowest first: built-in defaults, `config.toml` (or `--config FILE`),
-//! `LONGRANK_*` environment variables (`LONGRANK_DATA_DIR`, `LONGRANK_SERVER_ADDR`, `LONGRANK_BM25_K1`:
-//! the section and key in capitals), then command-line flags.
+//! Typed settings, each declared once with its default (`config.toml` shows them all, and a test checks the
+//! two agree). Precedence, lowest first: the defaults, `config.toml` (or `--config FILE`), `LONGRANK_*`
+//! environment variables (the setting's path in capitals: `LONGRANK_DATA_DIR`, `LONGRANK_SERVER_ADDR`,
+//! `LONGRANK_MODEL_SEGMENTS_STRATEGY`), then command-line flags.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -75,8 +76,8 @@ pub struct ModelConfig {
     pub device: String,
     /// `auto` (f16 on a GPU, f32 on the CPU), `f32`, `f16` or `bf16`.
     pub dtype: String,
-    /// The default model's linear layers: `none` (in `dtype`) or `int8` (CPU only; named models say their
-    /// own: `{ path = "...", quantize = "int8" }`).
+    /// The default model's linear layers: `none` (in `dtype`) or `int8` (CPU only: our kernel on CPUs with
+    /// AVX-512 VNNI, candle's Q8_0 elsewhere; named models say their own: `{ path = "...", quantize = "int8" }`).
     pub quantize: Quantize,
     /// Read hub models from the cache only (also `HF_HUB_OFFLINE=1`).
     pub offline: bool,
@@ -242,23 +243,25 @@ impl Default for IndexConfig {
 }
 
 impl IndexConfig {
-    pub fn build_options(&self, replace: bool, progress: bool) -> BuildOptions {
+    pub fn build_options(&self, replace: bool) -> BuildOptions {
         BuildOptions {
             on_error: self.on_error,
             replace,
             memory_budget_mb: self.memory_budget_mb,
             threads: self.threads,
             commit_every: self.commit_every,
-            progress,
         }
     }
 }
 
 const ENV_PREFIX: &str = "LONGRANK_";
 
+/// `LONGRANK_*` variables that are not settings: the configuration file's path, the BLAS library, test hooks.
+const NOT_SETTINGS: [&str; 3] = ["CONFIG", "BLAS", "TEST_HOLD"];
+
 impl Config {
     /// Loads `path` if given (it must exist), else `./config.toml` if present, else the defaults; then
-    /// applies the environment.
+    /// applies the environment (a `LONGRANK_*` name that is no setting is reported and ignored).
     pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
         let default_path = Path::new("config.toml");
         let path = path.or_else(|| default_path.exists().then_some(default_path));
@@ -274,41 +277,85 @@ impl Config {
             }
             None => toml::Value::try_from(Config::default()).expect("config serializes"),
         };
-        apply_env(&mut value, std::env::vars())?;
+        for var in apply_env(&mut value, std::env::vars())? {
+            tracing::warn!("environment variable {var} names no setting; ignored");
+        }
         value
             .try_into()
             .map_err(|e: toml::de::Error| ConfigError::Env { var: "LONGRANK_*".into(), message: e.to_string() })
     }
 }
 
-/// Overrides settings from `LONGRANK_KEY` / `LONGRANK_SECTION_KEY` variables. Values are read as TOML
-/// (numbers, booleans) and fall back to strings; variables naming no setting are ignored.
-fn apply_env(value: &mut toml::Value, vars: impl Iterator<Item = (String, String)>) -> Result<(), ConfigError> {
-    let Some(root) = value.as_table_mut() else { return Ok(()) };
+/// Overrides settings from `LONGRANK_<KEY>` variables, KEY the setting's path in capitals with `_` between
+/// tables (`LONGRANK_SERVER_ADDR`, `LONGRANK_MODEL_SEGMENTS_STRATEGY`, `LONGRANK_MODEL_NAMED_MINILM`). Values
+/// are read as TOML (numbers, booleans, inline tables) and fall back to strings; a setting the defaults leave
+/// out (an optional key, a named model) is added where its table is. Returns the variables that name no
+/// setting.
+fn apply_env(
+    value: &mut toml::Value,
+    vars: impl Iterator<Item = (String, String)>,
+) -> Result<Vec<String>, ConfigError> {
+    let mut unknown = Vec::new();
     for (var, raw) in vars {
-        let Some(name) = var.strip_prefix(ENV_PREFIX).map(str::to_ascii_lowercase) else { continue };
-        let slot = if let Some(v) = root.get_mut(&name).filter(|v| !v.is_table()) {
-            Some(v)
-        } else {
-            root.iter_mut().filter(|(_, v)| v.is_table()).find_map(|(section, table)| {
-                let key = name.strip_prefix(&format!("{section}_"))?;
-                table.as_table_mut()?.get_mut(key)
-            })
-        };
-        let Some(slot) = slot else { continue };
-        let parsed = toml::from_str::<toml::Table>(&format!("v = {raw}")).ok().and_then(|mut t| t.remove("v"));
-        let new = match parsed {
-            Some(v) if v.same_type(slot) => v,
-            Some(toml::Value::Integer(i)) if slot.is_float() => toml::Value::Float(i as f64),
-            _ if slot.is_str() => toml::Value::String(raw.clone()),
-            _ => {
-                let message = format!("{raw:?} is not a valid {}", slot.type_str());
-                return Err(ConfigError::Env { var, message });
+        let Some(name) = var.strip_prefix(ENV_PREFIX) else { continue };
+        if NOT_SETTINGS.contains(&name) {
+            continue;
+        }
+        let Some(root) = value.as_table_mut() else { break };
+        let before = root.clone();
+        let found = set(root, &name.to_ascii_lowercase(), &raw);
+        let found = found.map_err(|message| ConfigError::Env { var: var.clone(), message })?;
+        // A key added where no setting is makes the typed configuration refuse it: undone, and reported.
+        match value.clone().try_into::<Config>() {
+            Ok(_) if found => {}
+            Err(e) if found && !e.to_string().contains("unknown field") => {
+                return Err(ConfigError::Env { var, message: e.to_string() });
             }
-        };
-        *slot = new;
+            _ => {
+                *value = toml::Value::Table(before);
+                unknown.push(var);
+            }
+        }
     }
-    Ok(())
+    Ok(unknown)
+}
+
+/// Sets the setting `name` names below `table` (keys joined by `_`, though keys hold `_` themselves: the
+/// longest key that fits first). A name matching no key adds one to the deepest table it reached.
+fn set(table: &mut toml::Table, name: &str, raw: &str) -> Result<bool, String> {
+    let mut keys: Vec<String> = table.keys().cloned().collect();
+    keys.sort_by_key(|k| std::cmp::Reverse(k.len()));
+    for key in &keys {
+        let slot = table.get_mut(key).expect("a listed key");
+        if let Some(rest) = name.strip_prefix(key.as_str()).and_then(|r| r.strip_prefix('_')) {
+            if let Some(inner) = slot.as_table_mut() {
+                return set(inner, rest, raw);
+            }
+        } else if name == key && !slot.is_table() {
+            *slot = typed(raw, slot)?;
+            return Ok(true);
+        }
+    }
+    if name.is_empty() {
+        return Ok(false);
+    }
+    table.insert(name.to_string(), parse(raw).unwrap_or_else(|| toml::Value::String(raw.to_string())));
+    Ok(true)
+}
+
+/// A TOML value, if the text is one.
+fn parse(raw: &str) -> Option<toml::Value> {
+    toml::from_str::<toml::Table>(&format!("v = {raw}")).ok().and_then(|mut t| t.remove("v"))
+}
+
+/// The text as the type of the value it replaces.
+fn typed(raw: &str, slot: &toml::Value) -> Result<toml::Value, String> {
+    match parse(raw) {
+        Some(v) if v.same_type(slot) => Ok(v),
+        Some(toml::Value::Integer(i)) if slot.is_float() => Ok(toml::Value::Float(i as f64)),
+        _ if slot.is_str() => Ok(toml::Value::String(raw.to_string())),
+        _ => Err(format!("{raw:?} is not a valid {}", slot.type_str())),
+    }
 }
 
 #[cfg(test)]
@@ -331,13 +378,33 @@ mod tests {
             ("LONGRANK_INDEX_ON_ERROR", "abort"),
             ("LONGRANK_UNRELATED", "x"),
         ]);
-        apply_env(&mut v, vars).unwrap();
+        assert_eq!(apply_env(&mut v, vars).unwrap(), ["LONGRANK_UNRELATED"]);
         let c: Config = v.try_into().unwrap();
         assert_eq!(c.data_dir, PathBuf::from("/tmp/x"));
         assert_eq!(c.server.addr, "0.0.0.0:9000");
         assert_eq!((c.bm25.k1, c.bm25.b), (1.2, 1.0));
         assert_eq!(c.limits.max_k, 50);
         assert_eq!(c.index.on_error, OnError::Abort);
+    }
+
+    #[test]
+    fn nested_tables_and_keys_the_defaults_leave_out_are_reachable() {
+        let mut v = toml::Value::try_from(Config::default()).unwrap();
+        let vars = env(&[
+            ("LONGRANK_MODEL_SEGMENTS_STRATEGY", "windows"),
+            ("LONGRANK_MODEL_SEGMENTS_REPEAT_TITLE", "true"),
+            ("LONGRANK_MODEL_MAX_BATCH_TOKENS", "1024"),
+            ("LONGRANK_MODEL_NAMED_MINILM", "/models/minilm"),
+            ("LONGRANK_MODEL_SEGMENTS_NOPE", "1"),
+            ("LONGRANK_SERVER_ADDRESS", "x"),
+            ("LONGRANK_CONFIG", "config.toml"),
+        ]);
+        assert_eq!(apply_env(&mut v, vars).unwrap(), ["LONGRANK_MODEL_SEGMENTS_NOPE", "LONGRANK_SERVER_ADDRESS"]);
+        let c: Config = v.try_into().unwrap();
+        assert_eq!(c.model.segments.strategy, crate::segment::StrategyKind::Windows);
+        assert!(c.model.segments.repeat_title);
+        assert_eq!(c.model.max_batch_tokens, 1024);
+        assert_eq!(c.model.named["minilm"].source(), "/models/minilm");
     }
 
     #[test]

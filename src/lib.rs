@@ -1,17 +1,74 @@
-//! longrank: search and re-ranking for long documents.
+//! longrank: search and re-ranking for long documents. Data flows one way: `server` (and the CLI) -> `rank`
+//! (the pipeline) -> `index` (BM25 over tantivy), `segment`, `model` (candle BERT); `train` fine-tunes models
+//! through the same `rank` and `model` paths. ARCHITECTURE.md has a row for every file.
 //!
-//! Data flows one way: `server` -> `rank` (the pipeline) -> `index` (BM25 over tantivy); `corpus` reads
-//! collections for the indexer. See ARCHITECTURE.md.
+//! | module | concept |
+//! |---|---|
+//! | `config` | settings, each declared once with its default |
+//! | `corpus` | collections on disk: streaming readers of TREC SGML, GOV2 web bundles, JSONL, TSV |
+//! | `index` | the first stage: tantivy indexes analyzed as Anserini does, BM25 and RM3 |
+//! | `segment` | cutting documents into segments a model reads |
+//! | `model` | BERT-class models: loading, encoders, Co-BERT's heads, CPU kernels, serving queues |
+//! | `rank` | the pipeline: parameters, validation, retrieval, re-ranking, batch runs |
+//! | `eval` | topics, qrels, runs, trec_eval's measures, comparisons |
+//! | `store` | the embedded database of jobs and the query log |
+//! | `server` | HTTP: routes, decoding, errors, middleware, metrics, OpenAPI, batch jobs |
+//! | `train` | fine-tuning: FirstP, all segments, BeST, Co-BERT |
+//! | `progress` | how long jobs report progress |
+//! | `hooks` | test hooks that hold the process at named points |
+//! | `rng` | seeded random streams |
+//! | `timestamp` | RFC 3339 timestamps |
 
 pub mod config;
 pub mod corpus;
 pub mod eval;
+pub mod hooks;
 pub mod index;
-pub mod jobs;
 pub mod model;
+pub mod progress;
 pub mod rank;
 pub mod rng;
 pub mod segment;
 pub mod server;
 pub mod store;
+pub mod timestamp;
 pub mod train;
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::path::Path;
+
+    /// Rows of a Markdown table whose first cell is code: the code.
+    fn first_cells(text: &str) -> BTreeSet<String> {
+        text.lines()
+            .filter_map(|l| l.trim_start_matches("//! ").strip_prefix("| `"))
+            .filter_map(|l| l.split_once('`').map(|(cell, _)| cell.to_string()))
+            .collect()
+    }
+
+    fn sources(dir: &Path, root: &Path, out: &mut BTreeSet<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                sources(&path, root, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.insert(path.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/"));
+            }
+        }
+    }
+
+    #[test]
+    fn layout_tables_match_the_tree() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut files = BTreeSet::new();
+        sources(&root.join("src"), root, &mut files);
+        let architecture = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+        assert_eq!(first_cells(&architecture), files, "ARCHITECTURE.md's layout table against src/");
+        let modules: BTreeSet<String> = include_str!("lib.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("pub mod ")?.strip_suffix(';').map(String::from))
+            .collect();
+        assert_eq!(first_cells(include_str!("lib.rs")), modules, "lib.rs's table against its modules");
+    }
+}

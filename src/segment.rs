@@ -42,6 +42,7 @@ pub enum Strategy {
 /// The segmenting a request or the configuration asks for; the sentence budget comes from the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(default, deny_unknown_fields)]
+#[schema(example = json!({"strategy": "windows", "words": 40, "stride": 20}))]
 pub struct SegmentOptions {
     /// `sentences` (whole sentences up to the model's token budget) or `windows` (fixed word windows).
     pub strategy: StrategyKind,

@@ -52,13 +52,6 @@ pub enum CorpusError {
     UnknownFormat { path: PathBuf },
 }
 
-impl CorpusError {
-    /// True when the error concerns one document and reading can go on past it.
-    pub fn is_document_error(&self) -> bool {
-        matches!(self, CorpusError::Malformed { .. })
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Format {

@@ -22,6 +22,7 @@ pub struct Topic {
 /// Which topic field becomes the query.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
+#[schema(example = "title+desc")]
 pub enum TopicField {
     #[default]
     Title,

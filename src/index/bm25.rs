@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(default, deny_unknown_fields)]
+#[schema(example = json!({"k1": 1.2, "b": 0.75}))]
 pub struct Bm25Params {
     /// Term-frequency saturation.
     pub k1: f32,

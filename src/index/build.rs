@@ -17,6 +17,7 @@ use tantivy::{Index, IndexWriter, TantivyDocument, Term};
 
 use super::{analyzer, schema, validate_name, CollectionMeta, Fields, IndexError, ANALYZER_VERSION, META_FILE};
 use crate::corpus::{Corpus, CorpusError, Document};
+use crate::progress::{Progress, Unit};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -39,8 +40,6 @@ pub struct BuildOptions {
     pub threads: usize,
     /// Commit after this many documents, so that an interrupted build keeps its progress.
     pub commit_every: u64,
-    /// Show a progress bar on the terminal.
-    pub progress: bool,
 }
 
 impl Default for BuildOptions {
@@ -51,7 +50,6 @@ impl Default for BuildOptions {
             memory_budget_mb: 256,
             threads: 0,
             commit_every: 100_000,
-            progress: false,
         }
     }
 }
@@ -96,7 +94,13 @@ struct Payload {
 }
 
 /// Builds (or adds to) collection `name` under `data_dir` from `corpus`.
-pub fn build(data_dir: &Path, name: &str, corpus: &Corpus, opts: &BuildOptions) -> Result<BuildReport, IndexError> {
+pub fn build(
+    data_dir: &Path,
+    name: &str,
+    corpus: &Corpus,
+    opts: &BuildOptions,
+    progress: &dyn Progress,
+) -> Result<BuildReport, IndexError> {
     validate_name(name)?;
     let started = Instant::now();
     let root = data_dir.join("collections");
@@ -143,7 +147,7 @@ pub fn build(data_dir: &Path, name: &str, corpus: &Corpus, opts: &BuildOptions) 
         writer.delete_all_documents().map_err(tantivy_err)?;
     }
 
-    let progress = Progress::new(opts.progress, corpus.total_bytes());
+    progress.phase(&format!("indexing {name}"), corpus.total_bytes(), Unit::Bytes);
     let bytes_read = corpus.bytes_read();
     let mut report = BuildReport { collection: name.to_string(), ..Default::default() };
     let mut seen: HashSet<u64> = HashSet::new();
@@ -182,7 +186,11 @@ pub fn build(data_dir: &Path, name: &str, corpus: &Corpus, opts: &BuildOptions) 
                 }
                 Err(e) => report.problem(&e, opts.on_error)?,
             }
-            progress.update(bytes_read.load(Ordering::Relaxed), report.indexed);
+            if report.indexed.is_multiple_of(256) {
+                let rate = report.indexed as f64 / started.elapsed().as_secs_f64().max(1e-3);
+                let note = format!("{} docs, {rate:.0} docs/s", report.indexed);
+                progress.set(bytes_read.load(Ordering::Relaxed), &note);
+            }
             if report.indexed - committed_at >= opts.commit_every {
                 commit(&mut writer, &payload).map_err(tantivy_err)?;
                 committed_at = report.indexed;
@@ -194,7 +202,6 @@ pub fn build(data_dir: &Path, name: &str, corpus: &Corpus, opts: &BuildOptions) 
     }
     commit(&mut writer, &payload).map_err(tantivy_err)?;
     writer.wait_merging_threads().map_err(tantivy_err)?;
-    progress.finish();
 
     if staging {
         swap_in(&root, name, &work_dir)?;
@@ -256,6 +263,7 @@ fn commit(writer: &mut IndexWriter, payload: &Payload) -> tantivy::Result<()> {
     let mut prepared = writer.prepare_commit()?;
     prepared.set_payload(&serde_json::to_string(payload).unwrap_or_default());
     prepared.commit()?;
+    crate::hooks::point("index.commit");
     Ok(())
 }
 
@@ -300,34 +308,4 @@ pub(super) fn recover_interrupted_swaps(root: &Path) -> Result<(), IndexError> {
         result.map_err(|source| IndexError::Io { path: entry.path(), source })?;
     }
     Ok(())
-}
-
-/// The terminal progress bar: bytes read of the total, documents and documents per second.
-struct Progress {
-    bar: indicatif::ProgressBar,
-    started: Instant,
-}
-
-impl Progress {
-    fn new(visible: bool, total_bytes: u64) -> Progress {
-        let bar = if visible { indicatif::ProgressBar::new(total_bytes) } else { indicatif::ProgressBar::hidden() };
-        let style = indicatif::ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} ETA {eta} {msg}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
-        bar.set_style(style);
-        Progress { bar, started: Instant::now() }
-    }
-
-    fn update(&self, bytes: u64, docs: u64) {
-        if docs.is_multiple_of(256) {
-            self.bar.set_position(bytes);
-            let rate = docs as f64 / self.started.elapsed().as_secs_f64().max(1e-3);
-            self.bar.set_message(format!("{docs} docs, {rate:.0} docs/s"));
-        }
-    }
-
-    fn finish(&self) {
-        self.bar.finish_and_clear();
-    }
 }

@@ -11,6 +11,7 @@ use crate::corpus::Document;
 /// RM3 parameters; the defaults are Anserini's.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(default, deny_unknown_fields)]
+#[schema(example = json!({"fb_docs": 5, "fb_terms": 20, "original_query_weight": 0.6}))]
 pub struct Rm3Params {
     /// Feedback documents.
     pub fb_docs: usize,

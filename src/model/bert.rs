@@ -18,9 +18,9 @@ use candle_core::{Module, Tensor};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use candle_transformers::models::bert::{Config, HiddenAct};
 
-use super::blas::{self, BlasLinear};
-use super::int8::{self, Int8Linear};
-use super::kernels;
+use super::cpu::blas::{self, BlasLinear};
+use super::cpu::int8::{self, Int8Linear};
+use super::cpu::kernels;
 
 pub struct Bert {
     word: Embedding,

@@ -78,21 +78,31 @@ impl CoBert {
     }
 }
 
-/// Co-BERT's shape and ablations (`cobert.json` in a checkpoint).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// Co-BERT's shape and ablations (`cobert.json` in a checkpoint; `longrank train --method cobert` flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
 #[serde(default, deny_unknown_fields)]
 pub struct CoBertConfig {
-    /// Prototypes m: the first round's top documents.
+    /// Co-BERT: prototypes m, the first round's top documents.
+    #[arg(long, default_value_t = CoBertConfig::default().prototypes)]
     pub prototypes: usize,
-    /// Documents per group n.
+    /// Co-BERT: documents per group n.
+    #[arg(long, default_value_t = CoBertConfig::default().group)]
     pub group: usize,
-    /// Documents each group shares with the previous one, o.
+    /// Co-BERT: documents each group shares with the previous one, o.
+    #[arg(long, default_value_t = CoBertConfig::default().overlap)]
     pub overlap: usize,
+    #[arg(skip = CoBertConfig::default().calibrator_layers)]
     pub calibrator_layers: usize,
+    #[arg(skip = CoBertConfig::default().groupwise_layers)]
     pub groupwise_layers: usize,
-    /// Ablation switches: calibrate against the prototypes; score groups jointly; average r and c.
+    /// Calibrate against the prototypes (`--no-calibration`: the ablation without).
+    #[arg(long = "no-calibration", action = clap::ArgAction::SetFalse)]
     pub calibrate: bool,
+    /// Score groups jointly (`--no-groupwise`: each candidate alone).
+    #[arg(long = "no-groupwise", action = clap::ArgAction::SetFalse)]
     pub groupwise: bool,
+    /// Average r and c in the calibration (`--no-average`: without).
+    #[arg(long = "no-average", action = clap::ArgAction::SetFalse)]
     pub average: bool,
 }
 

@@ -55,7 +55,7 @@ fn from_cache(id: &str, revision: &str) -> Option<PathBuf> {
     let cached = Cache::from_env().repo(repo(id, revision));
     let config = cached.get("config.json")?;
     let dir = config.parent()?.to_path_buf();
-    let complete = REQUIRED.iter().all(|f| dir.join(f).exists()) && !super::weight_files(&dir).ok()?.is_empty();
+    let complete = REQUIRED.iter().all(|f| dir.join(f).exists()) && !super::load::weight_files(&dir).ok()?.is_empty();
     complete.then_some(dir)
 }
 

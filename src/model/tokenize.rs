@@ -41,6 +41,12 @@ impl WordPieces {
         Ok(self.pieces(text)?.len())
     }
 
+    /// The most word pieces a segment may have so that `pair` never cuts it: what is left of the input after
+    /// the query budget and the three special tokens.
+    pub(super) fn segment_budget(&self, max_len: usize, max_query_tokens: usize) -> usize {
+        max_len.min(self.max_len).saturating_sub(max_query_tokens + 3).max(1)
+    }
+
     /// `[CLS] query [SEP] segment [SEP]`, token types 0 then 1; only the segment side is cut to fit.
     pub(super) fn pair(
         &self,

@@ -7,15 +7,16 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use candle_core::{DType, Device, IndexOp, Module, Shape, Tensor, Var};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Linear, VarBuilder, VarMap};
 use candle_transformers::models::bert::Config;
+use parking_lot::Mutex;
 
 use super::bert::{encoder_root, Bert};
-use super::cobert::{CoBertConfig, CoBertHeads};
+use super::cobert::{CoBert, CoBertConfig, CoBertHeads};
 use super::{load_err, read_config, weights, CrossEncoder, Encoded, Fnv, Inputs, ModelError, WordPieces};
 use crate::rng::Rng;
 
@@ -116,7 +117,7 @@ impl TrainableCrossEncoder {
             .map(|c| CoBertHeads::new(vb.pp("cobert"), &config, c.config, true))
             .transpose()
             .map_err(|e| load_err(dir, format!("building Co-BERT's heads: {e}")))?;
-        let mut initialized = std::mem::take(&mut *initialized.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut initialized = std::mem::take(&mut *initialized.lock());
         initialized.sort();
         let model = (dtype == DType::F32).then_some(heads);
         Ok(TrainableCrossEncoder {
@@ -168,6 +169,12 @@ impl TrainableCrossEncoder {
         self.pieces.count(text)
     }
 
+    /// The segment budget of (query, segment) pairs, as the served cross-encoder has it
+    /// (`Reranker::segment_budget`).
+    pub fn segment_budget(&self, max_length: usize, max_query_tokens: usize) -> usize {
+        self.pieces.segment_budget(max_length, max_query_tokens)
+    }
+
     /// Logits `[batch]` on the autograd graph.
     pub fn forward(&self, batch: &[Encoded]) -> Result<Tensor, ModelError> {
         self.pass(batch, Heads::forward)
@@ -200,7 +207,7 @@ impl TrainableCrossEncoder {
 
     /// Every variable with its checkpoint name, sorted by name.
     pub fn variables(&self) -> Vec<(String, Var)> {
-        let data = self.varmap.data().lock().unwrap_or_else(|e| e.into_inner());
+        let data = variables(&self.varmap);
         let mut vars: Vec<(String, Var)> = data.iter().map(|(n, v)| (n.clone(), v.clone())).collect();
         vars.sort_by(|a, b| a.0.cmp(&b.0));
         vars
@@ -211,6 +218,17 @@ impl TrainableCrossEncoder {
         let tensors = self.weights()?;
         let vb = VarBuilder::from_tensors(tensors, self.dtype, &self.device);
         CrossEncoder::new(vb, &self.config, self.pieces.clone(), &self.source)
+    }
+
+    /// An inference Co-BERT over a copy of the current weights: the cross-encoder (whose `[CLS]` states the
+    /// heads read) and the heads, as a checkpoint of them would load (frozen backbone, one model).
+    pub fn snapshot_cobert(&self) -> Result<CoBert, ModelError> {
+        let heads = self.cobert.as_ref().ok_or_else(|| load_err(&self.source, "the model has no Co-BERT heads"))?;
+        let vb = VarBuilder::from_tensors(self.weights()?, self.dtype, &self.device);
+        let cross = CrossEncoder::new(vb.clone(), &self.config, self.pieces.clone(), &self.source)?;
+        let heads = CoBertHeads::new(vb.pp("cobert"), &self.config, *heads.config(), false)
+            .map_err(|e| load_err(&self.source, e))?;
+        Ok(CoBert { cross, own: None, heads, backbone: self.config.clone() })
     }
 
     fn weights(&self) -> Result<HashMap<String, Tensor>, ModelError> {
@@ -385,14 +403,14 @@ impl SimpleBackend for Initializer {
         dtype: DType,
         device: &Device,
     ) -> candle_core::Result<Tensor> {
-        let mut data = self.varmap.data().lock().unwrap_or_else(|e| e.into_inner());
+        let mut data = variables(&self.varmap);
         if let Some(var) = data.get(name) {
             return Ok(var.as_tensor().clone());
         }
         let tensor = match self.checkpoint_tensor(&shape, name) {
             Some(t) => t.to_dtype(dtype)?.to_device(device)?,
             None => {
-                self.initialized.lock().unwrap_or_else(|e| e.into_inner()).push(name.to_string());
+                self.initialized.lock().push(name.to_string());
                 self.fresh(&shape, name, dtype, device)?
             }
         };
@@ -407,7 +425,7 @@ impl SimpleBackend for Initializer {
     }
 
     fn contains_tensor(&self, name: &str) -> bool {
-        self.varmap.data().lock().unwrap_or_else(|e| e.into_inner()).contains_key(name)
+        variables(&self.varmap).contains_key(name)
     }
 }
 
@@ -419,7 +437,7 @@ struct Cast {
 
 impl SimpleBackend for Cast {
     fn get(&self, shape: Shape, name: &str, _: candle_nn::Init, _: DType, _: &Device) -> candle_core::Result<Tensor> {
-        let data = self.varmap.data().lock().unwrap_or_else(|e| e.into_inner());
+        let data = variables(&self.varmap);
         let var = data.get(name).ok_or_else(|| candle_core::Error::Msg(format!("no variable {name}")))?;
         if var.shape() != &shape {
             candle_core::bail!("variable {name}: shape {:?}, expected {shape:?}", var.shape());
@@ -432,6 +450,11 @@ impl SimpleBackend for Cast {
     }
 
     fn contains_tensor(&self, name: &str) -> bool {
-        self.varmap.data().lock().unwrap_or_else(|e| e.into_inner()).contains_key(name)
+        variables(&self.varmap).contains_key(name)
     }
+}
+
+/// candle's variables of a map (its mutex is std's: a panic while it was held leaves the map as it was).
+fn variables(varmap: &VarMap) -> std::sync::MutexGuard<'_, HashMap<String, Var>> {
+    varmap.data().lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -4,44 +4,13 @@
 
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use serde::Serialize;
 
-use super::{Engine, RankError, RankOptions, RankParams};
+use super::{BatchParams, Engine, RankError, RankOptions, Usage};
+use crate::config::Config;
 use crate::eval::{Run, Scored, Topic, TopicField};
-use crate::index::{Bm25Params, Collection, Rm3Params};
+use crate::index::Collection;
 use crate::model::Cancel;
-use crate::segment::SegmentOptions;
-
-/// Results per topic when a batch names no k (trec_eval's customary depth).
-pub const DEFAULT_BATCH_K: i64 = 1000;
-
-/// How to run a batch (everything but the files).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct BatchParams {
-    /// Collection name; optional when there is one collection or a default is configured.
-    pub collection: Option<String>,
-    /// Pipeline name (default `bm25`).
-    pub pipeline: Option<String>,
-    /// Documents per topic (default 1000).
-    pub k: Option<i64>,
-    /// First-stage candidates per topic for re-ranking pipelines.
-    pub depth: Option<i64>,
-    /// Topic field used as the query (default `title`).
-    #[serde(default)]
-    pub field: TopicField,
-    /// Run tag, the run file's last column (default `longrank-PIPELINE`).
-    pub tag: Option<String>,
-    pub bm25: Option<Bm25Params>,
-    pub rm3: Option<Rm3Params>,
-    /// The model re-ranking pipelines use (default `default`).
-    pub model: Option<String>,
-    /// How documents are cut into segments (default from configuration).
-    pub segments: Option<SegmentOptions>,
-    /// Weight of the normalized first-stage score mixed into re-ranked scores.
-    pub interpolate: Option<f32>,
-}
 
 /// A validated batch: the collection, the topics and the ranking options.
 pub struct BatchPlan {
@@ -62,28 +31,21 @@ impl Engine {
         topics: Vec<Topic>,
         rerank: Option<Run>,
     ) -> Result<BatchPlan, RankError> {
-        let options = self.options(RankParams {
-            k: Some(params.k.unwrap_or(DEFAULT_BATCH_K)),
-            depth: params.depth,
-            pipeline: params.pipeline.as_deref(),
-            bm25: params.bm25,
-            rm3: params.rm3,
-            model: params.model.as_deref(),
-            segments: params.segments,
-            interpolate: params.interpolate,
-        })?;
+        let options = self.options(&params.params, Usage::Batch)?;
         if rerank.is_some() && !options.pipeline.needs_model() {
-            let message = format!("re-ranking a run needs a re-ranking pipeline, not {}", options.pipeline.name());
-            return Err(RankError::InvalidParameter(message));
+            return Err(RankError::RerankingPipelineRequired {
+                what: "re-ranking a run",
+                pipeline: options.pipeline.name(),
+            });
         }
-        let collection = self.collection(params.collection.as_deref())?;
+        let collection = self.collection(params.params.collection.as_deref())?;
         for topic in &topics {
             self.check_query(&topic.query(params.field))
-                .map_err(|e| RankError::InvalidParameter(format!("topic {}: {e}", topic.qid)))?;
+                .map_err(|e| RankError::Topic { qid: topic.qid.clone(), source: Box::new(e) })?;
         }
         let tag = params.tag.clone().unwrap_or_else(|| format!("longrank-{}", options.pipeline.name()));
         if tag.is_empty() || tag.contains(char::is_whitespace) {
-            return Err(RankError::InvalidParameter(format!("run tag {tag:?} must be one word")));
+            return Err(RankError::InvalidTag(tag));
         }
         Ok(BatchPlan { rerank, collection, topics, field: params.field, options, tag })
     }
@@ -111,5 +73,62 @@ impl BatchPlan {
         let scored =
             ranked.ranked.into_iter().take(self.options.k).map(|r| Scored { docid: r.docid, score: r.score as f64 });
         Ok(TopicRun { scored: scored.collect(), flops: ranked.flops })
+    }
+}
+
+/// How a run was made: the version, the configuration, the validated options, the collection and the model.
+/// Kept with every HTTP job and written beside every CLI run (`OUT.provenance.json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Provenance<'a> {
+    pub longrank_version: &'static str,
+    pub configuration: &'a Config,
+    pub options: &'a RankOptions,
+    pub field: TopicField,
+    pub tag: &'a str,
+    pub collection: CollectionProvenance<'a>,
+    /// Source and weights hash of the model; null for first-stage pipelines.
+    pub model: Option<ModelProvenance>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CollectionProvenance<'a> {
+    pub name: &'a str,
+    pub documents: u64,
+    pub built_at: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelProvenance {
+    pub name: String,
+    pub source: String,
+    /// Where the weights were read (a hub model's cache snapshot, which names the commit).
+    pub dir: std::path::PathBuf,
+    pub kind: &'static str,
+    pub weights_fnv1a64: String,
+}
+
+impl BatchPlan {
+    pub fn provenance<'a>(&'a self, engine: &Engine, config: &'a Config) -> Provenance<'a> {
+        // Planning checked the model; one that failed to load has no provenance, and the run fails on it.
+        let model = engine.model_for(&self.options).ok().flatten();
+        Provenance {
+            longrank_version: env!("CARGO_PKG_VERSION"),
+            configuration: config,
+            options: &self.options,
+            field: self.field,
+            tag: &self.tag,
+            collection: CollectionProvenance {
+                name: self.collection.name(),
+                documents: self.collection.num_docs(),
+                built_at: self.collection.built_at().map(crate::timestamp::rfc3339),
+            },
+            model: model.as_deref().map(|m| ModelProvenance {
+                name: m.name.clone(),
+                source: m.source.clone(),
+                dir: m.dir.clone(),
+                kind: m.kind(),
+                weights_fnv1a64: m.weights_hash.clone(),
+            }),
+        }
     }
 }

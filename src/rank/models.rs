@@ -5,8 +5,9 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
+use parking_lot::Mutex;
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -68,6 +69,9 @@ pub struct ModelStatus {
     pub reason: Option<String>,
     /// Inputs waiting for the model.
     pub queued: usize,
+    /// What the model's inference thread has run (absent until loaded).
+    #[serde(skip)]
+    pub batches: Option<crate::model::BatchStats>,
 }
 
 impl Models {
@@ -150,12 +154,13 @@ impl Models {
         self.slots
             .iter()
             .map(|slot| {
-                let (state, kind, reason, queued) = match slot.state.get() {
-                    None => ("not_loaded", None, None, 0),
-                    Some(Ok(m)) => ("ready", Some(m.kind()), None, m.served.queued()),
-                    Some(Err(reason)) => ("unavailable", None, Some(reason.clone()), 0),
+                let (state, kind, reason, queued, batches) = match slot.state.get() {
+                    None => ("not_loaded", None, None, 0, None),
+                    Some(Ok(m)) => ("ready", Some(m.kind()), None, m.served.queued(), Some(m.served.stats())),
+                    Some(Err(reason)) => ("unavailable", None, Some(reason.clone()), 0, None),
                 };
-                ModelStatus { name: slot.name.clone(), source: slot.source.clone(), state, kind, reason, queued }
+                let (name, source) = (slot.name.clone(), slot.source.clone());
+                ModelStatus { name, source, state, kind, reason, queued, batches }
             })
             .collect()
     }
@@ -171,7 +176,7 @@ impl Models {
             return Ok(None);
         }
         let key = (collection.name().to_string(), model.name.clone());
-        let mut open = self.stores.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = self.stores.lock();
         if let Some(file) = open.get(&key) {
             return Ok(Some(file.clone()));
         }

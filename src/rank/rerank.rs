@@ -4,15 +4,15 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::models::LoadedModel;
 use super::{Pipeline, RankError, Ranked, RerankOptions};
 use crate::index::StoredDoc;
-use crate::model::{Cancel, Reranker, Scores, Served, VectorFile};
+use crate::model::{Cancel, Output, Reranker, Scores, Served, VectorFile};
 use crate::segment::{self, Segment, SegmentOptions, Strategy};
 
 /// One segment with the model's score.
@@ -39,10 +39,7 @@ pub struct Evidence {
 impl Evidence {
     /// The highest-scoring segment (the first of equals).
     pub fn best(&self) -> Option<&ScoredSegment> {
-        self.segments.iter().fold(None, |best: Option<&ScoredSegment>, s| match best {
-            Some(b) if b.score >= s.score => Some(b),
-            _ => Some(s),
-        })
+        best(&self.segments.iter().map(|s| s.score).collect::<Vec<_>>()).map(|i| &self.segments[i])
     }
 }
 
@@ -99,7 +96,7 @@ const MAX_CACHED_SEGMENTATIONS: usize = 100_000;
 impl SegmentCache {
     fn get(&self, text: &str, strategy: Strategy, model: &Reranker) -> Segments {
         let key = (text_hash(text), strategy);
-        if let Some(segments) = self.entries.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        if let Some(segments) = self.entries.lock().get(&key) {
             return segments.clone();
         }
         let mut segments = segment::segment(text, strategy, model, None);
@@ -108,7 +105,7 @@ impl SegmentCache {
             segments.push(Segment { index: 0, start: 0, end: 0 });
         }
         let segments = Arc::new(segments);
-        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let mut entries = self.entries.lock();
         if entries.len() >= MAX_CACHED_SEGMENTATIONS {
             entries.clear();
         }
@@ -136,7 +133,9 @@ impl SegmentCache {
 
 /// Everything a re-ranking needs besides the candidates.
 pub struct Reranking<'a> {
-    pub model: &'a LoadedModel,
+    /// The model's name (for messages) and the model as served.
+    pub name: &'a str,
+    pub served: &'a Served,
     /// The model's outputs on disk for the collection (`Models::store`).
     pub store: Option<&'a VectorFile>,
     pub segments: &'a SegmentCache,
@@ -154,45 +153,70 @@ pub struct Reranked {
     pub pairs: usize,
 }
 
-/// Re-scores the candidates with the model; best first (ties keep the given order).
-pub fn rerank(job: &Reranking<'_>, docs: Vec<Candidate>) -> Result<Reranked, RankError> {
-    let served = &job.model.served;
-    // FirstP needs only the first segment; the others score them all.
+/// Every candidate's segments with the model's scores, and the text the model read for each candidate's best.
+struct Scored<'d> {
+    per_doc: Vec<Vec<ScoredSegment>>,
+    best_text: Vec<Option<Cow<'d, str>>>,
+    scores: Scores,
+    pairs: usize,
+}
+
+/// Scores the candidates' segments (FirstP: the first only), as the server cuts and batches them.
+fn score_segments<'d>(job: &Reranking<'_>, docs: &'d [Candidate]) -> Result<Scored<'d>, RankError> {
     let cap = if job.pipeline == Pipeline::FirstP { 1 } else { usize::MAX };
-    let mut pairs: Vec<(usize, Segment)> = Vec::new();
-    let mut texts: Vec<Cow<'_, str>> = Vec::new();
+    let mut owners: Vec<(usize, Segment)> = Vec::new();
+    let mut texts: Vec<Cow<'d, str>> = Vec::new();
     for (d, candidate) in docs.iter().enumerate() {
-        for (segment, text) in job.segments.inputs(served, &job.options.segments, &candidate.doc, cap) {
-            pairs.push((d, segment));
+        for (segment, text) in job.segments.inputs(job.served, &job.options.segments, &candidate.doc, cap) {
+            owners.push((d, segment));
             texts.push(text);
         }
     }
-    let texts: Vec<&str> = texts.iter().map(|t| t.as_ref()).collect();
-    let mut scores = served.score(job.query, &texts, job.store, job.cancel).map_err(RankError::Model)?;
+    let borrowed: Vec<&str> = texts.iter().map(|t| t.as_ref()).collect();
+    let scores = job.served.score(job.query, &borrowed, job.store, job.cancel).map_err(RankError::Model)?;
     let mut per_doc: Vec<Vec<ScoredSegment>> = vec![Vec::new(); docs.len()];
-    let mut best_input: Vec<Option<(f32, usize)>> = vec![None; docs.len()];
-    for (i, ((d, s), &score)) in pairs.iter().zip(&scores.scores).enumerate() {
+    for ((d, s), &score) in owners.iter().zip(&scores.scores) {
         per_doc[*d].push(ScoredSegment { index: s.index, start: s.start, end: s.end, score, text: None });
-        if best_input[*d].is_none_or(|(best, _)| score > best) {
-            best_input[*d] = Some((score, i));
-        }
     }
+    let mut best_text: Vec<Option<Cow<'d, str>>> = vec![None; docs.len()];
+    let mut start = 0;
+    for (d, segments) in per_doc.iter().enumerate() {
+        let scores: Vec<f32> = segments.iter().map(|s| s.score).collect();
+        best_text[d] = best(&scores).map(|i| texts[start + i].clone());
+        start += segments.len();
+    }
+    Ok(Scored { per_doc, best_text, scores, pairs: owners.len() })
+}
+
+/// The index of the highest score (the first of equals): MaxP's choice.
+pub fn best(scores: &[f32]) -> Option<usize> {
+    scores
+        .iter()
+        .enumerate()
+        .fold(None, |best: Option<(usize, f32)>, (i, &s)| match best {
+            Some((_, b)) if b >= s => best,
+            _ => Some((i, s)),
+        })
+        .map(|(i, _)| i)
+}
+
+/// Re-scores the candidates with the model; best first (ties keep the given order).
+pub fn rerank(job: &Reranking<'_>, docs: Vec<Candidate>) -> Result<Reranked, RankError> {
+    let Scored { per_doc, best_text, mut scores, pairs } = score_segments(job, &docs)?;
     let mut model_scores: Vec<f32> = per_doc
         .iter()
         .map(|segments| aggregate(job.pipeline, &segments.iter().map(|s| s.score).collect::<Vec<_>>()))
         .collect();
     if job.pipeline == Pipeline::CoBert {
-        let best: Vec<&str> = best_input.iter().map(|b| b.map_or("", |(_, i)| texts[i])).collect();
-        let (rescored, flops) = cobert(job, &best, &model_scores)?;
+        let round = cobert_first_round(job, &best_text, &model_scores)?;
+        let (rescored, flops) = cobert(job, &round, docs.len())?;
         model_scores = rescored;
         scores.flops = scores.flops.map(|f| f + flops);
     }
     let finals = match job.options.interpolate {
         Some(weight) => {
             let first: Option<Vec<f32>> = docs.iter().map(|c| c.first_stage_score).collect();
-            let first = first.ok_or_else(|| {
-                RankError::InvalidParameter("interpolate needs first-stage scores, which given texts lack".into())
-            })?;
+            let first = first.ok_or(RankError::NoFirstStage)?;
             interpolate(&first, &model_scores, weight)
         }
         None => model_scores.clone(),
@@ -211,39 +235,88 @@ pub fn rerank(job: &Reranking<'_>, docs: Vec<Candidate>) -> Result<Reranked, Ran
         .collect();
     // A stable sort keeps the first-stage order among equal scores.
     ranked.sort_by(|a, b| b.score.total_cmp(&a.score));
-    Ok(Reranked { ranked, scores, pairs: pairs.len() })
+    Ok(Reranked { ranked, scores, pairs })
 }
 
-/// Co-BERT's second round: the heads over the candidates' best passages in first-round order; the scores
-/// come back in the candidates' order, with the second round's FLOPs: the heads', and the passes of
-/// Co-BERT's own backbone over the best passages when it has one (else those passes are the first round's).
-fn cobert(job: &Reranking<'_>, best: &[&str], first_round: &[f32]) -> Result<(Vec<f32>, f64), RankError> {
-    let served = &job.model.served;
-    let crate::model::Reranker::CoBert(model) = served.model() else {
-        return Err(RankError::InvalidParameter(format!(
-            "pipeline cobert needs a Co-BERT model (a directory with {}), and {} is a {}",
-            crate::model::cobert::CONFIG_FILE,
-            job.model.name,
-            served.model().kind()
-        )));
-    };
-    let mut order: Vec<usize> = (0..best.len()).collect();
+/// A candidate's best passage in Co-BERT's first round.
+#[derive(Debug, Clone)]
+pub struct FirstRoundPassage {
+    /// The candidate's position among those given.
+    pub candidate: usize,
+    /// Its MaxP score.
+    pub score: f32,
+    /// The best passage as the model read it (title prefix included).
+    pub text: String,
+    /// The model's output for it: the logit, the final `[CLS]` state, the pair's length.
+    pub output: Output,
+}
+
+/// Co-BERT's first round, as the `cobert` pipeline runs it: MaxP over the candidates, then each one's best
+/// passage with its `[CLS]` state (read from the first pass's cache), best first (ties keep the given order).
+/// Candidates without a segment are left out. Co-BERT's training caches its first round through this.
+pub fn first_round(job: &Reranking<'_>, docs: &[Candidate]) -> Result<Vec<FirstRoundPassage>, RankError> {
+    let Scored { per_doc, best_text, .. } = score_segments(job, docs)?;
+    let maxp: Vec<f32> =
+        per_doc.iter().map(|s| aggregate(Pipeline::MaxP, &s.iter().map(|s| s.score).collect::<Vec<_>>())).collect();
+    cobert_first_round(job, &best_text, &maxp)
+}
+
+fn cobert_first_round(
+    job: &Reranking<'_>,
+    best_text: &[Option<Cow<'_, str>>],
+    first_round: &[f32],
+) -> Result<Vec<FirstRoundPassage>, RankError> {
+    let mut order: Vec<usize> = (0..best_text.len()).filter(|&d| best_text[d].is_some()).collect();
     order.sort_by(|&a, &b| first_round[b].total_cmp(&first_round[a]));
-    let texts: Vec<&str> = order.iter().map(|&d| best[d]).collect();
-    let outputs = served.interactions(job.query, &texts, job.store, job.cancel).map_err(RankError::Model)?;
+    let texts: Vec<&str> = order.iter().map(|&d| best_text[d].as_deref().unwrap_or_default()).collect();
+    let outputs = job.served.interactions(job.query, &texts, job.store, job.cancel).map_err(|e| match e {
+        crate::model::ModelError::Unsupported(_) => not_cobert(job),
+        e => RankError::Model(e),
+    })?;
+    Ok(order
+        .iter()
+        .zip(texts)
+        .zip(outputs)
+        .map(|((&candidate, text), output)| FirstRoundPassage {
+            candidate,
+            score: first_round[candidate],
+            text: text.to_string(),
+            output,
+        })
+        .collect())
+}
+
+fn not_cobert(job: &Reranking<'_>) -> RankError {
+    RankError::PipelineUnavailable {
+        pipeline: Pipeline::CoBert.name(),
+        model: job.name.to_string(),
+        reason: format!(
+            "it needs a Co-BERT model (a directory with {}), and this is a {}",
+            crate::model::cobert::CONFIG_FILE,
+            job.served.model().kind()
+        ),
+    }
+}
+
+/// Co-BERT's second round: the heads over the first round's best passages; the scores come back in the
+/// candidates' order (one without a passage keeps MaxP's empty score), with the second round's FLOPs: the
+/// heads', and the passes of Co-BERT's own backbone over the best passages when it has one (else those
+/// passes are the first round's).
+fn cobert(job: &Reranking<'_>, round: &[FirstRoundPassage], candidates: usize) -> Result<(Vec<f32>, f64), RankError> {
+    let Reranker::CoBert(model) = job.served.model() else { return Err(not_cobert(job)) };
     let hidden = model.backbone.hidden_size;
-    let states: Vec<&[f32]> = outputs.iter().map(|o| &o[1..1 + hidden]).collect();
-    let ordered_first: Vec<f32> = order.iter().map(|&d| first_round[d]).collect();
-    let rescored = model.rescore(&states, &ordered_first).map_err(RankError::Model)?;
-    let mut scores = vec![0f32; best.len()];
-    for (&d, s) in order.iter().zip(rescored) {
-        scores[d] = s;
+    let states: Vec<&[f32]> = round.iter().map(|p| &p.output[1..1 + hidden]).collect();
+    let first: Vec<f32> = round.iter().map(|p| p.score).collect();
+    let rescored = model.rescore(&states, &first).map_err(RankError::Model)?;
+    let mut scores = vec![f32::NEG_INFINITY; candidates];
+    for (p, s) in round.iter().zip(rescored) {
+        scores[p.candidate] = s;
     }
     let passes: f64 = match &model.own {
-        Some(own) => outputs.iter().map(|o| own.pair_flops(o[o.len() - 1] as usize)).sum(),
+        Some(own) => round.iter().map(|p| own.pair_flops(p.output[p.output.len() - 1] as usize)).sum(),
         None => 0.0,
     };
-    Ok((scores, model.heads.flops(&model.backbone, best.len()) + passes))
+    Ok((scores, model.heads.flops(&model.backbone, round.len()) + passes))
 }
 
 #[cfg(test)]

@@ -9,10 +9,10 @@ use crate::eval::passages::{Passage, SelectionStats};
 use crate::eval::{Scored, Topic, TopicField};
 use crate::index::Collection;
 use crate::model::Cancel;
+use crate::progress::Progress;
 
 impl Engine {
-    /// Selection statistics over the topics that have a gold passage in the collection. `progress` gets the
-    /// topics done so far.
+    /// Selection statistics over the topics that have a gold passage in the collection.
     pub fn evaluate_selection(
         &self,
         collection: &Collection,
@@ -20,7 +20,7 @@ impl Engine {
         field: TopicField,
         passages: &BTreeMap<String, Vec<Passage>>,
         options: &RankOptions,
-        mut progress: impl FnMut(usize),
+        progress: &dyn Progress,
     ) -> Result<SelectionStats, RankError> {
         let mut stats = SelectionStats::default();
         for (done, topic) in topics.iter().enumerate() {
@@ -36,7 +36,7 @@ impl Engine {
                     stats.add(&segments, best, passage);
                 }
             }
-            progress(done + 1);
+            progress.set(done as u64 + 1, &topic.qid);
         }
         Ok(stats)
     }

@@ -1,20 +1,93 @@
-//! One JSON error shape for every failure, `{"error": {"code", "message"}}`, with stable codes; every
-//! rejection of axum's extractors is mapped here too, so no plain-text error ever leaves the server.
+//! One JSON error shape for every failure, `{"error": {"code", "message"}}`. Each stable code is declared
+//! once, in `ErrorCode`, with its status; the lower layers' errors map onto codes here and nowhere else, and
+//! every rejection of axum's extractors too, so no plain-text error ever leaves the server. The OpenAPI
+//! document lists the codes (the `ErrorCode` schema) and, per route, the statuses with their codes.
+
+use std::collections::BTreeMap;
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use utoipa::openapi::{ContentBuilder, RefOr, ResponseBuilder};
 use utoipa::ToSchema;
 
-use crate::jobs::JobError;
+use super::jobs::JobError;
 use crate::model::ModelError;
 use crate::rank::RankError;
 
+/// Declares every code once: its variant, its text, its HTTP status and what it means.
+macro_rules! codes {
+    ($($variant:ident = $code:literal, $status:literal, $doc:literal;)*) => {
+        /// Stable machine-readable error codes.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+        pub enum ErrorCode {
+            $(#[doc = $doc] #[serde(rename = $code)] $variant,)*
+        }
+
+        impl ErrorCode {
+            pub const ALL: &[ErrorCode] = &[$(ErrorCode::$variant,)*];
+
+            pub fn as_str(self) -> &'static str {
+                match self { $(ErrorCode::$variant => $code,)* }
+            }
+
+            pub fn status(self) -> StatusCode {
+                let status = match self { $(ErrorCode::$variant => $status,)* };
+                StatusCode::from_u16(status).expect("codes have valid statuses")
+            }
+
+            pub fn description(self) -> &'static str {
+                match self { $(ErrorCode::$variant => $doc,)* }
+            }
+        }
+    };
+}
+
+codes! {
+    MalformedJson = "malformed_json", 400, "The body is not valid JSON.";
+    InvalidBody = "invalid_body", 400, "A field is missing, mistyped or unknown (JSON body or multipart form).";
+    DuplicateField = "duplicate_field", 400, "A multipart part or query parameter is given more than once.";
+    InvalidQueryString = "invalid_query_string", 400, "A query parameter is unknown, mistyped, or an object.";
+    InvalidPath = "invalid_path", 400, "A path parameter is malformed.";
+    EmptyQuery = "empty_query", 400, "The query (or a topic's) has no text.";
+    QueryTooLong = "query_too_long", 400, "The query is longer than `limits.max_query_chars`.";
+    OutOfRange = "out_of_range", 400, "A number is outside its range (k, depth, bm25, rm3, interpolate, documents).";
+    InvalidTag = "invalid_tag", 400, "The run tag is not one word.";
+    InvalidSegments = "invalid_segments", 400, "The segmenting options are inconsistent.";
+    RerankingPipelineRequired = "reranking_pipeline_required", 400, "This needs a re-ranking pipeline, not bm25 or bm25+rm3.";
+    NotApplicable = "not_applicable", 400, "A parameter that does not apply to this route (a first-stage one for /rerank).";
+    DocumentsOrDocids = "documents_or_docids", 400, "/rerank needs either documents or docids.";
+    NoFirstStage = "no_first_stage", 400, "interpolate needs first-stage scores, which documents given as text lack.";
+    CollectionRequired = "collection_required", 400, "Several collections and no default: name one.";
+    NotFound = "not_found", 404, "No such route or static file.";
+    UnknownCollection = "unknown_collection", 404, "No collection of that name.";
+    UnknownDocument = "unknown_document", 404, "No document with that docid.";
+    UnknownJob = "unknown_job", 404, "No batch job with that id.";
+    MethodNotAllowed = "method_not_allowed", 405, "The route does not take this method.";
+    AmbiguousDocument = "ambiguous_document", 409, "The docid exists in several collections; name one.";
+    JobConflict = "job_conflict", 409, "The job is not in a state that allows this (the run of an unfinished job, cancelling a finished one).";
+    BodyTooLarge = "body_too_large", 413, "The body is larger than `server.max_body_bytes`.";
+    UnsupportedMediaType = "unsupported_media_type", 415, "The body is not JSON (or multipart where taken).";
+    UnknownPipeline = "unknown_pipeline", 422, "No pipeline of that name.";
+    PipelineUnavailable = "pipeline_unavailable", 422, "The pipeline cannot run with this model (cobert without a Co-BERT model).";
+    ModelRequired = "model_required", 422, "A re-ranking pipeline, and no model is configured.";
+    UnknownModel = "unknown_model", 422, "No model of that name.";
+    NotABiEncoder = "not_a_bi_encoder", 422, "Only a bi-encoder's embeddings can be computed ahead.";
+    MalformedFile = "malformed_file", 422, "A topic, qrels or run file does not parse (the message names the line).";
+    Overloaded = "overloaded", 429, "The model's queue is full; retry after `Retry-After` seconds.";
+    Cancelled = "cancelled", 499, "The client went away before the answer (logged only).";
+    Internal = "internal", 500, "A failure of the server (the message says which).";
+    ModelError = "model_error", 500, "The model failed on this input.";
+    IndexError = "index_error", 500, "The index failed to answer.";
+    NotReady = "not_ready", 503, "The server is still opening its indexes; retry after `Retry-After` seconds.";
+    Timeout = "timeout", 503, "The request ran longer than `server.request_timeout_ms`.";
+    ModelUnavailable = "model_unavailable", 503, "The model could not be loaded (the message says why).";
+}
+
 #[derive(Debug)]
 pub struct ApiError {
-    pub status: StatusCode,
-    pub code: &'static str,
+    pub code: ErrorCode,
     pub message: String,
     /// Seconds for `Retry-After` (429 and 503).
     pub retry_after_s: u64,
@@ -28,79 +101,98 @@ pub struct ErrorBody {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorDetail {
-    /// Stable machine-readable code, e.g. `empty_query`, `unknown_collection`, `body_too_large`.
-    pub code: String,
+    pub code: ErrorCode,
     /// What went wrong, for people.
     pub message: String,
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status, code, message: message.into(), retry_after_s: 1 }
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
+        ApiError { code, message: message.into(), retry_after_s: 1 }
     }
 
     pub fn not_found(what: &str) -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no route for {what}"))
+        ApiError::new(ErrorCode::NotFound, format!("no route for {what}"))
     }
 
     pub fn method_not_allowed() -> ApiError {
-        ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this route")
+        ApiError::new(ErrorCode::MethodNotAllowed, "method not allowed on this route")
     }
 
     pub fn not_ready() -> ApiError {
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", "the server is still opening its indexes")
+        ApiError::new(ErrorCode::NotReady, "the server is still opening its indexes")
     }
 
     pub fn timeout(ms: u64) -> ApiError {
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "timeout", format!("request took longer than {ms} ms"))
+        ApiError::new(ErrorCode::Timeout, format!("request took longer than {ms} ms"))
     }
 
     pub fn internal(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+        ApiError::new(ErrorCode::Internal, message)
+    }
+
+    /// A body that could not be read or decoded: too large, or invalid.
+    pub fn body(status: StatusCode, message: impl Into<String>) -> ApiError {
+        let code =
+            if status == StatusCode::PAYLOAD_TOO_LARGE { ErrorCode::BodyTooLarge } else { ErrorCode::InvalidBody };
+        ApiError::new(code, message)
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if self.status == StatusCode::INTERNAL_SERVER_ERROR {
-            tracing::error!(code = self.code, "{}", self.message);
+        let status = self.code.status();
+        if status.is_server_error() && self.code != ErrorCode::NotReady && self.code != ErrorCode::Timeout {
+            tracing::error!(code = self.code.as_str(), "{}", self.message);
         }
-        let body = ErrorBody { error: ErrorDetail { code: self.code.to_string(), message: self.message } };
-        let mut response = (self.status, axum::Json(body)).into_response();
-        if matches!(self.status, StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS) {
+        let body = ErrorBody { error: ErrorDetail { code: self.code, message: self.message } };
+        let mut response = (status, axum::Json(body)).into_response();
+        if matches!(status, StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS) {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(self.retry_after_s));
         }
         response
     }
 }
 
+impl RankError {
+    fn code(&self) -> ErrorCode {
+        use ErrorCode as C;
+        match self {
+            RankError::EmptyQuery => C::EmptyQuery,
+            RankError::QueryTooLong { .. } => C::QueryTooLong,
+            RankError::OutOfRange { .. } => C::OutOfRange,
+            RankError::Topic { source, .. } => source.code(),
+            RankError::InvalidTag(_) => C::InvalidTag,
+            RankError::InvalidSegments(_) => C::InvalidSegments,
+            RankError::RerankingPipelineRequired { .. } => C::RerankingPipelineRequired,
+            RankError::NotApplicable { .. } => C::NotApplicable,
+            RankError::DocumentsOrDocids => C::DocumentsOrDocids,
+            RankError::NoFirstStage => C::NoFirstStage,
+            RankError::UnknownPipeline { .. } => C::UnknownPipeline,
+            RankError::PipelineUnavailable { .. } => C::PipelineUnavailable,
+            RankError::CollectionRequired { .. } => C::CollectionRequired,
+            RankError::UnknownCollection { .. } => C::UnknownCollection,
+            RankError::UnknownDocument { .. } => C::UnknownDocument,
+            RankError::AmbiguousDocument { .. } => C::AmbiguousDocument,
+            RankError::ModelRequired { .. } => C::ModelRequired,
+            RankError::UnknownModel { .. } => C::UnknownModel,
+            RankError::ModelUnavailable { .. } => C::ModelUnavailable,
+            RankError::NotABiEncoder { .. } => C::NotABiEncoder,
+            RankError::Model(ModelError::Overloaded { .. }) => C::Overloaded,
+            RankError::Model(ModelError::Cancelled) => C::Cancelled,
+            RankError::Model(_) => C::ModelError,
+            RankError::Index(_) => C::IndexError,
+        }
+    }
+}
+
 impl From<RankError> for ApiError {
     fn from(e: RankError) -> ApiError {
-        use StatusCode as S;
-        let (status, code) = match &e {
-            RankError::EmptyQuery => (S::BAD_REQUEST, "empty_query"),
-            RankError::QueryTooLong { .. } => (S::BAD_REQUEST, "query_too_long"),
-            RankError::OutOfRange { .. } => (S::BAD_REQUEST, "out_of_range"),
-            RankError::InvalidParameter(_) => (S::BAD_REQUEST, "invalid_parameter"),
-            RankError::UnknownPipeline { .. } => (S::UNPROCESSABLE_ENTITY, "unknown_pipeline"),
-            RankError::CollectionRequired { .. } => (S::BAD_REQUEST, "collection_required"),
-            RankError::UnknownCollection { .. } => (S::NOT_FOUND, "unknown_collection"),
-            RankError::UnknownDocument { .. } => (S::NOT_FOUND, "unknown_document"),
-            RankError::AmbiguousDocument { .. } => (S::CONFLICT, "ambiguous_document"),
-            RankError::ModelRequired { .. } => (S::UNPROCESSABLE_ENTITY, "model_required"),
-            RankError::UnknownModel { .. } => (S::UNPROCESSABLE_ENTITY, "unknown_model"),
-            RankError::ModelUnavailable { .. } => (S::SERVICE_UNAVAILABLE, "model_unavailable"),
-            RankError::Model(ModelError::Overloaded { retry_after_s, .. }) => {
-                let mut error = ApiError::new(S::TOO_MANY_REQUESTS, "overloaded", e.to_string());
-                error.retry_after_s = *retry_after_s;
-                return error;
-            }
-            // The client is gone; nginx's 499 says so in logs.
-            RankError::Model(ModelError::Cancelled) => (S::from_u16(499).expect("499 is a valid status"), "cancelled"),
-            RankError::Model(_) => (S::INTERNAL_SERVER_ERROR, "model_error"),
-            RankError::Index(_) => (S::INTERNAL_SERVER_ERROR, "index_error"),
-        };
-        ApiError::new(status, code, e.to_string())
+        let mut error = ApiError::new(e.code(), e.to_string());
+        if let RankError::Model(ModelError::Overloaded { retry_after_s, .. }) = e {
+            error.retry_after_s = retry_after_s;
+        }
+        error
     }
 }
 
@@ -108,9 +200,9 @@ impl From<JobError> for ApiError {
     fn from(e: JobError) -> ApiError {
         match e {
             JobError::Rank(e) => e.into(),
-            JobError::Input(e) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "malformed_file", e.to_string()),
-            JobError::UnknownJob(_) => ApiError::new(StatusCode::NOT_FOUND, "unknown_job", e.to_string()),
-            JobError::Conflict { .. } => ApiError::new(StatusCode::CONFLICT, "job_conflict", e.to_string()),
+            JobError::Input(e) => ApiError::new(ErrorCode::MalformedFile, e.to_string()),
+            JobError::UnknownJob(_) => ApiError::new(ErrorCode::UnknownJob, e.to_string()),
+            JobError::Conflict { .. } => ApiError::new(ErrorCode::JobConflict, e.to_string()),
             JobError::Store(_) | JobError::Worker(_) => ApiError::internal(e.to_string()),
         }
     }
@@ -120,35 +212,24 @@ impl From<JsonRejection> for ApiError {
     fn from(r: JsonRejection) -> ApiError {
         let message = r.body_text();
         match r {
-            JsonRejection::JsonSyntaxError(_) => ApiError::new(StatusCode::BAD_REQUEST, "malformed_json", message),
-            JsonRejection::JsonDataError(_) => ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", message),
-            JsonRejection::MissingJsonContentType(_) => {
-                ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", message)
-            }
-            other if other.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", message)
-            }
-            other => ApiError::new(other.status(), "invalid_body", message),
+            JsonRejection::JsonSyntaxError(_) => ApiError::new(ErrorCode::MalformedJson, message),
+            JsonRejection::MissingJsonContentType(_) => ApiError::new(ErrorCode::UnsupportedMediaType, message),
+            other => ApiError::body(other.status(), message),
         }
     }
 }
 
 impl From<QueryRejection> for ApiError {
     fn from(r: QueryRejection) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid_query_string", r.body_text())
+        ApiError::new(ErrorCode::InvalidQueryString, r.body_text())
     }
 }
 
 impl From<PathRejection> for ApiError {
     fn from(r: PathRejection) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid_path", r.body_text())
+        ApiError::new(ErrorCode::InvalidPath, r.body_text())
     }
 }
-
-/// `axum::Json` with rejections in our error shape.
-#[derive(axum::extract::FromRequest)]
-#[from_request(via(axum::Json), rejection(ApiError))]
-pub struct ApiJson<T>(pub T);
 
 /// `axum::extract::Query` with rejections in our error shape.
 #[derive(axum::extract::FromRequestParts)]
@@ -159,3 +240,101 @@ pub struct ApiQuery<T>(pub T);
 #[derive(axum::extract::FromRequestParts)]
 #[from_request(via(axum::extract::Path), rejection(ApiError))]
 pub struct ApiPath<T>(pub T);
+
+/// Codes any route can answer: readiness, the timeout, the body limit, failures.
+const EVERY_ROUTE: &[ErrorCode] = &[ErrorCode::NotReady, ErrorCode::Timeout, ErrorCode::Internal];
+
+/// Declares a route's error responses for OpenAPI: the codes it can answer besides `EVERY_ROUTE`, grouped
+/// by status, each status described by its codes.
+macro_rules! route_errors {
+    ($($(#[$meta:meta])* $name:ident: [$($code:ident),* $(,)?];)*) => {
+        $(
+            $(#[$meta])*
+            pub struct $name;
+
+            impl utoipa::IntoResponses for $name {
+                fn responses() -> BTreeMap<String, RefOr<utoipa::openapi::response::Response>> {
+                    error_responses(&[$(ErrorCode::$code),*])
+                }
+            }
+        )*
+    };
+}
+
+route_errors! {
+    /// `/search` (POST and GET).
+    SearchErrors: [MalformedJson, InvalidBody, InvalidQueryString, DuplicateField, BodyTooLarge, UnsupportedMediaType,
+        EmptyQuery, QueryTooLong, OutOfRange, InvalidSegments, CollectionRequired, UnknownCollection,
+        UnknownPipeline, PipelineUnavailable, ModelRequired, UnknownModel, Overloaded, ModelUnavailable,
+        ModelError, IndexError];
+    /// `/rerank`.
+    RerankErrors: [MalformedJson, InvalidBody, BodyTooLarge, UnsupportedMediaType, EmptyQuery, QueryTooLong,
+        OutOfRange, InvalidSegments, RerankingPipelineRequired, NotApplicable, DocumentsOrDocids, NoFirstStage,
+        CollectionRequired, UnknownCollection, UnknownDocument, UnknownPipeline, PipelineUnavailable,
+        ModelRequired, UnknownModel, Overloaded, ModelUnavailable, ModelError, IndexError];
+    /// `POST /batch`.
+    SubmitErrors: [MalformedJson, InvalidBody, DuplicateField, BodyTooLarge, UnsupportedMediaType, EmptyQuery,
+        QueryTooLong, OutOfRange, InvalidTag, InvalidSegments, RerankingPipelineRequired, CollectionRequired,
+        UnknownCollection, UnknownPipeline, PipelineUnavailable, ModelRequired, UnknownModel, MalformedFile,
+        ModelUnavailable, InvalidQueryString, IndexError];
+    /// A job by id.
+    JobErrors: [InvalidPath, UnknownJob, JobConflict];
+    /// Two jobs compared.
+    CompareErrors: [InvalidQueryString, UnknownJob, JobConflict, MalformedFile];
+    /// `/documents/{docid}`.
+    DocumentErrors: [InvalidPath, InvalidQueryString, UnknownCollection, UnknownDocument, AmbiguousDocument, IndexError];
+    /// Routes that take no input.
+    PlainErrors: [IndexError];
+}
+
+fn error_responses(codes: &[ErrorCode]) -> BTreeMap<String, RefOr<utoipa::openapi::response::Response>> {
+    let mut by_status: BTreeMap<u16, Vec<ErrorCode>> = BTreeMap::new();
+    for &code in codes.iter().chain(EVERY_ROUTE) {
+        // 499 is only ever logged: the client is gone.
+        if code != ErrorCode::Cancelled {
+            by_status.entry(code.status().as_u16()).or_default().push(code);
+        }
+    }
+    by_status
+        .into_iter()
+        .map(|(status, codes)| {
+            let names: Vec<&str> = codes.iter().map(|c| c.as_str()).collect();
+            let content =
+                ContentBuilder::new().schema(Some(RefOr::Ref(utoipa::openapi::Ref::from_schema_name("ErrorBody"))));
+            let response = ResponseBuilder::new()
+                .description(format!("`{}`", names.join("`, `")))
+                .content("application/json", content.build());
+            (status.to_string(), RefOr::T(response.build()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_is_in_readmes_table_and_back() {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        let table: Vec<(String, u16)> = readme
+            .lines()
+            .skip_while(|l| !l.starts_with("| code | status |"))
+            .skip(2)
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                (cells[1].trim_matches('`').to_string(), cells[2].parse().unwrap())
+            })
+            .collect();
+        let codes: Vec<(String, u16)> =
+            ErrorCode::ALL.iter().map(|c| (c.as_str().to_string(), c.status().as_u16())).collect();
+        assert_eq!(table, codes, "README's table of error codes must list ErrorCode::ALL in order, with statuses");
+    }
+
+    #[test]
+    fn codes_serialize_as_their_text() {
+        for code in ErrorCode::ALL {
+            assert_eq!(serde_json::to_value(code).unwrap(), code.as_str());
+        }
+    }
+}

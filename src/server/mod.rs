@@ -1,7 +1,9 @@
 //! The HTTP server: axum router, shared state, middleware, OpenAPI. Handlers are thin; the work happens in
 //! `rank::Engine`, on blocking threads so the async runtime never waits on an index.
 
+mod decode;
 mod error;
+pub mod jobs;
 mod metrics;
 mod middleware;
 mod openapi;
@@ -22,10 +24,10 @@ pub use openapi::ApiDoc;
 
 use crate::config::Config;
 use crate::index::Catalog;
-use crate::jobs::Jobs;
 use crate::model::Cancel;
 use crate::rank::{Engine, RankError, SearchRequest, SearchResponse};
 use crate::store::{QueryLogEntry, Store};
+use jobs::Jobs;
 
 #[derive(Clone)]
 pub struct AppState {

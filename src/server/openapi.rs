@@ -23,7 +23,7 @@ use super::routes::{batch, collections, documents, pipelines, rerank, search, sy
         system::health,
         system::metrics,
     ),
-    components(schemas(super::error::ErrorBody, crate::rank::Pipeline)),
+    components(schemas(super::error::ErrorBody, super::error::ErrorCode, crate::rank::Pipeline)),
     tags(
         (name = "search", description = "Ranking"),
         (name = "documents", description = "Stored documents"),

@@ -12,28 +12,38 @@ use std::io::Write;
 use std::path::Path;
 
 use candle_core::{DType, Tensor};
+use clap::builder::TypedValueParser as _;
 use serde::{Deserialize, Serialize};
 
-use super::dev::{inference_inputs, score_batched_with};
-use super::learner::{save_state, truncate_log, Progress as State};
+use super::learner::Tracker;
 use super::optim::{learning_rate, AdamW};
-use super::{ModelReport, Progress, TrainError, TrainOptions};
+use super::scorer::Scorer;
+use super::{ModelReport, TrainError, TrainOptions};
 use crate::eval::{Qrels, Run, Scored};
-use crate::index::{Bm25Params, Collection};
+use crate::index::Collection;
 use crate::model::cobert::{groups, CoBertConfig};
-use crate::model::{CoBertInit, CrossEncoder, TrainableCrossEncoder};
+use crate::model::{CoBertInit, TrainableCrossEncoder};
+use crate::progress::{Progress, Unit};
+use crate::rank::rerank::Candidate;
 use crate::rng::Rng;
-use crate::segment;
 
 /// What `--method cobert` adds to the options.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
 pub struct CoBertTraining {
+    #[command(flatten)]
     pub heads: CoBertConfig,
-    /// First-stage candidates per query (k).
+    /// Co-BERT: first-stage candidates per query (k).
+    #[arg(long = "cobert-depth", default_value_t = 100)]
     pub depth: usize,
-    /// Heads' layers from the backbone's last layers, else drawn from the seed.
+    /// Co-BERT's heads drawn from the seed (`random`), or their layers copied from the backbone's last ones
+    /// (`backbone`, the paper's choice). Random heads did better on dev in each of Medline's five folds of the
+    /// Co-BERT experiment (EXPERIMENTS.md).
+    #[arg(long = "heads", value_name = "INIT", default_value = "random", action = clap::ArgAction::Set,
+          value_parser = clap::builder::PossibleValuesParser::new(["random", "backbone"]).map(|s| s == "backbone"))]
     pub from_backbone: bool,
-    /// Train the backbone with the heads (else it stays frozen and its states are cached).
+    /// Co-BERT: train the backbone with the heads (a GPU's job; else the backbone is frozen and its states
+    /// cached).
+    #[arg(long)]
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub end_to_end: bool,
 }
@@ -51,23 +61,15 @@ pub struct Features {
     pub passages: Vec<String>,
 }
 
-/// A candidate's best passage in the first round: its MaxP score, final `[CLS]` state and model input.
-#[derive(Clone)]
-struct BestPassage {
-    score: f32,
-    state: Vec<f32>,
-    text: String,
-}
-
 /// The first round of every query of `qids`, from `path` where computed before (a torn last line is
-/// recomputed), the rest computed and appended.
+/// recomputed), the rest computed by `scorer` as the `cobert` pipeline computes it, and appended.
 #[allow(clippy::too_many_arguments)]
 fn features(
     path: &Path,
     collection: &Collection,
     topics: &[(String, String)],
     qids: &BTreeSet<String>,
-    model: &CrossEncoder,
+    scorer: &Scorer,
     options: &TrainOptions,
     depth: usize,
     progress: &dyn Progress,
@@ -90,41 +92,22 @@ fn features(
     }
     let todo: Vec<&(String, String)> =
         topics.iter().filter(|(q, _)| qids.contains(q) && !done.contains_key(q)).collect();
-    progress.phase(&format!("first round into {}", path.display()), todo.len() as u64);
+    progress.phase(&format!("first round into {}", path.display()), todo.len() as u64, Unit::Items);
     let mut file =
         std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| TrainError::io(path, e))?;
     for (n, (qid, query)) in todo.into_iter().enumerate() {
-        let hits = collection.search(query, depth, Bm25Params::default())?;
-        let (mut encoded, mut owners, mut inputs) = (Vec::new(), Vec::new(), Vec::new());
-        for (d, hit) in hits.iter().enumerate() {
-            let Some(doc) = collection.get(&hit.docid)? else { continue };
-            let prefix = segment::title_prefix(&doc.title, options.repeat_title);
-            for input in inference_inputs(prefix.as_deref(), &doc.text, model, options, None) {
-                encoded.push(model.encode(query, &input, options.max_length, options.max_query_tokens)?);
-                owners.push(d);
-                inputs.push(input);
-            }
+        let mut candidates = Vec::new();
+        for hit in collection.search(query, depth, options.bm25)? {
+            candidates.push(Candidate { first_stage_score: Some(hit.score), doc: collection.document(hit.address)? });
         }
-        let outputs = score_batched_with(&encoded, options.batch_tokens, |batch| {
-            let (scores, states) = model.score_with_states(batch)?;
-            let states = states.to_dtype(DType::F32)?.to_vec2::<f32>()?;
-            Ok(scores.into_iter().zip(states).collect::<Vec<_>>())
-        })?;
-        let mut best: Vec<Option<BestPassage>> = vec![None; hits.len()];
-        for ((d, (score, state)), text) in owners.into_iter().zip(outputs).zip(inputs) {
-            if best[d].as_ref().is_none_or(|b| score > b.score) {
-                best[d] = Some(BestPassage { score, state, text });
-            }
-        }
-        let mut ranked: Vec<(String, BestPassage)> =
-            hits.iter().zip(best).filter_map(|(h, b)| Some((h.docid.clone(), b?))).collect();
-        ranked.sort_by(|a, b| b.1.score.total_cmp(&a.1.score));
+        let round = scorer.first_round(query, &candidates)?;
+        let hidden = round.first().map_or(0, |p| p.output.len() - 2);
         let f = Features {
             qid: qid.clone(),
-            docids: ranked.iter().map(|(docid, _)| docid.clone()).collect(),
-            first_round: ranked.iter().map(|(_, b)| b.score).collect(),
-            states: ranked.iter().flat_map(|(_, b)| b.state.iter().copied()).collect(),
-            passages: ranked.into_iter().map(|(_, b)| b.text).collect(),
+            docids: round.iter().map(|p| candidates[p.candidate].doc.docid.clone()).collect(),
+            first_round: round.iter().map(|p| p.score).collect(),
+            states: round.iter().flat_map(|p| p.output[1..1 + hidden].iter().copied()).collect(),
+            passages: round.into_iter().map(|p| p.text).collect(),
         };
         writeln!(file, "{}", serde_json::to_string(&f).unwrap_or_default()).map_err(|e| TrainError::io(path, e))?;
         done.insert(qid.clone(), f);
@@ -156,7 +139,7 @@ pub fn train(
     if cobert.end_to_end {
         model.keep_first_round(init);
     }
-    let first_round = model.snapshot()?;
+    let first_round = Scorer::cobert_of(&model, options)?;
     let train = features(
         &dir.join("features-train.jsonl"),
         collection,
@@ -219,32 +202,17 @@ pub fn train(
     };
     let vars: Vec<_> = model.variables().into_iter().filter(|(n, _)| trains(n)).collect();
     let mut optimizer = AdamW::new(vars.clone(), options.weight_decay)?;
-    let state_dir = dir.join("state");
-    let mut state = State::default();
-    if state_dir.join("progress.json").exists() {
-        let path = state_dir.join("progress.json");
-        state = serde_json::from_slice(&std::fs::read(&path).map_err(|e| TrainError::io(&path, e))?)
-            .map_err(|e| TrainError::io(&path, e))?;
-        model.load_weights(&state_dir.join("weights.safetensors"))?;
-        optimizer.load(&state_dir.join("optimizer.safetensors"), state.step)?;
-    }
-    let log_path = dir.join("log.jsonl");
-    truncate_log(&log_path, state.step)?;
-    let mut log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log_path)
-        .map_err(|e| TrainError::io(&log_path, e))?;
+    let mut tracker = Tracker::open("cobert", &dir, &model, &mut optimizer)?;
     let hidden = first_round_hidden(&train)?;
     let tensor = |f: &Features, start: usize, len: usize| -> Result<(Tensor, Tensor), TrainError> {
         let r = Tensor::from_vec(f.states[start * hidden..(start + len) * hidden].to_vec(), (len, hidden), device)?;
         let s = Tensor::from_vec(f.first_round[start..start + len].to_vec(), len, device)?;
         Ok((r, s))
     };
-    progress.phase("training cobert", options.steps as u64);
+    progress.phase("training cobert", options.steps as u64, Unit::Items);
     let warmup = (options.warmup * options.steps as f64).round() as usize;
-    while state.step < options.steps && !state.done {
-        let step = state.step + 1;
+    while tracker.state.step < options.steps && !tracker.state.done {
+        let step = tracker.state.step + 1;
         let mut rng = Rng::stream(options.seed, step as u64);
         let mut total: Option<Tensor> = None;
         for _ in 0..options.batch {
@@ -298,45 +266,20 @@ pub fn train(
             .collect::<Result<_, _>>()?;
         let lr = learning_rate(options.lr, step, warmup, options.steps);
         optimizer.step(&grads, lr)?;
-        state.step = step;
         let loss = loss.to_scalar::<f32>()? as f64;
-        writeln!(log, "{}", serde_json::json!({"step": step, "loss": loss, "lr": lr}))
-            .map_err(|e| TrainError::io(&log_path, e))?;
+        tracker.stepped(step, loss, lr, None)?;
         progress.set(step as u64, &format!("loss {loss:.4}"));
         if step % options.eval_every == 0 || step == options.steps {
             let fresh = cobert.end_to_end.then_some(&queries);
-            let (value, measures, run) = evaluate(&model, &dev, qrels, options, hidden, fresh)?;
-            let gain = state.best_dev.is_none_or(|best| value > best);
-            if gain {
-                model.save(&dir.join("model"))?;
-                let mut text = Vec::new();
-                run.write(&mut text).map_err(|e| TrainError::io(&dir, e))?;
-                std::fs::write(dir.join("dev-run.txt"), text).map_err(|e| TrainError::io(&dir, e))?;
-                (state.best_dev, state.best_step, state.evals_without_gain) = (Some(value), Some(step), 0);
-            } else {
-                state.evals_without_gain += 1;
-                if options.patience > 0 && state.evals_without_gain >= options.patience {
-                    (state.done, state.stopped_early) = (true, true);
-                }
-            }
-            writeln!(log, "{}", serde_json::json!({"step": step, "dev": measures, "selected": gain}))
-                .map_err(|e| TrainError::io(&log_path, e))?;
-            super::plot::write_curves(&log_path, &dir.join("curves.svg"), "cobert")?;
+            let evaluation = evaluate(&model, &dev, qrels, options, hidden, fresh)?;
+            tracker.evaluated(evaluation, &model, options)?;
         }
-        if step % options.checkpoint_every == 0 || step == options.steps || state.done {
-            state.done |= step == options.steps;
-            log.sync_data().map_err(|e| TrainError::io(&log_path, e))?;
-            save_state(&dir, &model, &optimizer, &state)?;
+        if step % options.checkpoint_every == 0 || step == options.steps || tracker.state.done {
+            tracker.state.done |= step == options.steps;
+            tracker.checkpoint(&model, &optimizer)?;
         }
     }
-    Ok(ModelReport {
-        name: "cobert".into(),
-        dir,
-        steps: state.step,
-        best_dev: state.best_dev,
-        best_step: state.best_step,
-        stopped_early: state.stopped_early,
-    })
+    Ok(tracker.report())
 }
 
 fn first_round_hidden(features: &[Features]) -> Result<usize, TrainError> {
@@ -359,22 +302,16 @@ fn evaluate(
 ) -> Result<(f64, BTreeMap<String, f64>, Run), TrainError> {
     let heads = model.cobert().ok_or_else(|| TrainError::Data("no Co-BERT heads".into()))?;
     let device = model.device();
-    let backbone = fresh.map(|_| model.snapshot()).transpose()?;
+    let backbone = fresh.map(|_| Scorer::cobert_of(model, options)).transpose()?;
     let mut run = Run { tag: "dev".into(), ..Default::default() };
     for f in dev {
         let k = f.docids.len();
         let states = match (&backbone, fresh) {
             (Some(backbone), Some(queries)) => {
                 let query = queries.get(f.qid.as_str()).copied().unwrap_or_default();
-                let encoded = f
-                    .passages
-                    .iter()
-                    .map(|p| backbone.encode(query, p, options.max_length, options.max_query_tokens))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let states = score_batched_with(&encoded, options.batch_tokens, |batch| {
-                    Ok(backbone.score_with_states(batch)?.1.to_dtype(DType::F32)?.to_vec2::<f32>()?)
-                })?;
-                states.concat()
+                let passages: Vec<&str> = f.passages.iter().map(String::as_str).collect();
+                let outputs = backbone.interactions(query, &passages)?;
+                outputs.iter().flat_map(|o| o[1..1 + hidden].iter().copied()).collect()
             }
             _ => f.states.clone(),
         };

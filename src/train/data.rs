@@ -4,14 +4,15 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroUsize;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use lru::LruCache;
+use parking_lot::Mutex;
 
 use super::{Loss, TrainError, TrainOptions};
 use crate::eval::Qrels;
-use crate::index::{Bm25Params, Collection};
-use crate::model::Fnv;
+use crate::index::Collection;
+use crate::model::{Fnv, TrainableCrossEncoder};
 use crate::rng::Rng;
 use crate::segment::{self, Segment};
 
@@ -25,14 +26,14 @@ pub struct Query {
     pub negatives: Vec<String>,
 }
 
-/// The queries of `qids` that have a relevant document in the collection; `candidates` is the BM25 depth
-/// negatives come from.
+/// The queries of `qids` that have a relevant document in the collection, with negatives from the BM25
+/// top `options.candidates`.
 pub fn queries(
     collection: &Collection,
     topics: &[(String, String)],
     qrels: &Qrels,
     qids: &BTreeSet<String>,
-    candidates: usize,
+    options: &TrainOptions,
 ) -> Result<Vec<Query>, TrainError> {
     let mut out = Vec::new();
     for (qid, text) in topics.iter().filter(|(q, _)| qids.contains(q)) {
@@ -47,7 +48,7 @@ pub fn queries(
                 present.push(docid);
             }
         }
-        let hits = collection.search(text, candidates, Bm25Params::default())?;
+        let hits = collection.search(text, options.candidates, options.bm25)?;
         let negatives: Vec<String> = hits.into_iter().map(|h| h.docid).filter(|d| !relevant(d)).collect();
         if !present.is_empty() {
             out.push(Query { qid: qid.clone(), text: text.clone(), positives: present, negatives });
@@ -107,24 +108,31 @@ impl TrainingDoc {
     }
 }
 
-/// Documents cut for training, fetched from the collection and kept in a bounded cache.
+/// Documents cut for training with the model's tokenizer, fetched from the collection and kept in a bounded
+/// cache.
 pub struct Documents<'a> {
     collection: &'a Collection,
     options: &'a TrainOptions,
+    tokenizer: &'a TrainableCrossEncoder,
     cache: Mutex<LruCache<String, Arc<TrainingDoc>>>,
 }
 
 const CACHED_DOCUMENTS: usize = 4096;
 
 impl<'a> Documents<'a> {
-    pub fn new(collection: &'a Collection, options: &'a TrainOptions) -> Documents<'a> {
+    pub fn new(
+        collection: &'a Collection,
+        options: &'a TrainOptions,
+        tokenizer: &'a TrainableCrossEncoder,
+    ) -> Documents<'a> {
         let size = NonZeroUsize::new(CACHED_DOCUMENTS).unwrap_or(NonZeroUsize::MIN);
-        Documents { collection, options, cache: Mutex::new(LruCache::new(size)) }
+        Documents { collection, options, tokenizer, cache: Mutex::new(LruCache::new(size)) }
     }
 
-    /// The document cut with `model`'s tokenizer counting tokens.
-    pub fn get(&self, docid: &str, model: &dyn segment::TokenCounter) -> Result<Arc<TrainingDoc>, TrainError> {
-        if let Some(doc) = self.cache.lock().unwrap_or_else(|e| e.into_inner()).get(docid) {
+    /// The document, cut.
+    pub fn get(&self, docid: &str) -> Result<Arc<TrainingDoc>, TrainError> {
+        let model = self.tokenizer;
+        if let Some(doc) = self.cache.lock().get(docid) {
             return Ok(doc.clone());
         }
         let stored = self
@@ -133,16 +141,17 @@ impl<'a> Documents<'a> {
             .ok_or_else(|| TrainError::Data(format!("document {docid} is not in the collection")))?;
         let prefix = segment::title_prefix(&stored.title, self.options.repeat_title);
         let title_tokens = prefix.as_deref().map_or(0, |p| segment::TokenCounter::count(model, p));
-        let max = self.options.segment_budget().saturating_sub(title_tokens).max(1);
+        let budget = model.segment_budget(self.options.max_length, self.options.max_query_tokens);
+        let max = budget.saturating_sub(title_tokens).max(1);
         let mut hash = Fnv::default();
         hash.write(docid.as_bytes());
         let mut rng = Rng::stream(self.options.seed, hash.0);
         let random = self.options.random_lengths;
         // Random budgets between half and all of the model's, so length carries no label.
         let mut budgets = || if random { max / 2 + rng.below(max - max / 2 + 1) } else { max };
-        let segments = segment::training_segments(&stored.text, max, model, self.options.doc_tokens, &mut budgets);
+        let segments = segment::training_segments(&stored.text, max, model, self.options.doc_tokens.0, &mut budgets);
         let doc = Arc::new(TrainingDoc { prefix, text: stored.text, segments });
-        self.cache.lock().unwrap_or_else(|e| e.into_inner()).put(docid.to_string(), doc.clone());
+        self.cache.lock().put(docid.to_string(), doc.clone());
         Ok(doc)
     }
 }

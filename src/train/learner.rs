@@ -1,17 +1,21 @@
-//! One model in training: its variables and optimizer, the segments it trains on, dev evaluations with
-//! early stopping and model selection, checkpoints to resume from, and its log and curves.
+//! One model in training: its variables and optimizer, the segments it trains on, and its `Tracker` (dev
+//! evaluations with early stopping and model selection, checkpoints to resume from, its log and curves),
+//! which Co-BERT's training shares.
 
-use std::collections::HashMap;
-use std::io::Write;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
 use super::data::{Example, TrainingDoc};
+use super::log::{Entry, Log};
 use super::optim::{learning_rate, AdamW};
-use super::{inputs_of, Loss, ModelReport, Run, TrainError};
-use crate::model::{CrossEncoder, Encoded, TrainableCrossEncoder};
+use super::scorer::Scorer;
+use super::{inputs_of, Loss, ModelReport, Run, TrainError, TrainOptions};
+use crate::eval::Run as TrecRun;
+use crate::model::{Encoded, TrainableCrossEncoder};
+use crate::progress::Unit;
 use crate::rng::Rng;
 
 /// Which segment of each document a model trains on.
@@ -28,7 +32,7 @@ pub enum Selector {
 
 /// What `state/progress.json` keeps between checkpoints.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub(super) struct Progress {
+pub(super) struct TrainState {
     pub step: usize,
     pub best_dev: Option<f64>,
     pub best_step: Option<usize>,
@@ -37,72 +41,142 @@ pub(super) struct Progress {
     pub stopped_early: bool,
 }
 
-pub struct Learner {
+/// One model's course on disk, shared by every method: its state to resume from (`state/`), its log, and dev
+/// evaluations with model selection (a gain saves `model/` and `dev-run.txt`) and early stopping.
+pub(super) struct Tracker {
     name: String,
     dir: PathBuf,
+    pub state: TrainState,
+    log: Log,
+}
+
+impl Tracker {
+    /// Opens `dir`, loading the state it holds into `model` and `optimizer` (a fresh start when none).
+    pub fn open(
+        name: &str,
+        dir: &Path,
+        model: &TrainableCrossEncoder,
+        optimizer: &mut AdamW,
+    ) -> Result<Tracker, TrainError> {
+        std::fs::create_dir_all(dir).map_err(|e| TrainError::io(dir, e))?;
+        let state_dir = dir.join("state");
+        let path = state_dir.join("progress.json");
+        let state: TrainState = if path.exists() {
+            let state: TrainState =
+                serde_json::from_slice(&std::fs::read(&path).map_err(|e| TrainError::io(&path, e))?)
+                    .map_err(|e| TrainError::io(&path, e))?;
+            model.load_weights(&state_dir.join("weights.safetensors"))?;
+            optimizer.load(&state_dir.join("optimizer.safetensors"), state.step)?;
+            state
+        } else {
+            TrainState::default()
+        };
+        let (log, _) = Log::open(&dir.join("log.jsonl"), state.step)?;
+        Ok(Tracker { name: name.to_string(), dir: dir.to_path_buf(), state, log })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Logs an optimizer step.
+    pub fn stepped(&mut self, step: usize, loss: f64, lr: f64, examples_per_s: Option<f64>) -> Result<(), TrainError> {
+        self.state.step = step;
+        self.log.append(&Entry { step, loss: Some(loss), lr: Some(lr), examples_per_s, ..Default::default() })
+    }
+
+    /// Records a dev evaluation of `model` at the current step: a gain saves it as the selected checkpoint with
+    /// its dev run; `patience` evaluations without one stop the model; the last step ends it. Returns whether
+    /// it gained.
+    pub fn evaluated(
+        &mut self,
+        (value, measures, run): (f64, BTreeMap<String, f64>, TrecRun),
+        model: &TrainableCrossEncoder,
+        options: &TrainOptions,
+    ) -> Result<bool, TrainError> {
+        let state = &mut self.state;
+        let gain = state.best_dev.is_none_or(|best| value > best);
+        if gain {
+            model.save(&self.dir.join("model"))?;
+            let path = self.dir.join("dev-run.txt");
+            let mut text = Vec::new();
+            run.write(&mut text).map_err(|e| TrainError::io(&path, e))?;
+            std::fs::write(&path, text).map_err(|e| TrainError::io(&path, e))?;
+            (state.best_dev, state.best_step, state.evals_without_gain) = (Some(value), Some(state.step), 0);
+        } else {
+            state.evals_without_gain += 1;
+            if options.patience > 0 && state.evals_without_gain >= options.patience {
+                (state.done, state.stopped_early) = (true, true);
+            }
+        }
+        state.done |= state.step >= options.steps;
+        let entry = Entry { step: state.step, dev: Some(measures), selected: Some(gain), ..Default::default() };
+        self.log.append(&entry)?;
+        super::plot::write_curves(self.log.path(), &self.dir.join("curves.svg"), &self.name)?;
+        Ok(gain)
+    }
+
+    /// Saves the weights, optimizer state and progress, replacing the previous checkpoint whole (after the
+    /// log that describes them).
+    pub fn checkpoint(&mut self, model: &TrainableCrossEncoder, optimizer: &AdamW) -> Result<(), TrainError> {
+        self.log.sync()?;
+        let staging = self.dir.join("state.partial");
+        let _ = std::fs::remove_dir_all(&staging);
+        std::fs::create_dir_all(&staging).map_err(|e| TrainError::io(&staging, e))?;
+        model.save_weights(&staging.join("weights.safetensors"))?;
+        optimizer.save(&staging.join("optimizer.safetensors"))?;
+        let path = staging.join("progress.json");
+        std::fs::write(&path, serde_json::to_vec_pretty(&self.state).unwrap_or_default())
+            .map_err(|e| TrainError::io(&path, e))?;
+        crate::model::replace_dir(&staging, &self.dir.join("state"))?;
+        crate::hooks::point("train.checkpoint");
+        Ok(())
+    }
+
+    pub fn report(&self) -> ModelReport {
+        ModelReport {
+            name: self.name.clone(),
+            dir: self.dir.clone(),
+            steps: self.state.step,
+            best_dev: self.state.best_dev,
+            best_step: self.state.best_step,
+            stopped_early: self.state.stopped_early,
+        }
+    }
+}
+
+pub struct Learner {
     model: TrainableCrossEncoder,
     optimizer: AdamW,
     selector: Selector,
-    progress: Progress,
+    tracker: Tracker,
     /// The segments BeST's first iteration trained on, by (qid, docid).
     chosen: HashMap<(String, String), usize>,
-    log: std::fs::File,
-    losses: Vec<f64>,
 }
 
 impl Learner {
     /// A fresh model from the run's initial weights, or the one `dir/state` holds.
     pub fn open(name: &str, dir: &Path, selector: Selector, run: &Run) -> Result<Learner, TrainError> {
-        std::fs::create_dir_all(dir).map_err(|e| TrainError::io(dir, e))?;
         let model = TrainableCrossEncoder::init(run.init, run.device, run.dtype, run.options.seed)?;
         let mut optimizer = AdamW::new(model.variables(), run.options.weight_decay)?;
-        let state = dir.join("state");
-        let progress: Progress = if state.join("progress.json").exists() {
-            let path = state.join("progress.json");
-            let progress: Progress =
-                serde_json::from_slice(&std::fs::read(&path).map_err(|e| TrainError::io(&path, e))?)
-                    .map_err(|e| TrainError::io(&path, e))?;
-            model.load_weights(&state.join("weights.safetensors"))?;
-            optimizer.load(&state.join("optimizer.safetensors"), progress.step)?;
-            progress
-        } else {
-            Progress::default()
-        };
-        let log_path = dir.join("log.jsonl");
-        let kept = truncate_log(&log_path, progress.step)?;
+        let tracker = Tracker::open(name, dir, &model, &mut optimizer)?;
         let chosen = match &selector {
             Selector::Online(_) => read_selections(&dir.join("selections.tsv"))?,
             _ => HashMap::new(),
         };
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .map_err(|e| TrainError::io(&log_path, e))?;
-        let losses = kept.iter().filter_map(|e| e.get("loss").and_then(|l| l.as_f64())).collect();
-        Ok(Learner {
-            name: name.to_string(),
-            dir: dir.to_path_buf(),
-            model,
-            optimizer,
-            selector,
-            progress,
-            chosen,
-            log,
-            losses,
-        })
+        Ok(Learner { model, optimizer, selector, tracker, chosen })
     }
 
     pub fn name(&self) -> &str {
-        &self.name
+        &self.tracker.name
     }
 
     pub fn step(&self) -> usize {
-        self.progress.step
+        self.tracker.state.step
     }
 
     pub fn done(&self) -> bool {
-        self.progress.done
+        self.tracker.state.done
     }
 
     pub fn selector(&self) -> &Selector {
@@ -118,7 +192,7 @@ impl Learner {
         &mut self,
         step: usize,
         examples: &[Example],
-        snapshots: &[Option<CrossEncoder>],
+        snapshots: &[Option<Scorer>],
         run: &Run,
     ) -> Result<f64, TrainError> {
         let options = run.options;
@@ -144,13 +218,13 @@ impl Learner {
                         Selector::Online(j) => {
                             let scorer =
                                 snapshots[*j].as_ref().ok_or_else(|| TrainError::Data("no selector model".into()))?;
-                            let best = best_segment(scorer, &run.queries[example.query].text, doc, options)?;
+                            let best = scorer.best_segment(&run.queries[example.query].text, doc)?;
                             chosen.insert((qid.clone(), example.docs[position].clone()), best);
                             best
                         }
                     })
                 };
-                inputs_of(chunk, &mut choose, run, &self.model)?
+                inputs_of(chunk, &mut choose, run)?
             };
             let encoded: Vec<Encoded> = texts
                 .iter()
@@ -187,132 +261,49 @@ impl Learner {
         let warmup = (options.warmup * options.steps as f64).round() as usize;
         let lr = learning_rate(options.lr, step, warmup, options.steps);
         self.optimizer.step(&grads, lr)?;
-        self.progress.step = step;
-        self.losses.push(loss_total);
         let rate = examples.len() as f64 / started.elapsed().as_secs_f64();
-        self.write_log(serde_json::json!({
-            "step": step, "loss": loss_total, "lr": lr, "examples_per_s": rate,
-        }))?;
+        self.tracker.stepped(step, loss_total, lr, Some(rate))?;
         Ok(loss_total)
     }
 
     /// Scores dev; a gain saves the model as the selected one, and `patience` evaluations without one stop it.
     pub fn evaluate(&mut self, run: &Run) -> Result<(), TrainError> {
-        run.progress.set(self.progress.step as u64, &format!("{}: scoring dev", self.name));
-        let scorer = self.model.snapshot()?;
-        let (value, measures, dev_run) = run.dev.evaluate(&scorer, run.options)?;
-        let gain = self.progress.best_dev.is_none_or(|best| value > best);
-        if gain {
-            self.model.save(&self.dir.join("model"))?;
-            let path = self.dir.join("dev-run.txt");
-            let mut text = Vec::new();
-            dev_run.write(&mut text).map_err(|e| TrainError::io(&path, e))?;
-            std::fs::write(&path, text).map_err(|e| TrainError::io(&path, e))?;
-            self.progress.best_dev = Some(value);
-            self.progress.best_step = Some(self.progress.step);
-            self.progress.evals_without_gain = 0;
-        } else {
-            self.progress.evals_without_gain += 1;
-            if run.options.patience > 0 && self.progress.evals_without_gain >= run.options.patience {
-                self.progress.done = true;
-                self.progress.stopped_early = true;
-            }
-        }
-        if self.progress.step >= run.options.steps {
-            self.progress.done = true;
-        }
-        if self.progress.done && self.dir.join("model/model.safetensors").exists() {
+        run.progress.phase(
+            &format!("{}: scoring dev at step {}", self.name(), self.step()),
+            run.dev.len() as u64,
+            Unit::Items,
+        );
+        let scorer = Scorer::of(&self.model, run.options)?;
+        let evaluation = run.dev.evaluate(&scorer, run.options, run.progress)?;
+        self.tracker.evaluated(evaluation, &self.model, run.options)?;
+        let selected = self.tracker.dir().join("model/model.safetensors");
+        if self.done() && selected.exists() {
             // A stopped model serves on (as a selector) with its selected weights.
-            self.model.load_weights(&self.dir.join("model/model.safetensors"))?;
+            self.model.load_weights(&selected)?;
         }
-        self.write_log(serde_json::json!({
-            "step": self.progress.step, "dev": measures, "selected": gain,
-        }))?;
-        super::plot::write_curves(&self.dir.join("log.jsonl"), &self.dir.join("curves.svg"), &self.name)
+        Ok(())
     }
 
     /// Saves the weights, optimizer state and progress, replacing the previous checkpoint whole.
     pub fn checkpoint(&mut self) -> Result<(), TrainError> {
         if !self.chosen.is_empty() {
-            write_selections(&self.dir.join("selections.tsv"), &self.chosen)?;
+            write_selections(&self.tracker.dir().join("selections.tsv"), &self.chosen)?;
         }
-        self.log.sync_data().map_err(|e| TrainError::io(&self.dir.join("log.jsonl"), e))?;
-        save_state(&self.dir, &self.model, &self.optimizer, &self.progress)
+        self.tracker.checkpoint(&self.model, &self.optimizer)
     }
 
     /// Marks the model done once it has taken every step.
     pub fn finish(&mut self) -> Result<(), TrainError> {
-        if !self.progress.done {
-            self.progress.done = true;
+        if !self.done() {
+            self.tracker.state.done = true;
             self.checkpoint()?;
         }
         Ok(())
     }
 
     pub fn report(&self) -> ModelReport {
-        ModelReport {
-            name: self.name.clone(),
-            dir: self.dir.clone(),
-            steps: self.progress.step,
-            best_dev: self.progress.best_dev,
-            best_step: self.progress.best_step,
-            stopped_early: self.progress.stopped_early,
-        }
+        self.tracker.report()
     }
-
-    fn write_log(&mut self, entry: serde_json::Value) -> Result<(), TrainError> {
-        writeln!(self.log, "{entry}").map_err(|e| TrainError::io(&self.dir.join("log.jsonl"), e))
-    }
-}
-
-/// The index of the document's training segment that `scorer` scores highest for the query (the first of
-/// equals).
-pub fn best_segment(
-    scorer: &CrossEncoder,
-    query: &str,
-    doc: &TrainingDoc,
-    options: &super::TrainOptions,
-) -> Result<usize, TrainError> {
-    let encoded: Vec<Encoded> = (0..doc.segments.len())
-        .map(|i| scorer.encode(query, &doc.input(i), options.max_length, options.max_query_tokens))
-        .collect::<Result<_, _>>()?;
-    let scores = super::dev::score_batched(scorer, &encoded, options.batch_tokens)?;
-    Ok(scores.iter().enumerate().fold(0, |best, (i, s)| if *s > scores[best] { i } else { best }))
-}
-
-/// Writes `dir/state` (weights, optimizer state, progress), replacing the previous one whole.
-pub(super) fn save_state(
-    dir: &Path,
-    model: &TrainableCrossEncoder,
-    optimizer: &AdamW,
-    progress: &Progress,
-) -> Result<(), TrainError> {
-    let staging = dir.join("state.partial");
-    let _ = std::fs::remove_dir_all(&staging);
-    std::fs::create_dir_all(&staging).map_err(|e| TrainError::io(&staging, e))?;
-    model.save_weights(&staging.join("weights.safetensors"))?;
-    optimizer.save(&staging.join("optimizer.safetensors"))?;
-    let path = staging.join("progress.json");
-    std::fs::write(&path, serde_json::to_vec_pretty(progress).unwrap_or_default())
-        .map_err(|e| TrainError::io(&path, e))?;
-    crate::model::replace_dir(&staging, &dir.join("state"))?;
-    Ok(())
-}
-
-/// Keeps the log's entries up to `step` (a resumed run redoes what came after its checkpoint).
-pub(super) fn truncate_log(path: &Path, step: usize) -> Result<Vec<serde_json::Value>, TrainError> {
-    if !path.exists() {
-        return Ok(Vec::new());
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| TrainError::io(path, e))?;
-    let kept: Vec<serde_json::Value> = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|e| e.get("step").and_then(|s| s.as_u64()).is_some_and(|s| s as usize <= step))
-        .collect();
-    let body: String = kept.iter().map(|e| format!("{e}\n")).collect();
-    std::fs::write(path, body).map_err(|e| TrainError::io(path, e))?;
-    Ok(kept)
 }
 
 /// `qid<TAB>docid<TAB>segment` lines; a torn last line is ignored.

@@ -14,8 +14,10 @@ mod cobert;
 mod data;
 mod dev;
 mod learner;
+mod log;
 mod optim;
 mod plot;
+mod scorer;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -23,10 +25,12 @@ use std::path::{Path, PathBuf};
 use candle_core::Device;
 use serde::{Deserialize, Serialize};
 
+use crate::config::ModelConfig;
 use crate::eval::passages::{overlaps, Passage};
 use crate::eval::Qrels;
-use crate::index::{Collection, IndexError};
-use crate::model::{CrossEncoder, ModelError};
+use crate::index::{Bm25Params, Collection, IndexError};
+use crate::model::{CrossEncoder, ModelError, TrainableCrossEncoder};
+use crate::progress::{Progress, Unit};
 
 pub use cobert::CoBertTraining;
 pub use data::Query;
@@ -34,6 +38,7 @@ use data::{Documents, Example};
 use dev::DevSet;
 use learner::{Learner, Selector};
 pub use optim::{learning_rate, AdamW};
+use scorer::Scorer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
@@ -88,97 +93,139 @@ pub enum DevMeasure {
     Ndcg10,
 }
 
-/// Everything that decides what a run computes (kept in `train.json`; a resumed run must match it).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TrainOptions {
-    pub method: Method,
-    pub loss: Loss,
-    /// Negatives per example with the softmax loss.
-    pub negatives: usize,
-    /// BM25 depth negatives come from.
-    pub candidates: usize,
-    /// Longest model input in word pieces.
-    pub max_length: usize,
-    pub max_query_tokens: usize,
-    /// Leading tokens of a document that training segments come from (`None`: all).
-    pub doc_tokens: Option<usize>,
-    /// Draw each training segment's length between half and all of the budget.
-    pub random_lengths: bool,
-    pub repeat_title: bool,
-    /// Optimizer steps per model.
-    pub steps: usize,
-    /// Examples per forward pass, and passes per optimizer step.
-    pub batch: usize,
-    pub accumulate: usize,
-    pub lr: f64,
-    /// Share of the steps spent warming up.
-    pub warmup: f64,
-    pub weight_decay: f64,
-    pub seed: u64,
-    pub checkpoint_every: usize,
-    pub eval_every: usize,
-    /// Evaluations without a dev gain before a model stops (0: never stop early).
-    pub patience: usize,
-    pub dev_measure: DevMeasure,
-    pub dev_queries: usize,
-    /// Training queries: a seeded sample of this many (none: all). Left out of `train.json` when none, so
-    /// runs from before the option resume.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub train_queries: Option<usize>,
-    pub dev_depth: usize,
-    /// BeST iterations at most.
-    pub iterations: usize,
-    pub train_folds: Vec<usize>,
-    pub dev_fold: Option<usize>,
-    /// Padded tokens per inference pass (selection and dev scoring).
-    pub batch_tokens: usize,
-    /// Co-BERT's heads and first round (`--method cobert`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cobert: Option<CoBertTraining>,
-}
+/// Leading tokens of a document that training segments come from (`None`: all); `all` on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct DocTokens(pub Option<usize>);
 
-impl Default for TrainOptions {
-    fn default() -> Self {
-        TrainOptions {
-            method: Method::Best,
-            loss: Loss::Hinge,
-            negatives: 10,
-            candidates: 100,
-            max_length: 256,
-            max_query_tokens: 64,
-            doc_tokens: Some(2048),
-            random_lengths: true,
-            repeat_title: true,
-            steps: 1000,
-            batch: 8,
-            accumulate: 1,
-            lr: 2e-5,
-            warmup: 0.1,
-            weight_decay: 0.01,
-            seed: 42,
-            checkpoint_every: 50,
-            eval_every: 200,
-            patience: 3,
-            dev_measure: DevMeasure::Mrr10,
-            dev_queries: 100,
-            train_queries: None,
-            dev_depth: 5,
-            iterations: 3,
-            train_folds: Vec::new(),
-            dev_fold: None,
-            batch_tokens: 8192,
-            cobert: None,
+impl std::str::FromStr for DocTokens {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<DocTokens, String> {
+        match text {
+            "all" => Ok(DocTokens(None)),
+            n => n.parse().map(|n| DocTokens(Some(n))).map_err(|_| format!("{n:?}: a number of tokens or `all`")),
         }
     }
 }
 
-impl TrainOptions {
-    /// Word pieces a segment may have: the input less the query budget and the special tokens (as the
-    /// server's re-ranking cuts them).
-    pub fn segment_budget(&self) -> usize {
-        self.max_length.saturating_sub(self.max_query_tokens + 3).max(1)
-    }
+/// Everything that decides what a run computes (kept in `train.json`; a resumed run must match it). The
+/// command line's `longrank train` flags are these fields; the defaults are written once, here.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
+pub struct TrainOptions {
+    #[arg(long, value_enum, default_value_t = Method::Best)]
+    pub method: Method,
+    #[arg(long, value_enum, default_value_t = Loss::Hinge)]
+    pub loss: Loss,
+    /// Negatives per example with `--loss softmax`.
+    #[arg(long, default_value_t = 10)]
+    pub negatives: usize,
+    /// BM25 depth negatives come from.
+    #[arg(long, default_value_t = 100)]
+    pub candidates: usize,
+    /// Longest model input in word pieces.
+    #[arg(long, default_value_t = 256)]
+    pub max_length: usize,
+    /// Queries are cut to this many word pieces.
+    #[arg(long, default_value_t = 64)]
+    pub max_query_tokens: usize,
+    /// Leading tokens of each document that training segments come from, or `all`.
+    #[arg(long, default_value = "2048")]
+    pub doc_tokens: DocTokens,
+    /// Draw each training segment's length between half and all of the budget (`--fixed-lengths`: the full
+    /// budget).
+    #[arg(long = "fixed-lengths", action = clap::ArgAction::SetFalse)]
+    pub random_lengths: bool,
+    /// Repeat the title in each segment (`--no-title`: do not).
+    #[arg(long = "no-title", action = clap::ArgAction::SetFalse)]
+    pub repeat_title: bool,
+    /// Optimizer steps per model.
+    #[arg(long, default_value_t = 1000)]
+    pub steps: usize,
+    /// Examples per forward pass.
+    #[arg(long, default_value_t = 8)]
+    pub batch: usize,
+    /// Forward passes per optimizer step.
+    #[arg(long, default_value_t = 1)]
+    pub accumulate: usize,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 2e-5)]
+    pub lr: f64,
+    /// Share of the steps spent warming up.
+    #[arg(long, default_value_t = 0.1)]
+    pub warmup: f64,
+    /// AdamW's weight decay (matrices only).
+    #[arg(long, default_value_t = 0.01)]
+    pub weight_decay: f64,
+    /// Seed of the examples, the dev sample and the initialization of missing layers.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Steps between checkpoints (what an interrupted run resumes from).
+    #[arg(long, default_value_t = 50)]
+    pub checkpoint_every: usize,
+    /// Steps between dev evaluations.
+    #[arg(long, default_value_t = 200)]
+    pub eval_every: usize,
+    /// Evaluations without a dev gain before a model stops (0: never stop early).
+    #[arg(long, default_value_t = 3)]
+    pub patience: usize,
+    /// The dev measure that selects checkpoints.
+    #[arg(long, value_enum, default_value_t = DevMeasure::Mrr10)]
+    pub dev_measure: DevMeasure,
+    /// Dev queries (a seeded sample).
+    #[arg(long, default_value_t = 100)]
+    pub dev_queries: usize,
+    /// Training queries: a seeded sample of this many [default: every training query]. Co-BERT runs the
+    /// first round over each one's candidates before training, which bounds what a CPU can afford. Left out
+    /// of `train.json` when none, so runs from before the option resume.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_queries: Option<usize>,
+    /// BM25 candidates each dev query re-ranks.
+    #[arg(long, default_value_t = 5)]
+    pub dev_depth: usize,
+    /// BeST iterations at most.
+    #[arg(long, default_value_t = 3)]
+    pub iterations: usize,
+    /// Folds that train (with `--folds` and `--dev-fold`) [default: every fold but the dev fold].
+    #[arg(long, value_delimiter = ',')]
+    pub train_folds: Vec<usize>,
+    /// The fold dev questions come from (with `--folds`).
+    #[arg(long)]
+    pub dev_fold: Option<usize>,
+    /// Padded tokens per inference pass (selection and dev scoring): `model.max_batch_tokens`.
+    #[arg(skip = ModelConfig::default().max_batch_tokens)]
+    pub batch_tokens: usize,
+    /// The first stage of negatives and dev candidates: `[bm25]` of the configuration. Left out of
+    /// `train.json` at Anserini's defaults, so runs from before the setting resume.
+    #[arg(skip)]
+    #[serde(default, skip_serializing_if = "is_anserini")]
+    pub bm25: Bm25Params,
+    /// Co-BERT's heads and first round (`--method cobert`).
+    #[arg(skip)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cobert: Option<CoBertTraining>,
+}
 
+fn is_anserini(bm25: &Bm25Params) -> bool {
+    *bm25 == Bm25Params::default()
+}
+
+impl Default for TrainOptions {
+    /// The command line's defaults.
+    fn default() -> Self {
+        use clap::{FromArgMatches, Parser};
+        #[derive(Parser)]
+        struct Defaults {
+            #[command(flatten)]
+            options: TrainOptions,
+        }
+        let matches = <Defaults as clap::CommandFactory>::command().get_matches_from(["train"]);
+        Defaults::from_arg_matches(&matches).expect("the defaults parse").options
+    }
+}
+
+impl TrainOptions {
     fn validate(&self) -> Result<(), TrainError> {
         let bad = |m: &str| Err(TrainError::Data(m.to_string()));
         if self.steps == 0 || self.batch == 0 || self.accumulate == 0 {
@@ -195,12 +242,6 @@ impl TrainOptions {
         }
         Ok(())
     }
-}
-
-/// What a run reports as it goes: phases with their size and progress within them.
-pub trait Progress {
-    fn phase(&self, name: &str, total: u64);
-    fn set(&self, done: u64, message: &str);
 }
 
 /// The data a run trains and selects on.
@@ -270,18 +311,17 @@ pub fn train(
         )?;
         return finish(out, vec![model], train_qids.len(), dev_qids.len(), None);
     }
-    progress.phase("preparing queries", 0);
-    let queries = data::queries(data.collection, &data.topics, &data.qrels, &train_qids, options.candidates)?;
+    progress.phase("preparing queries", 0, Unit::Items);
+    let queries = data::queries(data.collection, &data.topics, &data.qrels, &train_qids, options)?;
     if queries.iter().all(|q| q.negatives.is_empty()) {
         return Err(TrainError::Data("no training query has both a relevant document and BM25 negatives".into()));
     }
     let dev = DevSet::new(data.collection, &data.topics, &data.qrels, &dev_qids, options)?;
-    let docs = Documents::new(data.collection, options);
+    // The initial model's tokenizer cuts training segments (it may lack the classifier a `CrossEncoder` needs).
+    let tokenizer = TrainableCrossEncoder::init(init, device, dtype, options.seed)?;
+    let docs = Documents::new(data.collection, options, &tokenizer);
     let run = Run { queries: &queries, dev: &dev, docs: &docs, options, init, out, device, dtype, progress };
-    let budget_covers_gold = match &data.passages {
-        Some(passages) => Some(run.coverage(passages)?),
-        None => None,
-    };
+    let budget_covers_gold = data.passages.as_ref().map(|passages| run.coverage(passages)).transpose()?;
     let models = match options.method {
         Method::Firstp => vec![run.train_one("firstp", Selector::First)?],
         Method::Allp => vec![run.train_one("allp", Selector::Random)?],
@@ -380,7 +420,8 @@ impl Run<'_> {
     fn train_together(&self, learners: &mut [Learner]) -> Result<(), TrainError> {
         let start = learners.iter().map(|l| l.step()).min().unwrap_or(0);
         let names: Vec<&str> = learners.iter().map(|l| l.name()).collect();
-        self.progress.phase(&format!("training {}", names.join(" + ")), self.options.steps as u64);
+        let phase = format!("training {}", names.join(" + "));
+        self.progress.phase(&phase, self.options.steps as u64, Unit::Items);
         let started = std::time::Instant::now();
         for step in start + 1..=self.options.steps {
             if learners.iter().all(|l| l.done()) {
@@ -388,10 +429,10 @@ impl Run<'_> {
             }
             let examples = data::examples(self.queries, self.options, step);
             // Online selectors read their model as it was before this step's updates.
-            let snapshots: Vec<Option<CrossEncoder>> = (0..learners.len())
+            let snapshots: Vec<Option<Scorer>> = (0..learners.len())
                 .map(|i| {
                     let wanted = learners.iter().any(|l| matches!(l.selector(), Selector::Online(j) if *j == i));
-                    wanted.then(|| learners[i].model().snapshot()).transpose()
+                    wanted.then(|| Scorer::of(learners[i].model(), self.options)).transpose()
                 })
                 .collect::<Result<_, _>>()?;
             let mut losses = Vec::new();
@@ -402,13 +443,19 @@ impl Run<'_> {
             let done = step - start;
             let rate = (done * self.options.batch * self.options.accumulate) as f64 / started.elapsed().as_secs_f64();
             self.progress.set(step as u64, &format!("loss {} · {rate:.2} examples/s", losses.join(", ")));
+            let evaluating = step % self.options.eval_every == 0 || step == self.options.steps;
             for learner in learners.iter_mut().filter(|l| !l.done()) {
-                if step % self.options.eval_every == 0 || step == self.options.steps {
+                if evaluating {
                     learner.evaluate(self)?;
                 }
                 if step % self.options.checkpoint_every == 0 || step == self.options.steps || learner.done() {
                     learner.checkpoint()?;
                 }
+            }
+            if evaluating {
+                // Dev scoring showed its own phase: back to training.
+                self.progress.phase(&phase, self.options.steps as u64, Unit::Items);
+                self.progress.set(step as u64, "");
             }
         }
         for learner in learners.iter_mut() {
@@ -435,13 +482,14 @@ impl Run<'_> {
                 }
             }
         }
-        let scorer = CrossEncoder::load(model_dir, self.device, self.dtype)?;
-        self.progress.phase(&format!("selecting segments with {}", model_dir.display()), pairs.len() as u64);
+        let scorer = Scorer::cross(CrossEncoder::load(model_dir, self.device, self.dtype)?, self.options);
+        let phase = format!("selecting segments with {}", model_dir.display());
+        self.progress.phase(&phase, pairs.len() as u64, Unit::Items);
         let mut file =
             std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| TrainError::io(&path, e))?;
         for (done, (query, docid)) in pairs.iter().enumerate() {
-            let doc = self.docs.get(docid, &scorer)?;
-            let best = learner::best_segment(&scorer, &self.queries[*query].text, &doc, self.options)?;
+            let doc = self.docs.get(docid)?;
+            let best = scorer.best_segment(&self.queries[*query].text, &doc)?;
             let qid = &self.queries[*query].qid;
             std::io::Write::write_all(&mut file, format!("{qid}\t{docid}\t{best}\n").as_bytes())
                 .map_err(|e| TrainError::io(&path, e))?;
@@ -453,13 +501,11 @@ impl Run<'_> {
 
     /// How often a training query's gold passage lies in the segments training may use.
     fn coverage(&self, passages: &BTreeMap<String, Vec<Passage>>) -> Result<f64, TrainError> {
-        // Only the tokenizer counts here (the initial model may have no classifier for `CrossEncoder::load`).
-        let counter = crate::model::TrainableCrossEncoder::init(self.init, self.device, self.dtype, self.options.seed)?;
         let (mut covered, mut total) = (0usize, 0usize);
         for query in self.queries {
             for passage in passages.get(&query.qid).into_iter().flatten().filter(|p| query.positives.contains(&p.docid))
             {
-                let doc = self.docs.get(&passage.docid, &counter)?;
+                let doc = self.docs.get(&passage.docid)?;
                 total += 1;
                 covered += doc.segments.iter().any(|s| overlaps(s.start, s.end, passage)) as usize;
             }
@@ -473,13 +519,12 @@ fn inputs_of(
     examples: &[Example],
     choose: &mut dyn FnMut(&Example, usize, &data::TrainingDoc) -> Result<usize, TrainError>,
     run: &Run,
-    model: &crate::model::TrainableCrossEncoder,
 ) -> Result<Vec<(String, String)>, TrainError> {
     let mut out = Vec::new();
     for example in examples {
         let query = &run.queries[example.query].text;
         for (position, docid) in example.docs.iter().enumerate() {
-            let doc = run.docs.get(docid, model)?;
+            let doc = run.docs.get(docid)?;
             let index = choose(example, position, &doc)?;
             out.push((query.clone(), doc.input(index)));
         }

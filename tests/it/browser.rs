@@ -176,7 +176,7 @@ fn decode_base64(text: &str) -> Vec<u8> {
 #[test]
 fn search_shows_segment_evidence_and_the_best_segment_in_the_document() {
     let models = tempfile::tempdir().unwrap();
-    crate::tiny::tiny_cross_encoder(models.path(), 23);
+    crate::fixtures::tiny_cross_encoder(models.path(), 23);
     let dir = tempfile::tempdir().unwrap();
     let gov2 = data("trec-format-samples/gov2-style/GX000");
     cli_ok(dir.path(), &["index", "--collection", "gov2", gov2.to_str().unwrap()]);

@@ -33,6 +33,10 @@ fn isolated(cmd: &mut Command) -> &mut Command {
     for var in ["http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
         cmd.env_remove(var);
     }
+    // Settings come from the test alone; the BLAS choice (CI tests through MKL, then OpenBLAS) is inherited.
+    for (var, _) in std::env::vars().filter(|(v, _)| v.starts_with("LONGRANK_") && v != "LONGRANK_BLAS") {
+        cmd.env_remove(var);
+    }
     cmd.env("RUST_LOG", "warn").env("LONGRANK_MODEL_PATH", "").env("HF_HUB_OFFLINE", "1")
 }
 
@@ -42,6 +46,13 @@ pub fn cli_env(data_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     isolated(&mut cmd).arg("--data-dir").arg(data_dir).args(args).current_dir(data_dir);
     cmd.envs(env.iter().copied());
     cmd.output().expect("run longrank")
+}
+
+/// Starts the CLI in the background (output discarded), with extra environment settings.
+pub fn spawn_cli(data_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Child {
+    let mut cmd = Command::new(BIN);
+    isolated(&mut cmd).arg("--data-dir").arg(data_dir).args(args).current_dir(data_dir);
+    cmd.envs(env.iter().copied()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("start longrank")
 }
 
 /// Runs the CLI with a data directory.
@@ -65,6 +76,15 @@ pub struct TestServer {
 impl TestServer {
     /// Starts `longrank serve` on a free port with extra environment settings, and waits until it listens.
     pub fn start(data_dir: &Path, env: &[(&str, &str)]) -> TestServer {
+        TestServer::start_to(data_dir, env, Stdio::inherit())
+    }
+
+    /// `start`, with the server's log written to `log` for the test to read.
+    pub fn start_logging(data_dir: &Path, env: &[(&str, &str)], log: &Path) -> TestServer {
+        TestServer::start_to(data_dir, env, std::fs::File::create(log).expect("create the log").into())
+    }
+
+    fn start_to(data_dir: &Path, env: &[(&str, &str)], stderr: Stdio) -> TestServer {
         let mut cmd = Command::new(BIN);
         isolated(&mut cmd)
             .arg("--data-dir")
@@ -72,7 +92,7 @@ impl TestServer {
             .args(["serve", "--addr", "127.0.0.1:0"])
             .current_dir(data_dir)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .stderr(stderr);
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -91,6 +111,15 @@ impl TestServer {
         let base = line.trim().rsplit(' ').next().expect("address").to_string();
         assert!(base.starts_with("http://"), "unexpected first line: {line:?}");
         TestServer { child, base }
+    }
+
+    /// Waits until the log `start_logging` writes holds `text`.
+    pub fn wait_log(&self, log: &Path, text: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !std::fs::read_to_string(log).unwrap_or_default().contains(text) {
+            assert!(Instant::now() < deadline, "the server never logged {text:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Waits until `/health` answers 200.
@@ -221,4 +250,56 @@ pub fn fixture() -> &'static Fixture {
 pub fn tsv_value(out: &str, name: &str) -> f64 {
     let line = out.lines().find(|l| l.starts_with(&format!("{name}\t"))).unwrap_or_else(|| panic!("no {name}: {out}"));
     line.split('\t').nth(1).unwrap().parse().unwrap()
+}
+
+/// The top-level properties of a schema of an OpenAPI document, through `allOf` and references.
+pub fn schema_properties(
+    spec: &serde_json::Value,
+    name: &str,
+) -> std::collections::BTreeMap<String, serde_json::Value> {
+    fn walk(
+        spec: &serde_json::Value,
+        schema: &serde_json::Value,
+        out: &mut std::collections::BTreeMap<String, serde_json::Value>,
+    ) {
+        if let Some(reference) = schema["$ref"].as_str() {
+            let name = reference.rsplit('/').next().unwrap();
+            return walk(spec, &spec["components"]["schemas"][name], out);
+        }
+        for part in schema["allOf"].as_array().into_iter().flatten() {
+            walk(spec, part, out);
+        }
+        for (k, v) in schema["properties"].as_object().into_iter().flatten() {
+            out.insert(k.clone(), v.clone());
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    walk(spec, &spec["components"]["schemas"][name], &mut out);
+    out
+}
+
+/// A property's example: its own, or its type's (through `oneOf` with null, and references).
+pub fn schema_example(spec: &serde_json::Value, schema: &serde_json::Value) -> Option<serde_json::Value> {
+    if let Some(example) = schema.get("example") {
+        return Some(example.clone());
+    }
+    if let Some(reference) = schema["$ref"].as_str() {
+        let name = reference.rsplit('/').next().unwrap();
+        return schema_example(spec, &spec["components"]["schemas"][name]);
+    }
+    let alternatives = schema["oneOf"].as_array().into_iter().flatten();
+    alternatives.filter(|a| a["type"] != "null").find_map(|a| schema_example(spec, a))
+}
+
+/// A multipart form of text parts: (content type, body).
+pub fn multipart(parts: &[(String, String)]) -> (String, String) {
+    let boundary = "longrank-test-boundary";
+    let mut body = String::new();
+    for (name, value) in parts {
+        body.push_str(&format!(
+            "--{boundary}\r\ncontent-disposition: form-data; name=\"{name}\"; filename=\"{name}.txt\"\r\n\r\n{value}\r\n"
+        ));
+    }
+    body.push_str(&format!("--{boundary}--\r\n"));
+    (format!("multipart/form-data; boundary={boundary}"), body)
 }

@@ -5,7 +5,10 @@ use std::path::PathBuf;
 
 use longrank::eval::{self, EvalOptions, Measure, Qrels, Run, TopicField};
 
+use serde_json::json;
+
 use crate::common::{cli_ok, data, shared};
+use crate::fixtures::tiny_cross_encoder;
 
 /// Every row of ../shared/reference/trec_eval/X.expected.tsv, recomputed, agrees to 1e-6.
 fn check_reference(name: &str, qrels: &str) {
@@ -143,4 +146,42 @@ fn compare_and_folds_cli() {
     // The shared SQuAD folds read as they are.
     let squad = eval::read_folds(&data("squad-v1.1-dev-articles/folds.tsv")).unwrap();
     assert!(squad.len() > 10_000);
+}
+
+#[test]
+fn segment_selection_is_measured_against_gold_passages() {
+    let models = tempfile::tempdir().unwrap();
+    tiny_cross_encoder(models.path(), 17);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let sentence = |i: usize| format!("Sentence number {i} talks about rivers and mountains in the north.");
+    let text: String = (0..12).map(sentence).collect::<Vec<_>>().join(" ");
+    let docs = [json!({"docid": "a", "title": "A", "text": text}), json!({"docid": "b", "title": "B", "text": text})];
+    let docs: String = docs.iter().map(|d| format!("{d}\n")).collect();
+    std::fs::write(d.join("docs.jsonl"), docs).unwrap();
+    std::fs::write(d.join("topics.tsv"), "q1\trivers in the north\nq2\tmountains\nq3\tno passage\n").unwrap();
+    // q1's passage is the first sentence (in the first segment); q2's the last (never the first segment).
+    let last = text.len() - sentence(11).len();
+    std::fs::write(d.join("passages.tsv"), format!("q1\ta\t0\t20\nq2\tb\t{last}\t{}\n", text.len())).unwrap();
+    crate::common::cli_ok(d, &["index", "--collection", "c", d.join("docs.jsonl").to_str().unwrap()]);
+    let args = [
+        "--model",
+        models.path().to_str().unwrap(),
+        "eval-segments",
+        "--topics",
+        "topics.tsv",
+        "--passages",
+        "passages.tsv",
+    ];
+    let out = crate::common::cli_ok(d, &args);
+    let value = |name: &str| crate::common::tsv_value(&out, name);
+    assert_eq!(value("questions"), 2.0, "{out}");
+    assert!(value("segments_per_document") > 2.0, "{out}");
+    assert_eq!(value("p1_first"), 0.5, "{out}");
+    let random = value("p1_random");
+    assert!(random > 0.0 && random < 0.5, "{out}");
+    assert!((0.0..=1.0).contains(&value("p1_model")));
+    std::fs::write(d.join("passages.tsv"), "q1\ta\tzero\t20\n").unwrap();
+    let failed = crate::common::cli(d, &args);
+    assert!(String::from_utf8_lossy(&failed.stderr).contains("passages.tsv:1: bad offset"));
 }

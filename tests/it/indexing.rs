@@ -1,17 +1,12 @@
 //! `longrank index`: error reporting, duplicates, incremental updates, --replace, and crash safety.
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use longrank::index::Catalog;
 
-use crate::common::{cli, cli_ok, BIN};
-
-fn trec_doc(id: &str, text: &str) -> String {
-    format!("<DOC>\n<DOCNO> {id} </DOCNO>\n<TEXT>\n{text}\n</TEXT>\n</DOC>\n")
-}
+use crate::common::{cli, cli_ok};
+use crate::fixtures::{synthetic_trec_collection, trec_doc};
 
 fn count(data_dir: &Path, collection: &str) -> u64 {
     let (catalog, failures) = Catalog::open(data_dir).unwrap();
@@ -68,25 +63,13 @@ fn duplicates_are_reported_and_reruns_add_and_replace() {
     assert!(!cli_ok(dir.path(), &["search", "--collection", "c", "plums"]).contains("D1"));
 }
 
-/// Writes `files` TREC files of `per_file` documents each.
-fn synthetic_collection(dir: &Path, files: usize, per_file: usize) {
-    let words = ["river", "mountain", "valley", "forest", "ocean", "desert", "island", "glacier", "canyon", "meadow"];
-    for f in 0..files {
-        let mut out = std::io::BufWriter::new(std::fs::File::create(dir.join(format!("part{f:03}.trec"))).unwrap());
-        for d in 0..per_file {
-            let text: Vec<&str> = (0..60).map(|i| words[(f * 7 + d * 3 + i * i) % words.len()]).collect();
-            out.write_all(trec_doc(&format!("F{f}-D{d}"), &text.join(" ")).as_bytes()).unwrap();
-        }
-    }
-}
-
 #[test]
 fn killed_build_leaves_a_usable_index_and_a_rerun_completes() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("input");
     std::fs::create_dir(&input).unwrap();
     let (files, per_file) = (40, 5_000);
-    synthetic_collection(&input, files, per_file);
+    synthetic_trec_collection(&input, files, per_file);
     let data_dir = dir.path().join("data");
     std::fs::create_dir(&data_dir).unwrap();
 
@@ -94,22 +77,22 @@ fn killed_build_leaves_a_usable_index_and_a_rerun_completes() {
     cli_ok(&data_dir, &["index", "--collection", "c", input.join("part000.trec").to_str().unwrap()]);
     assert_eq!(count(&data_dir, "c"), per_file as u64);
 
-    // Kill -9 a full build once it has committed at least once more (commit every 10,000 documents).
-    let mut child = Command::new(BIN)
-        .args(["--data-dir", data_dir.to_str().unwrap(), "index", "--collection", "c", input.to_str().unwrap()])
-        .env("LONGRANK_INDEX_COMMIT_EVERY", "10000")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    // Kill -9 a full build after its first commit (every 10,000 documents), where a test hook holds it: the kill
+    // lands mid-build, whatever the machine's speed.
+    let mut child = crate::common::spawn_cli(
+        &data_dir,
+        &["index", "--collection", "c", input.to_str().unwrap()],
+        &[("LONGRANK_INDEX_COMMIT_EVERY", "10000"), ("LONGRANK_TEST_HOLD", "index.commit:1")],
+    );
     let meta = data_dir.join("collections/c/meta.json");
     let first_meta = std::fs::read_to_string(&meta).unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
     while std::fs::read_to_string(&meta).unwrap() == first_meta && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
+    assert!(child.try_wait().unwrap().is_none(), "the build ended before its first commit was seen");
     child.kill().unwrap(); // SIGKILL
-    let finished_before_kill = child.wait().unwrap().success();
+    assert!(!child.wait().unwrap().success());
 
     // Whatever was committed opens and searches.
     let partial = count(&data_dir, "c");
@@ -119,12 +102,11 @@ fn killed_build_leaves_a_usable_index_and_a_rerun_completes() {
     // Re-running completes the collection, skipping the files already committed.
     let out = cli_ok(&data_dir, &["index", "--collection", "c", input.to_str().unwrap()]);
     assert_eq!(count(&data_dir, "c"), (files * per_file) as u64, "{out}");
-    if !finished_before_kill {
-        // part000 from the first state, plus at least part001 from the killed run's first commit.
-        let resumed: usize =
-            out.split(" files already indexed").next().unwrap().rsplit(' ').next().unwrap().parse().unwrap();
-        assert!(resumed >= 2, "nothing was resumed: {out}");
-    }
+    // part000 from the first state, plus at least part001 from the killed run's first commit.
+    let resumed: usize =
+        out.split(" files already indexed").next().unwrap().rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(resumed >= 2, "nothing was resumed: {out}");
+    assert!(partial < (files * per_file) as u64, "the killed build was complete: {partial}");
 }
 
 #[test]

@@ -238,12 +238,12 @@ fn maxp_search_over_http_carries_segment_evidence() {
     assert_eq!(mixed_order, bm25_order, "all weight on the first stage gives BM25's order");
     let url = server.url("/search");
     crate::common::post_json(&url, r#"{"query": "x", "pipeline": "maxp", "interpolate": 2}"#)
-        .assert_error(400, "invalid_parameter");
+        .assert_error(400, "out_of_range");
     crate::common::post_json(
         &url,
         r#"{"query": "x", "pipeline": "maxp", "segments": {"strategy": "windows", "words": 5, "stride": 9}}"#,
     )
-    .assert_error(400, "invalid_parameter");
+    .assert_error(400, "invalid_segments");
     crate::common::post_json(&url, r#"{"query": "x", "pipeline": "maxp", "model": "nope"}"#)
         .assert_error(422, "unknown_model");
 
@@ -276,10 +276,12 @@ fn maxp_search_over_http_carries_segment_evidence() {
     assert_eq!(v["results"][0]["docid"], "GX000-38-6348494");
     crate::common::post_json(&url, r#"{"query": "x", "docids": ["nope"], "collection": "gov2"}"#)
         .assert_error(404, "unknown_document");
-    crate::common::post_json(&url, r#"{"query": "x"}"#).assert_error(400, "invalid_parameter");
+    crate::common::post_json(&url, r#"{"query": "x"}"#).assert_error(400, "documents_or_docids");
     crate::common::post_json(&url, r#"{"query": "x", "documents": []}"#).assert_error(400, "out_of_range");
     crate::common::post_json(&url, r#"{"query": "x", "documents": [{"text": "y"}], "pipeline": "bm25"}"#)
-        .assert_error(400, "invalid_parameter");
+        .assert_error(400, "reranking_pipeline_required");
+    crate::common::post_json(&url, r#"{"query": "x", "documents": [{"text": "y"}], "depth": 5}"#)
+        .assert_error(400, "not_applicable");
 
     // Re-ranking the candidates of an existing run, from the CLI and through /batch.
     let topics = crate::common::data("trec-format-samples/gov2-style/topics.701-702.txt");
@@ -347,7 +349,7 @@ fn maxp_search_over_http_carries_segment_evidence() {
     let (_, served) = crate::common::get(&server.url(&format!("/batch/{}/run", job["id"].as_str().unwrap())));
     assert_eq!(top2(&served, "701"), top2(&bm25_text, "701"));
     let bad = serde_json::json!({"topics": read("topics.701-702.txt"), "rerank": bm25_text, "pipeline": "bm25"});
-    crate::common::post_json(&server.url("/batch"), &bad.to_string()).assert_error(400, "invalid_parameter");
+    crate::common::post_json(&server.url("/batch"), &bad.to_string()).assert_error(400, "reranking_pipeline_required");
 
     // Without a model, re-ranking pipelines are refused with a clear error.
     let shared = &crate::common::fixture().server;

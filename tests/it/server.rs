@@ -142,7 +142,7 @@ fn every_bad_request_gets_the_json_error_shape() {
     post_json(&search, r#"{"query": "wing", "collection": "cranfield", "depth": -1}"#)
         .assert_error(400, "out_of_range");
     post_json(&search, r#"{"query": "wing", "collection": "cranfield", "bm25": {"k1": 1.0, "b": 3}}"#)
-        .assert_error(400, "invalid_parameter");
+        .assert_error(400, "out_of_range");
     post_json(&search, &format!(r#"{{"query": "{}", "collection": "cranfield"}}"#, "w".repeat(2000)))
         .assert_error(400, "query_too_long");
     post_json(&search, r#"{"query": "wing"}"#).assert_error(400, "collection_required");
@@ -155,6 +155,13 @@ fn every_bad_request_gets_the_json_error_shape() {
     request("GET", &s.url("/search?k=3"), &[], None).assert_error(400, "invalid_query_string");
     request("GET", &s.url("/search?q=wing&k=many&collection=cranfield"), &[], None)
         .assert_error(400, "invalid_query_string");
+    // Object-valued parameters belong in a body; a parameter given twice is refused, not silently one of them.
+    let object = request("GET", &s.url("/search?q=wing&collection=cranfield&bm25=%7B%7D"), &[], None);
+    object.assert_error(400, "invalid_query_string");
+    assert!(object.body.contains("bm25"), "{}", object.body);
+    request("GET", &s.url("/search?q=wing&k=3&k=4&collection=cranfield"), &[], None)
+        .assert_error(400, "duplicate_field");
+    request("GET", &s.url("/static/nope.js"), &[], None).assert_error(404, "not_found");
     request("GET", &s.url("/no/such/route"), &[], None).assert_error(404, "not_found");
     request("DELETE", &s.url("/search"), &[], None).assert_error(405, "method_not_allowed");
 }
@@ -164,8 +171,9 @@ fn unready_server_answers_503_and_first_start_serves_the_demo() {
     // A data directory where the demo cannot be written: start-up preparation fails and the server stays unready.
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("demo-source"), "a file where a directory should be").unwrap();
-    let server = TestServer::start(dir.path(), &[]);
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    let log = dir.path().join("server.log");
+    let server = TestServer::start_logging(dir.path(), &[], &log);
+    server.wait_log(&log, "start-up failed, staying unready");
     request("GET", &server.url("/health"), &[], None).assert_error(503, "not_ready");
     request("GET", &server.url("/search?q=bees"), &[], None).assert_error(503, "not_ready");
     drop(server);

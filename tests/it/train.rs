@@ -4,15 +4,14 @@
 //! trained checkpoint exactly as training's dev evaluation did.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device};
 use longrank::model::{CrossEncoder, TrainableCrossEncoder};
 use serde_json::{json, Value};
 
-use crate::common::{cli_ok, post_json, tsv_value, TestServer, BIN};
-use crate::tiny::tiny_cross_encoder;
+use crate::common::{cli_ok, post_json, tsv_value, TestServer};
+use crate::fixtures::{buried_sentence_collection, tiny_cross_encoder};
 
 #[test]
 fn every_variable_receives_a_gradient_and_training_scores_as_inference() {
@@ -58,61 +57,6 @@ fn every_variable_receives_a_gradient_and_training_scores_as_inference() {
     );
     let logits = |m: &TrainableCrossEncoder| m.forward(&encoded).unwrap().to_vec1::<f32>().unwrap();
     assert_eq!(logits(&a), logits(&b));
-}
-
-const FILLER: [&str; 12] =
-    ["the", "river", "stone", "cloud", "bird", "tree", "lamp", "road", "hill", "moon", "wind", "rain"];
-
-/// A collection where each topic's one relevant document holds the sentence "zz zz zz." somewhere among
-/// eight (rarely in the first segment) and four other documents share the topic's word without it; the
-/// gold passage is that sentence.
-fn synthetic_collection(dir: &Path) {
-    let mut state = 12345u64;
-    let mut next = |n: usize| {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((state >> 33) as usize) % n
-    };
-    let (mut docs, mut topics, mut qrels, mut folds) = (String::new(), String::new(), String::new(), String::new());
-    let mut passages = String::new();
-    for t in 0..40 {
-        let word = format!(
-            "{}{}{}",
-            ["ka", "lo", "mi", "no", "pu"][t % 5],
-            ["be", "do", "fi", "gu"][(t / 5) % 4],
-            ["x", "y"][t / 20]
-        );
-        topics.push_str(&format!("t{t}\t{word}\n"));
-        folds.push_str(&format!("t{t}\t{}\n", if t < 28 { 0 } else { 1 }));
-        let needle_at = 1 + next(7);
-        for d in 0..5 {
-            let docid = format!("t{t}d{d}");
-            // Negatives have a sentence of the same shape in another letter, so only the needle tells.
-            let odd_at = if d == 0 { needle_at } else { next(8) };
-            let sentences: Vec<String> = (0..8)
-                .map(|s| match (s == odd_at, d) {
-                    (true, 0) => "zz zz zz.".to_string(),
-                    (true, _) => "qq qq qq.".to_string(),
-                    _ => format!("{} {word} {} {}.", FILLER[next(12)], FILLER[next(12)], FILLER[next(12)]),
-                })
-                .collect();
-            if d == 0 {
-                let start: usize = sentences[..needle_at].iter().map(|s| s.len() + 1).sum();
-                passages.push_str(&format!("t{t}\t{docid}\t{start}\t{}\n", start + sentences[needle_at].len()));
-            }
-            docs.push_str(&format!("{}\n", json!({"docid": docid, "title": "", "text": sentences.join(" ")})));
-            qrels.push_str(&format!("t{t} 0 {docid} {}\n", (d == 0) as u8));
-        }
-    }
-    for (name, text) in [
-        ("docs.jsonl", docs),
-        ("topics.tsv", topics),
-        ("qrels.txt", qrels),
-        ("folds.tsv", folds),
-        ("passages.tsv", passages),
-    ] {
-        std::fs::write(dir.join(name), text).unwrap();
-    }
-    cli_ok(dir, &["index", "--collection", "synthetic", dir.join("docs.jsonl").to_str().unwrap()]);
 }
 
 fn train_args<'a>(model: &'a str, out: &'a str, method: &'a str, steps: &'a str) -> Vec<&'a str> {
@@ -185,7 +129,7 @@ fn best_segment_training_learns_a_buried_sentence_and_beats_firstp() {
     tiny_cross_encoder(models.path(), 11);
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    synthetic_collection(d);
+    buried_sentence_collection(d);
     let model = models.path().to_str().unwrap();
     cli_ok(d, &train_args(model, "firstp", "firstp", "80"));
     let best_out = cli_ok(d, &train_args(model, "best", "best", "80"));
@@ -275,7 +219,7 @@ fn a_killed_run_resumes_from_its_last_checkpoint_and_trains_as_if_never_stopped(
     tiny_cross_encoder(models.path(), 13);
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    synthetic_collection(d);
+    buried_sentence_collection(d);
     let model = models.path().to_str().unwrap();
     // The softmax loss over three negatives, two passes per step: those paths resume exactly too.
     let extra = ["--loss", "softmax", "--negatives", "3", "--accumulate", "2"];
@@ -284,33 +228,21 @@ fn a_killed_run_resumes_from_its_last_checkpoint_and_trains_as_if_never_stopped(
     assert!(best_dev(&summary(&d.join("whole")), "allp") >= 0.9, "learned with the softmax loss");
 
     let args: Vec<&str> = train_args(model, "killed", "allp", "60").into_iter().chain(extra).collect();
-    let mut child = Command::new(BIN)
-        .arg("--data-dir")
-        .arg(d)
-        .args(&args)
-        .current_dir(d)
-        .env("RUST_LOG", "warn")
-        .env("LONGRANK_MODEL_PATH", "")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    // Held by a test hook after its third checkpoint (step 15): the kill lands mid-run.
+    let mut child = crate::common::spawn_cli(d, &args, &[("LONGRANK_TEST_HOLD", "train.checkpoint:3")]);
     let progress = d.join("killed/allp/state/progress.json");
     let deadline = Instant::now() + Duration::from_secs(120);
-    let checkpointed = loop {
-        let step = std::fs::read(&progress)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-            .and_then(|v| v["step"].as_u64());
-        if step.is_some_and(|s| s >= 15) {
-            break step.unwrap();
-        }
+    let step = || -> Option<u64> {
+        let state: Value = serde_json::from_slice(&std::fs::read(&progress).ok()?).ok()?;
+        state["step"].as_u64()
+    };
+    while step() != Some(15) {
         assert!(Instant::now() < deadline && child.try_wait().unwrap().is_none(), "no checkpoint at step 15");
         std::thread::sleep(Duration::from_millis(5));
-    };
+    }
+    assert!(child.try_wait().unwrap().is_none(), "the run ended at its hold");
     child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
-    assert!(checkpointed < 60, "the run finished before it was killed");
+    assert!(!child.wait().unwrap().success());
 
     cli_ok(d, &args);
     let (whole, resumed) = (losses(&d.join("whole/allp/log.jsonl")), losses(&d.join("killed/allp/log.jsonl")));
@@ -335,7 +267,7 @@ fn cobert_heads_train_over_a_frozen_model_and_the_server_scores_as_training_did(
     tiny_cross_encoder(models.path(), 17);
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    synthetic_collection(d);
+    buried_sentence_collection(d);
     let model = models.path().to_str().unwrap();
     let cobert = ["--cobert-depth", "5", "--prototypes", "2", "--group", "3", "--overlap", "1"];
     let args: Vec<&str> = train_args(model, "co", "cobert", "30").into_iter().chain(cobert).collect();
@@ -423,7 +355,7 @@ fn cobert_trains_end_to_end_and_the_server_runs_its_first_round_with_the_model_i
     // the first round, and the server scores dev's candidates as training did.
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    synthetic_collection(d);
+    buried_sentence_collection(d);
     let cobert = [
         "--cobert-depth",
         "5",
@@ -462,4 +394,74 @@ fn cobert_trains_end_to_end_and_the_server_runs_its_first_round_with_the_model_i
     let ((maxp, n), (co, _)) = (flops("maxp"), flops("cobert"));
     let passes = co - maxp - loaded.heads.flops(&loaded.backbone, n);
     assert!(passes >= n as f64 * own.pair_flops(5), "{co} - {maxp}: {passes} for {n} passages");
+}
+
+/// Training's first stage (negatives, dev candidates) is the configured BM25, not Anserini's defaults.
+#[test]
+fn training_takes_its_candidates_from_the_configured_bm25() {
+    let models = tempfile::tempdir().unwrap();
+    tiny_cross_encoder(models.path(), 3);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (docs, topics, qrels) = (
+        crate::common::data("cranfield/docs.jsonl"),
+        crate::common::data("cranfield/topics.tsv"),
+        crate::common::data("cranfield/qrels.txt"),
+    );
+    let (topics, qrels) = (topics.to_str().unwrap(), qrels.to_str().unwrap());
+    cli_ok(d, &["index", "--collection", "cranfield", docs.to_str().unwrap()]);
+    let model = models.path().to_str().unwrap();
+    let args = [
+        "train",
+        "--topics",
+        topics,
+        "--qrels",
+        qrels,
+        "--init",
+        model,
+        "--out",
+        "run",
+        "--method",
+        "firstp",
+        "--steps",
+        "1",
+        "--dev-queries",
+        "30",
+        "--dev-depth",
+        "5",
+        "--candidates",
+        "5",
+        "--max-length",
+        "64",
+        "--max-query-tokens",
+        "16",
+    ];
+    let bm25 = [("LONGRANK_BM25_K1", "2.0"), ("LONGRANK_BM25_B", "1.0")];
+    let out = crate::common::cli_env(d, &args, &bm25);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let options: Value = serde_json::from_str(&std::fs::read_to_string(d.join("run/train.json")).unwrap()).unwrap();
+    assert_eq!(options["options"]["bm25"], json!({"k1": 2.0, "b": 1.0}));
+    // Each dev query's candidates are its top 5 under those parameters.
+    let sets = |run: &str| -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+        let mut sets: std::collections::BTreeMap<_, std::collections::BTreeSet<_>> = Default::default();
+        for line in run.lines() {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            sets.entry(cols[0].to_string()).or_default().insert(cols[2].to_string());
+        }
+        sets
+    };
+    let dev = sets(&std::fs::read_to_string(d.join("run/firstp/dev-run.txt")).unwrap());
+    let first_stage = |name: &str, extra: &[&str]| {
+        let out = d.join(name);
+        let args = [&["batch", "--topics", topics, "-k", "5", "--out", out.to_str().unwrap()], extra].concat();
+        cli_ok(d, &args);
+        sets(&std::fs::read_to_string(&out).unwrap())
+    };
+    let configured = first_stage("configured.run", &["--bm25", r#"{"k1": 2.0, "b": 1.0}"#]);
+    let anserini = first_stage("anserini.run", &[]);
+    assert_eq!(dev.len(), 30);
+    for (qid, candidates) in &dev {
+        assert_eq!(candidates, &configured[qid], "dev query {qid}");
+    }
+    assert!(dev.iter().any(|(qid, c)| c != &anserini[qid]), "the parameters change no dev query's top 5");
 }

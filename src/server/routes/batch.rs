@@ -1,7 +1,5 @@
 //! `/batch`: TREC topic files in, runs and metrics out, as queued jobs.
 
-use std::collections::HashMap;
-
 use axum::extract::{FromRequest, Multipart, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -10,27 +8,32 @@ use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::eval::Comparison;
-use crate::jobs::{JobView, Submission};
 use crate::rank::BatchParams;
-use crate::server::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody};
+use crate::server::decode::{self, ApiJson, Fields};
+use crate::server::error::{
+    ApiError, ApiPath, ApiQuery, CompareErrors, ErrorCode, JobErrors, PlainErrors, SubmitErrors,
+};
+use crate::server::jobs::{JobView, Submission};
 use crate::server::AppState;
 
 /// A batch request: the topic file's content, optional qrels, and how to run it. As JSON, or as a multipart
-/// upload with the same field names (`bm25` and `rm3` then hold JSON objects).
+/// form with the same field names (each part decoded by its field's type: object-valued ones such as `bm25`
+/// hold JSON text).
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct BatchRequest {
     /// The topic file: TREC `<top>`, web-track XML or `qid<TAB>text`.
+    #[schema(example = "1\twhat similarity laws must be obeyed when constructing aeroelastic models\n")]
     pub topics: String,
     /// TREC qrels (`qid 0 docid grade`); metrics are computed when given.
+    #[serde(default)]
+    #[schema(example = "1 0 184 2\n")]
     pub qrels: Option<String>,
     /// A TREC run whose candidates a re-ranking pipeline re-ranks instead of BM25's.
+    #[serde(default)]
+    #[schema(example = "1 Q0 184 1 10.5 anserini\n1 Q0 29 2 9.25 anserini\n")]
     pub rerank: Option<String>,
     #[serde(flatten)]
     pub params: BatchParams,
-    /// Whatever else the client sent: refused (serde cannot deny unknown fields through `flatten`).
-    #[serde(flatten)]
-    #[schema(ignore)]
-    pub unknown: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 impl From<BatchRequest> for Submission {
@@ -53,47 +56,18 @@ impl<S: Send + Sync> FromRequest<S> for BatchUpload {
             .is_some_and(|v| v.starts_with("multipart/form-data"));
         if !multipart {
             let ApiJson(body) = ApiJson::<BatchRequest>::from_request(request, state).await?;
-            return BatchUpload::checked(body);
+            return Ok(BatchUpload(body));
         }
-        let invalid = |e: axum::extract::multipart::MultipartError| {
-            let status = e.status();
-            let code = if status == StatusCode::PAYLOAD_TOO_LARGE { "body_too_large" } else { "invalid_body" };
-            ApiError::new(status, code, e.body_text())
-        };
-        let mut form = Multipart::from_request(request, state)
-            .await
-            .map_err(|e| ApiError::new(e.status(), "invalid_body", e.body_text()))?;
-        let mut fields = HashMap::new();
+        let invalid = |e: axum::extract::multipart::MultipartError| ApiError::body(e.status(), e.body_text());
+        let mut form =
+            Multipart::from_request(request, state).await.map_err(|e| ApiError::body(e.status(), e.body_text()))?;
+        let mut parts = Vec::new();
         while let Some(field) = form.next_field().await.map_err(invalid)? {
             let name = field.name().unwrap_or_default().to_string();
-            let text = field.text().await.map_err(invalid)?;
-            fields.insert(name, text);
+            parts.push((name, field.text().await.map_err(invalid)?));
         }
-        let mut object = serde_json::Map::new();
-        for (name, text) in fields {
-            let value = match name.as_str() {
-                "k" | "depth" | "bm25" | "rm3" => {
-                    serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))
-                }
-                _ => serde_json::Value::String(text),
-            };
-            object.insert(name, value);
-        }
-        let body = serde_json::from_value(serde_json::Value::Object(object)).map_err(|e| {
-            ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", format!("invalid multipart form: {e}"))
-        })?;
-        BatchUpload::checked(body)
-    }
-}
-
-impl BatchUpload {
-    fn checked(body: BatchRequest) -> Result<BatchUpload, ApiError> {
-        match body.unknown.keys().next() {
-            Some(field) => {
-                Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", format!("unknown field `{field}`")))
-            }
-            None => Ok(BatchUpload(body)),
-        }
+        let object = Fields::of::<BatchRequest>().decode(parts, true, ErrorCode::InvalidBody)?;
+        decode::from_object(object, ErrorCode::InvalidBody).map(BatchUpload)
     }
 }
 
@@ -110,10 +84,7 @@ pub struct WaitParams {
     responses(
         (status = 202, description = "queued; the body holds the job id", body = JobView),
         (status = 200, description = "finished (with ?wait=true)", body = JobView),
-        (status = 400, body = ErrorBody),
-        (status = 404, description = "unknown collection", body = ErrorBody),
-        (status = 413, body = ErrorBody),
-        (status = 422, description = "malformed topic or qrels file (the message names the line), unknown pipeline", body = ErrorBody),
+        SubmitErrors,
     ))]
 pub async fn submit(
     State(state): State<AppState>,
@@ -128,21 +99,21 @@ pub async fn submit(
 }
 
 /// Every job, newest first.
-#[utoipa::path(get, path = "/batch", tag = "batch", responses((status = 200, body = Vec<JobView>)))]
+#[utoipa::path(get, path = "/batch", tag = "batch", responses((status = 200, body = Vec<JobView>), PlainErrors))]
 pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<JobView>>, ApiError> {
     Ok(Json(state.jobs().list().await?))
 }
 
 /// A job: status, progress, metrics (when qrels were given), warnings, parameters and provenance.
 #[utoipa::path(get, path = "/batch/{id}", tag = "batch", params(("id" = String, Path)),
-    responses((status = 200, body = JobView), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = JobView), JobErrors))]
 pub async fn get(State(state): State<AppState>, ApiPath(id): ApiPath<String>) -> Result<Json<JobView>, ApiError> {
     Ok(Json(state.jobs().get(&id).await?))
 }
 
 /// The TREC run file of a finished job.
 #[utoipa::path(get, path = "/batch/{id}/run", tag = "batch", params(("id" = String, Path)),
-    responses((status = 200, content_type = "text/plain", body = String), (status = 404, body = ErrorBody), (status = 409, description = "not done", body = ErrorBody)))]
+    responses((status = 200, content_type = "text/plain", body = String), JobErrors))]
 pub async fn run_file(State(state): State<AppState>, ApiPath(id): ApiPath<String>) -> Result<Response, ApiError> {
     let text = state.jobs().run_file(&id).await?;
     let disposition = format!("attachment; filename=\"{id}.run\"");
@@ -155,7 +126,7 @@ pub async fn run_file(State(state): State<AppState>, ApiPath(id): ApiPath<String
 
 /// Cancel a queued or running job.
 #[utoipa::path(delete, path = "/batch/{id}", tag = "batch", params(("id" = String, Path)),
-    responses((status = 200, body = JobView), (status = 404, body = ErrorBody), (status = 409, description = "already finished", body = ErrorBody)))]
+    responses((status = 200, body = JobView), JobErrors))]
 pub async fn cancel(State(state): State<AppState>, ApiPath(id): ApiPath<String>) -> Result<Json<JobView>, ApiError> {
     Ok(Json(state.jobs().cancel(&id).await?))
 }
@@ -169,7 +140,7 @@ pub struct CompareParams {
 
 /// Compare two finished jobs: per measure the means, delta, paired t-test p-value, wins/ties/losses.
 #[utoipa::path(get, path = "/batch/compare", tag = "batch", params(CompareParams),
-    responses((status = 200, body = Vec<Comparison>), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+    responses((status = 200, body = Vec<Comparison>), CompareErrors))]
 pub async fn compare(
     State(state): State<AppState>,
     ApiQuery(p): ApiQuery<CompareParams>,

@@ -6,7 +6,7 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use crate::rank::DocumentResponse;
-use crate::server::error::{ApiError, ApiPath, ApiQuery, ErrorBody};
+use crate::server::error::{ApiError, ApiPath, ApiQuery, DocumentErrors};
 use crate::server::AppState;
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -19,11 +19,7 @@ pub struct DocumentParams {
 /// A stored document's title and full text.
 #[utoipa::path(get, path = "/documents/{docid}", tag = "documents",
     params(("docid" = String, Path, description = "The document's id"), DocumentParams),
-    responses(
-        (status = 200, body = DocumentResponse),
-        (status = 404, description = "unknown collection or docid", body = ErrorBody),
-        (status = 409, description = "docid in several collections", body = ErrorBody),
-    ))]
+    responses((status = 200, body = DocumentResponse), DocumentErrors))]
 pub async fn get_document(
     State(state): State<AppState>,
     ApiPath(docid): ApiPath<String>,

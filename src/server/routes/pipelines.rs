@@ -6,6 +6,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::rank::{ModelStatus, Pipeline};
+use crate::server::error::PlainErrors;
 use crate::server::AppState;
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -25,7 +26,7 @@ pub struct PipelineInfo {
 }
 
 /// The pipelines and the models a client can ask for.
-#[utoipa::path(get, path = "/pipelines", tag = "search", responses((status = 200, body = Pipelines)))]
+#[utoipa::path(get, path = "/pipelines", tag = "search", responses((status = 200, body = Pipelines), PlainErrors))]
 pub async fn list_pipelines(State(state): State<AppState>) -> Json<Pipelines> {
     let models = state.engine().models().status();
     let default_ready = models.iter().any(|m| m.name == crate::rank::DEFAULT_MODEL && m.state == "ready");

@@ -2,24 +2,17 @@
 
 use axum::extract::State;
 use axum::Json;
-use serde::Deserialize;
+use utoipa::openapi::path::{Parameter, ParameterIn};
 use utoipa::IntoParams;
 
 use crate::rank::{SearchRequest, SearchResponse};
-use crate::server::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
+use crate::server::decode::{self, ApiJson, Fields};
+use crate::server::error::{ApiError, ApiQuery, SearchErrors};
 use crate::server::AppState;
 
 /// Rank documents of a collection for a query.
 #[utoipa::path(post, path = "/search", tag = "search", request_body = SearchRequest,
-    responses(
-        (status = 200, body = SearchResponse),
-        (status = 400, description = "malformed JSON, missing or mistyped field, empty query, k or depth out of range", body = ErrorBody),
-        (status = 404, description = "unknown collection", body = ErrorBody),
-        (status = 413, description = "body too large", body = ErrorBody),
-        (status = 422, description = "unknown pipeline or model", body = ErrorBody),
-        (status = 429, description = "the model's queue is full; see Retry-After", body = ErrorBody),
-        (status = 503, description = "not ready, timed out, or the model is unavailable", body = ErrorBody),
-    ))]
+    responses((status = 200, body = SearchResponse), SearchErrors))]
 pub async fn post_search(
     State(state): State<AppState>,
     ApiJson(request): ApiJson<SearchRequest>,
@@ -27,40 +20,26 @@ pub async fn post_search(
     state.search(request).await.map(Json)
 }
 
-/// Query-string form of a search.
-#[derive(Debug, Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
-#[serde(deny_unknown_fields)]
-pub struct SearchParams {
-    /// The query.
-    q: String,
-    k: Option<i64>,
-    depth: Option<i64>,
-    pipeline: Option<String>,
-    collection: Option<String>,
-    model: Option<String>,
+/// `GET /search` names the query `q`.
+const RENAME: &[(&str, &str)] = &[("q", "query")];
+
+/// The query-string form of a search: `SearchRequest`'s scalar fields, `q` for `query`.
+pub struct SearchQuery;
+
+impl IntoParams for SearchQuery {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        let to_parameter: Vec<(&str, &str)> = RENAME.iter().map(|(param, field)| (*field, *param)).collect();
+        Fields::of::<SearchRequest>().query_parameters(&to_parameter)
+    }
 }
 
 /// Rank documents of a collection for a query given in the URL.
-#[utoipa::path(get, path = "/search", tag = "search", params(SearchParams),
-    responses(
-        (status = 200, body = SearchResponse),
-        (status = 400, body = ErrorBody),
-        (status = 404, body = ErrorBody),
-        (status = 422, body = ErrorBody),
-    ))]
+#[utoipa::path(get, path = "/search", tag = "search", params(SearchQuery),
+    responses((status = 200, body = SearchResponse), SearchErrors))]
 pub async fn get_search(
     State(state): State<AppState>,
-    ApiQuery(p): ApiQuery<SearchParams>,
+    ApiQuery(pairs): ApiQuery<Vec<(String, String)>>,
 ) -> Result<Json<SearchResponse>, ApiError> {
-    let request = SearchRequest {
-        query: p.q,
-        k: p.k,
-        depth: p.depth,
-        pipeline: p.pipeline,
-        collection: p.collection,
-        model: p.model,
-        ..Default::default()
-    };
+    let request = decode::from_query::<SearchRequest>(pairs, RENAME)?;
     state.search(request).await.map(Json)
 }

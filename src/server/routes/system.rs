@@ -7,7 +7,7 @@ use axum::Json;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::server::error::{ApiError, ErrorBody};
+use crate::server::error::{ApiError, PlainErrors};
 use crate::server::AppState;
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -20,7 +20,7 @@ pub struct Health {
 
 /// Readiness: 200 once the indexes are open, 503 before.
 #[utoipa::path(get, path = "/health", tag = "system",
-    responses((status = 200, body = Health), (status = 503, description = "still starting", body = ErrorBody)))]
+    responses((status = 200, body = Health), PlainErrors))]
 pub async fn health(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
     if !state.is_ready() {
         return Err(ApiError::not_ready());
@@ -30,8 +30,8 @@ pub async fn health(State(state): State<AppState>) -> Result<Json<Health>, ApiEr
 }
 
 /// Prometheus metrics (text exposition format).
-#[utoipa::path(get, path = "/metrics", tag = "system", responses((status = 200, content_type = "text/plain", body = String)))]
+#[utoipa::path(get, path = "/metrics", tag = "system", responses((status = 200, content_type = "text/plain", body = String), PlainErrors))]
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    let text = state.metrics().render(state.engine().catalog());
+    let text = state.metrics().render(state.engine().catalog(), &state.engine().models().status());
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }

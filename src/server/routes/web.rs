@@ -1,13 +1,15 @@
 //! The web page in `static/`, compiled into the binary so the server runs from any directory.
 
-use axum::extract::Path;
 use axum::http::header;
 use axum::response::IntoResponse;
 
-use crate::server::error::ApiError;
+use crate::server::error::{ApiError, ApiPath};
 
-const FILES: [(&str, &str, &str); 3] = [
+const FILES: [(&str, &str, &str); 6] = [
     ("index.html", "text/html; charset=utf-8", include_str!("../../../static/index.html")),
+    ("common.js", "text/javascript; charset=utf-8", include_str!("../../../static/common.js")),
+    ("search.js", "text/javascript; charset=utf-8", include_str!("../../../static/search.js")),
+    ("batch.js", "text/javascript; charset=utf-8", include_str!("../../../static/batch.js")),
     ("app.js", "text/javascript; charset=utf-8", include_str!("../../../static/app.js")),
     ("style.css", "text/css; charset=utf-8", include_str!("../../../static/style.css")),
 ];
@@ -16,7 +18,7 @@ pub async fn index() -> impl IntoResponse {
     asset("index.html").expect("index.html is embedded")
 }
 
-pub async fn static_file(Path(name): Path<String>) -> Result<impl IntoResponse, ApiError> {
+pub async fn static_file(ApiPath(name): ApiPath<String>) -> Result<impl IntoResponse, ApiError> {
     asset(&name).ok_or_else(|| ApiError::not_found(&format!("/static/{name}")))
 }
 

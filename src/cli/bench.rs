@@ -3,7 +3,7 @@
 //! `/search` over HTTP at several client concurrencies (any pipeline) against a server in this process.
 //! `model`: cross-encoder pairs/s on the peers' workload (the PyTorch and onnxruntime peers).
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,25 +14,59 @@ use longrank::index::Catalog;
 use longrank::server::{self, AppState};
 use longrank::store::Store;
 
-pub struct SearchBench<'a> {
-    pub config: Config,
-    pub collection: &'a str,
-    pub topics: &'a Path,
-    pub k: usize,
-    pub http_k: usize,
-    pub clients: &'a [usize],
-    pub seconds: f64,
-    /// Pipeline and depth of the HTTP runs.
-    pub pipeline: &'a str,
-    pub depth: usize,
+#[derive(clap::Subcommand)]
+pub enum BenchCommand {
+    /// Query latency p50/p99 and queries/s: in process on one thread, then `/search` over HTTP.
+    Search(SearchBench),
+    /// Cross-encoder pairs/s on the workload of ../shared/bench (same inputs as its PyTorch and onnxruntime
+    /// peers).
+    Model(ModelBench),
+    /// One training step (pairwise hinge, AdamW over every weight) on the workload of ../shared/bench, as its
+    /// PyTorch peer (`peers_torch.py train`) times it.
+    Train(TrainBench),
 }
 
-pub fn search(b: SearchBench) -> anyhow::Result<()> {
-    let queries: Vec<String> = longrank::eval::read_topics(b.topics)?.into_iter().map(|t| t.title).collect();
-    let (catalog, _) = Catalog::open(&b.config.data_dir)?;
+pub fn run(command: BenchCommand, config: Config) -> anyhow::Result<()> {
+    match command {
+        BenchCommand::Search(b) => search(b, config),
+        BenchCommand::Model(b) => model(b),
+        BenchCommand::Train(b) => train(b),
+    }
+}
+
+#[derive(clap::Args)]
+pub struct SearchBench {
+    #[arg(long)]
+    collection: String,
+    /// Queries, `qid<TAB>query` per line (cycled).
+    #[arg(long)]
+    topics: PathBuf,
+    /// Results per query in process (the peers' setting).
+    #[arg(short, long, default_value_t = 1000)]
+    k: usize,
+    /// Results per `/search` request over HTTP (titles and snippets included).
+    #[arg(long, default_value_t = 10)]
+    http_k: usize,
+    /// Concurrent HTTP clients, one run each.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    clients: Vec<usize>,
+    /// Seconds per HTTP run.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Pipeline of the HTTP runs (re-ranking ones use the configured model).
+    #[arg(long, default_value = "bm25")]
+    pipeline: String,
+    /// First-stage candidates re-ranked per HTTP request.
+    #[arg(long, default_value_t = 10)]
+    depth: usize,
+}
+
+fn search(b: SearchBench, config: Config) -> anyhow::Result<()> {
+    let queries: Vec<String> = longrank::eval::read_topics(&b.topics)?.into_iter().map(|t| t.title).collect();
+    let (catalog, _) = Catalog::open(&config.data_dir)?;
     let catalog = Arc::new(catalog);
-    let collection = catalog.get(b.collection)?;
-    let params = b.config.bm25;
+    let collection = catalog.get(&b.collection)?;
+    let params = config.bm25;
 
     // In process, one thread: warm up once, then time every topic.
     for q in &queries {
@@ -50,7 +84,7 @@ pub fn search(b: SearchBench) -> anyhow::Result<()> {
     println!("RESULT longrank-index peak_rss_mb={:.0}", peak_rss_mb());
 
     // Over HTTP, against a server in this process.
-    let mut config = b.config.clone();
+    let mut config = config;
     config.server.addr = "127.0.0.1:0".into();
     config.limits.max_k = config.limits.max_k.max(b.http_k);
     let (tx, rx) = std::sync::mpsc::channel();
@@ -82,12 +116,12 @@ pub fn search(b: SearchBench) -> anyhow::Result<()> {
     }
     let url = format!("http://{addr}/search");
     let (pipeline, depth) = (b.pipeline.to_string(), b.depth);
-    for &clients in b.clients {
+    for &clients in &b.clients {
         let deadline = Instant::now() + Duration::from_secs_f64(b.seconds);
         let started = Instant::now();
         let mut handles = Vec::new();
         for c in 0..clients {
-            let (url, queries, collection, k) = (url.clone(), queries.clone(), b.collection.to_string(), b.http_k);
+            let (url, queries, collection, k) = (url.clone(), queries.clone(), b.collection.clone(), b.http_k);
             let pipeline = pipeline.clone();
             handles.push(std::thread::spawn(move || -> anyhow::Result<Vec<Duration>> {
                 let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(60)).build();
@@ -149,35 +183,38 @@ fn peer_docs(batch: usize) -> Vec<String> {
         .collect()
 }
 
-/// FLOPs of one pair at length `l` for MiniLM-L6 (the peers' `flops_per_pair`).
-fn flops_per_pair(l: usize) -> f64 {
-    let (h, i, n, l) = (384.0, 1536.0, 6.0, l as f64);
-    n * (8.0 * l * h * h + 4.0 * l * h * i + 4.0 * l * l * h) + 2.0 * h * h + 2.0 * h
-}
-
-pub struct ModelBench<'a> {
-    pub dir: &'a Path,
-    pub lengths: &'a [usize],
-    pub batches: &'a [usize],
-    pub warmup: usize,
-    pub reps: usize,
-    pub int8: bool,
+#[derive(clap::Args)]
+pub struct ModelBench {
+    /// A Hugging Face BERT directory (a head is added when it has none).
+    #[arg(long)]
+    dir: PathBuf,
+    #[arg(long, value_delimiter = ',', default_value = "128,256,512")]
+    lengths: Vec<usize>,
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    batches: Vec<usize>,
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// int8 linear layers (as `quantize = "int8"` in configuration).
+    #[arg(long)]
+    int8: bool,
 }
 
 /// Cross-encoder pairs/s: the model's forward pass on pre-tokenized batches, as the peers time theirs. A
 /// backbone without a classifier (the shipped MiniLM) gets a seeded `Linear(hidden, 1)` head, as the peers'
 /// `num_labels=1` adds one: the arithmetic is the same.
-pub fn model(b: ModelBench) -> anyhow::Result<()> {
+fn model(b: ModelBench) -> anyhow::Result<()> {
     use candle_core::{DType, Device};
     use longrank::model::TrainableCrossEncoder;
-    let mut model = TrainableCrossEncoder::init(b.dir, &Device::Cpu, DType::F32, 0)?.snapshot()?;
+    let mut model = TrainableCrossEncoder::init(&b.dir, &Device::Cpu, DType::F32, 0)?.snapshot()?;
     if b.int8 {
         model.quantize()?;
     }
     let system = if b.int8 { "longrank-candle-int8" } else { "longrank-candle" };
     println!("longrank candle threads={}", candle_core::utils::get_num_threads());
-    for &length in b.lengths {
-        for &batch in b.batches {
+    for &length in &b.lengths {
+        for &batch in &b.batches {
             let inputs = peer_docs(batch)
                 .iter()
                 .map(|doc| model.encode(QUERY, doc, length, length))
@@ -196,7 +233,7 @@ pub fn model(b: ModelBench) -> anyhow::Result<()> {
                 .collect::<Result<_, _>>()?;
             times.sort_by(f64::total_cmp);
             let median = times[times.len() / 2];
-            let gflops = flops_per_pair(length) * batch as f64 / 1e9;
+            let gflops = model.pair_flops(length) * batch as f64 / 1e9;
             println!(
                 "RESULT system={system} len={length} batch={batch} batch_s med={median:.4} \
                  pairs_per_s_med={:.2} pairs_per_s_best={:.2} gflops_med={:.1} rss_mb={:.0}",
@@ -210,21 +247,29 @@ pub fn model(b: ModelBench) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub struct TrainBench<'a> {
-    pub dir: &'a Path,
-    pub length: usize,
-    pub batch: usize,
-    pub warmup: usize,
-    pub steps: usize,
+#[derive(clap::Args)]
+pub struct TrainBench {
+    /// A Hugging Face BERT directory (a head is added when it has none).
+    #[arg(long)]
+    dir: PathBuf,
+    #[arg(long, default_value_t = 256)]
+    length: usize,
+    #[arg(long, default_value_t = 16)]
+    batch: usize,
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    #[arg(long, default_value_t = 4)]
+    steps: usize,
 }
 
 /// One training step as the PyTorch peer times it (`peers_torch.py train`): the peers' pairs, the first half
 /// positives and the second negatives, pairwise hinge, backward, AdamW over every weight.
-pub fn train(b: TrainBench) -> anyhow::Result<()> {
+fn train(b: TrainBench) -> anyhow::Result<()> {
     use candle_core::{DType, Device};
     use longrank::model::TrainableCrossEncoder;
     use longrank::train::AdamW;
-    let model = TrainableCrossEncoder::init(b.dir, &Device::Cpu, DType::F32, 0)?;
+    let model = TrainableCrossEncoder::init(&b.dir, &Device::Cpu, DType::F32, 0)?;
+    let pair_flops = model.snapshot()?.pair_flops(b.length);
     let inputs = peer_docs(b.batch)
         .iter()
         .map(|doc| model.encode(QUERY, doc, b.length, b.length))
@@ -268,7 +313,7 @@ pub fn train(b: TrainBench) -> anyhow::Result<()> {
         b.batch,
         totals[0],
         totals[totals.len() - 1],
-        3.0 * flops_per_pair(b.length) * b.batch as f64 / 1e9 / median,
+        3.0 * pair_flops * b.batch as f64 / 1e9 / median,
         peak_rss_mb()
     );
     Ok(())

@@ -7,14 +7,13 @@
 //! the key, so a key never points past its vector and a torn tail (a crash mid-append) is overwritten by the
 //! next append; a lookup that misses reads the other processes' new keys under a shared lock.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
-use super::{load_err, ModelError};
+use crate::model::{load_err, ModelError};
 
 #[allow(clippy::len_without_is_empty)]
 pub struct VectorFile {
@@ -49,7 +48,7 @@ impl VectorFile {
         };
         {
             let mut inner = file.lock();
-            let _shared = Flock::new(&inner.keys_file, libc::LOCK_SH).map_err(|e| load_err(&file.path, e))?;
+            let _shared = Locked::shared(&inner.keys_file).map_err(|e| load_err(&file.path, e))?;
             file.catch_up(&mut inner)?;
         }
         Ok(file)
@@ -64,7 +63,7 @@ impl VectorFile {
         let mut inner = self.lock();
         if !inner.keys.contains_key(&key) {
             // Another process may have stored it since.
-            let _shared = Flock::new(&inner.keys_file, libc::LOCK_SH).ok()?;
+            let _shared = Locked::shared(&inner.keys_file).ok()?;
             self.catch_up(&mut inner).ok()?;
         }
         let record = *inner.keys.get(&key)?;
@@ -85,7 +84,7 @@ impl VectorFile {
         if inner.keys.contains_key(&key) {
             return Ok(());
         }
-        let _exclusive = Flock::new(&inner.keys_file, libc::LOCK_EX).map_err(|e| load_err(&self.path, e))?;
+        let _exclusive = Locked::exclusive(&inner.keys_file).map_err(|e| load_err(&self.path, e))?;
         self.catch_up(&mut inner)?;
         if inner.keys.contains_key(&key) {
             return Ok(());
@@ -117,35 +116,33 @@ impl VectorFile {
         Ok(())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Inner> {
+        self.inner.lock()
     }
 }
 
-/// An advisory lock on a file, held until dropped (`flock(2)`: per open file, so it also orders two opens of
-/// one file within a process). Holds the descriptor, not the `File`, which must outlive the guard.
-struct Flock(RawFd);
+/// An advisory lock on a file, held until dropped (`File::lock`, `flock(2)` on Linux: per open file, so it also
+/// orders two opens of one file within a process). It holds a duplicate of the descriptor, which shares the
+/// lock with the original, so the file stays free to use while locked.
+struct Locked(File);
 
-impl Flock {
-    fn new(file: &File, operation: libc::c_int) -> std::io::Result<Flock> {
-        let fd = file.as_raw_fd();
-        loop {
-            // SAFETY: flock on an open descriptor.
-            if unsafe { libc::flock(fd, operation) } == 0 {
-                return Ok(Flock(fd));
-            }
-            let error = std::io::Error::last_os_error();
-            if error.kind() != std::io::ErrorKind::Interrupted {
-                return Err(error);
-            }
-        }
+impl Locked {
+    fn shared(file: &File) -> std::io::Result<Locked> {
+        let file = file.try_clone()?;
+        file.lock_shared()?;
+        Ok(Locked(file))
+    }
+
+    fn exclusive(file: &File) -> std::io::Result<Locked> {
+        let file = file.try_clone()?;
+        file.lock()?;
+        Ok(Locked(file))
     }
 }
 
-impl Drop for Flock {
+impl Drop for Locked {
     fn drop(&mut self) {
-        // SAFETY: the descriptor is still open (its `File` outlives the guard).
-        unsafe { libc::flock(self.0, libc::LOCK_UN) };
+        let _ = self.0.unlock();
     }
 }
 

@@ -4,8 +4,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Semaphore};
 use utoipa::ToSchema;
@@ -122,7 +123,7 @@ impl Jobs {
         let plan = self.engine.plan_batch(&submission.params, topics, rerank)?;
         let id = new_job_id();
         let params = serde_json::to_string(&submission.params).unwrap_or_default();
-        let provenance = self.provenance(&plan);
+        let provenance = serde_json::to_string(&plan.provenance(&self.engine, &self.config)).unwrap_or_default();
         let job = NewJob {
             id: &id,
             params: &params,
@@ -316,60 +317,8 @@ impl Jobs {
         Ok(eval::compare(&evaluations[0], &evaluations[1]))
     }
 
-    /// Serialized directly (not through `serde_json::Value`, which would print f32 settings as f64).
-    fn provenance(&self, plan: &BatchPlan) -> String {
-        #[derive(Serialize)]
-        struct Provenance<'a> {
-            longrank_version: &'static str,
-            configuration: &'a Config,
-            options: &'a crate::rank::RankOptions,
-            field: &'a eval::TopicField,
-            tag: &'a str,
-            collection: CollectionProvenance<'a>,
-            /// Source and weights hash of the model; null for first-stage pipelines.
-            model: Option<ModelProvenance<'a>>,
-        }
-        #[derive(Serialize)]
-        struct ModelProvenance<'a> {
-            name: &'a str,
-            source: &'a str,
-            /// Where the weights were read (a hub model's cache snapshot, which names the commit).
-            dir: &'a std::path::Path,
-            kind: &'static str,
-            weights_fnv1a64: &'a str,
-        }
-        #[derive(Serialize)]
-        struct CollectionProvenance<'a> {
-            name: &'a str,
-            documents: u64,
-            built_at: Option<String>,
-        }
-        // Planning checked the model; a model that failed to load has no provenance, and the run fails on it.
-        let model = self.engine.model_for(&plan.options).ok().flatten();
-        let provenance = Provenance {
-            longrank_version: env!("CARGO_PKG_VERSION"),
-            configuration: &self.config,
-            options: &plan.options,
-            field: &plan.field,
-            tag: &plan.tag,
-            collection: CollectionProvenance {
-                name: plan.collection.name(),
-                documents: plan.collection.num_docs(),
-                built_at: plan.collection.built_at().map(crate::store::format_time),
-            },
-            model: model.as_deref().map(|m| ModelProvenance {
-                name: &m.name,
-                source: &m.source,
-                dir: &m.dir,
-                kind: m.kind(),
-                weights_fnv1a64: &m.weights_hash,
-            }),
-        };
-        serde_json::to_string(&provenance).unwrap_or_default()
-    }
-
-    fn live_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
-        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    fn live_map(&self) -> parking_lot::MutexGuard<'_, HashMap<String, Live>> {
+        self.live.lock()
     }
 }
 

@@ -6,10 +6,12 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{Encoded, ModelError};
+use crate::model::{Encoded, ModelError};
 
 /// Set when the work's requester is gone (client disconnected, request timed out, batch job cancelled).
 #[derive(Debug, Clone, Default)]
@@ -54,6 +56,18 @@ struct State {
     shutdown: bool,
     /// Inputs per second over recent batches (for Retry-After).
     rate: f64,
+    stats: BatchStats,
+}
+
+/// What the inference thread has run, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchStats {
+    /// Forward passes.
+    pub batches: u64,
+    /// Inputs they carried.
+    pub inputs: u64,
+    /// Passes that carried the inputs of more than one request (concurrent requests batched together).
+    pub shared: u64,
 }
 
 struct Item {
@@ -76,10 +90,6 @@ struct Progress {
     started: Option<Instant>,
     inference: Duration,
     error: Option<String>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Queue {
@@ -112,7 +122,7 @@ impl Queue {
             done: Condvar::new(),
         });
         {
-            let mut state = lock(&self.shared.state);
+            let mut state = self.shared.state.lock();
             // A job larger than the whole queue still runs when it would wait behind nothing.
             if !state.pending.is_empty() && state.pending.len() + n > self.shared.max_queued {
                 let waiting = state.pending.len() as f64;
@@ -127,7 +137,7 @@ impl Queue {
             state.pending.extend(order.into_iter().map(|(index, input)| Item { job: job.clone(), index, input }));
         }
         self.shared.wake.notify_one();
-        let mut progress = lock(&job.progress);
+        let mut progress = job.progress.lock();
         loop {
             if let Some(error) = progress.error.take() {
                 return Err(ModelError::Inference(error));
@@ -144,19 +154,23 @@ impl Queue {
                 return Err(ModelError::Cancelled);
             }
             // Woken by the thread on completion; the timeout only notices cancellation.
-            progress = job.done.wait_timeout(progress, Duration::from_millis(50)).unwrap_or_else(|e| e.into_inner()).0;
+            job.done.wait_for(&mut progress, Duration::from_millis(50));
         }
     }
 
     /// Inputs waiting for the model.
     pub fn queued(&self) -> usize {
-        lock(&self.shared.state).pending.len()
+        self.shared.state.lock().pending.len()
+    }
+
+    pub fn stats(&self) -> BatchStats {
+        self.shared.state.lock().stats
     }
 }
 
 impl Drop for Queue {
     fn drop(&mut self) {
-        lock(&self.shared.state).shutdown = true;
+        self.shared.state.lock().shutdown = true;
         self.shared.wake.notify_all();
     }
 }
@@ -165,7 +179,7 @@ impl Shared {
     fn run(&self, forward: &Forward) {
         loop {
             let batch = {
-                let mut state = lock(&self.state);
+                let mut state = self.state.lock();
                 loop {
                     if state.shutdown {
                         return;
@@ -174,10 +188,16 @@ impl Shared {
                     if !state.pending.is_empty() {
                         break;
                     }
-                    state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
+                    self.wake.wait(&mut state);
                 }
-                self.take_batch(&mut state)
+                let batch = self.take_batch(&mut state);
+                let stats = &mut state.stats;
+                stats.batches += 1;
+                stats.inputs += batch.len() as u64;
+                stats.shared += batch.iter().any(|item| !Arc::ptr_eq(&item.job, &batch[0].job)) as u64;
+                batch
             };
+            crate::hooks::point("model.batch");
             let started = Instant::now();
             let mut batch = batch;
             batch.sort_by_key(|item| item.input.ids.len());
@@ -185,7 +205,7 @@ impl Shared {
             let result = forward(&inputs);
             let elapsed = started.elapsed();
             if let Ok(outputs) = &result {
-                let mut state = lock(&self.state);
+                let mut state = self.state.lock();
                 let rate = outputs.len() as f64 / elapsed.as_secs_f64().max(1e-6);
                 state.rate = if state.rate == 0.0 { rate } else { 0.8 * state.rate + 0.2 * rate };
             }
@@ -216,7 +236,7 @@ fn deliver(batch: Vec<Item>, result: Result<Vec<Vec<f32>>, ModelError>, started:
         Err(_) => vec![None; batch.len()],
     };
     for (item, output) in batch.into_iter().zip(outputs) {
-        let mut progress = lock(&item.job.progress);
+        let mut progress = item.job.progress.lock();
         progress.started.get_or_insert(started);
         if !seen.contains(&Arc::as_ptr(&item.job)) {
             seen.push(Arc::as_ptr(&item.job));
@@ -248,7 +268,7 @@ mod tests {
     fn echo(batches: Arc<Mutex<Vec<(usize, usize)>>>) -> Box<Forward> {
         Box::new(move |batch: &[Encoded]| {
             let longest = batch.iter().map(|e| e.ids.len()).max().unwrap_or(0);
-            lock(&batches).push((batch.len(), longest));
+            batches.lock().push((batch.len(), longest));
             std::thread::sleep(Duration::from_millis(5));
             Ok(batch.iter().map(|e| vec![e.ids[0] as f32, e.ids.len() as f32]).collect())
         })
@@ -264,7 +284,7 @@ mod tests {
             assert_eq!(out, &vec![i as f32, e.ids.len() as f32]);
         }
         assert!(timing.inference > Duration::ZERO);
-        for &(n, longest) in lock(&batches).iter() {
+        for &(n, longest) in batches.lock().iter() {
             assert!(n == 1 || n * longest <= 40, "batch of {n} x {longest} over the budget");
         }
     }
@@ -286,16 +306,16 @@ mod tests {
         for (t, h) in handles.into_iter().enumerate() {
             assert_eq!(h.join().unwrap(), (0..10).map(|i| t as u32 * 100 + i).collect::<Vec<_>>());
         }
-        assert!(lock(&batches).iter().any(|&(n, _)| n > 10), "jobs were never batched together");
+        assert!(batches.lock().iter().any(|&(n, _)| n > 10), "jobs were never batched together");
     }
 
     #[test]
     fn a_full_queue_refuses_and_a_cancelled_job_is_dropped() {
         let gate = Arc::new(Mutex::new(()));
-        let held = lock(&gate);
+        let held = gate.lock();
         let g = gate.clone();
         let forward: Box<Forward> = Box::new(move |batch: &[Encoded]| {
-            drop(lock(&g));
+            drop(g.lock());
             Ok(batch.iter().map(|_| vec![0.0]).collect())
         });
         let queue = Arc::new(Queue::start("test", forward, 2, 5));

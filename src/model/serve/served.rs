@@ -5,14 +5,16 @@
 //! on-disk store when one is given (a collection's embedding file; its pair outputs with `store_scores`).
 
 use std::num::NonZeroUsize;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use lru::LruCache;
 
-use super::queue::{Cancel, JobTiming, Queue};
+use super::queue::{BatchStats, Cancel, JobTiming, Queue};
 use super::vectors::VectorFile;
-use super::{cosine, Encoded, Fnv, ModelError, Reranker};
+use crate::model::{cosine, Encoded, Fnv, ModelError, Reranker};
 
 /// How pairs are built, batched and queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,7 +93,7 @@ impl Served {
         cancel: &Cancel,
     ) -> Result<Scores, ModelError> {
         match &*self.model {
-            Reranker::Cross(m) | Reranker::CoBert(super::cobert::CoBert { cross: m, .. }) => {
+            Reranker::Cross(m) | Reranker::CoBert(crate::model::cobert::CoBert { cross: m, .. }) => {
                 let (pairs, timing, computed) = self.pair_outputs(m, &self.queue, query, texts, store, cancel)?;
                 // Each output ends with the pair's length, so FLOPs count cached pairs too.
                 let flops = pairs.iter().map(|o| m.pair_flops(o[o.len() - 1] as usize)).sum();
@@ -124,7 +126,7 @@ impl Served {
     /// pair's length in word pieces appended.
     fn pair_outputs(
         &self,
-        m: &super::CrossEncoder,
+        m: &crate::model::CrossEncoder,
         queue: &Queue,
         query: &str,
         texts: &[&str],
@@ -188,14 +190,14 @@ impl Served {
 
     /// Outputs found in the cache, and the indices still missing.
     fn cached(&self, keys: &[u64]) -> (Vec<Option<Output>>, Vec<usize>) {
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.cache.lock();
         let found: Vec<Option<Output>> = keys.iter().map(|k| cache.get(k).cloned()).collect();
         let missing = (0..keys.len()).filter(|&i| found[i].is_none()).collect();
         (found, missing)
     }
 
     fn remember(&self, keys: &[u64], missing: &[usize], outputs: Vec<Vec<f32>>, found: &mut [Option<Output>]) {
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.cache.lock();
         for (&i, output) in missing.iter().zip(outputs) {
             let output: Output = output.into();
             cache.put(keys[i], output.clone());
@@ -206,6 +208,12 @@ impl Served {
     /// Inputs waiting for the model.
     pub fn queued(&self) -> usize {
         self.queue.queued() + self.second.as_ref().map_or(0, Queue::queued)
+    }
+
+    /// What the model's inference threads have run.
+    pub fn stats(&self) -> BatchStats {
+        let (a, b) = (self.queue.stats(), self.second.as_ref().map(Queue::stats).unwrap_or_default());
+        BatchStats { batches: a.batches + b.batches, inputs: a.inputs + b.inputs, shared: a.shared + b.shared }
     }
 }
 

@@ -1,0 +1,25 @@
+//! `longrank embed`: a bi-encoder's segment embeddings for a whole collection, ahead of queries.
+
+use longrank::config::Config;
+
+use super::progress::Bar;
+
+#[derive(clap::Args)]
+pub struct EmbedArgs {
+    /// The collection [default: the only one, or `default_collection`].
+    #[arg(long)]
+    collection: Option<String>,
+    /// A model name from the configuration [default: the default model].
+    #[arg(long = "name")]
+    name: Option<String>,
+}
+
+pub fn run(args: EmbedArgs, config: &Config) -> anyhow::Result<()> {
+    let engine = super::open_engine(config)?;
+    let collection = engine.collection(args.collection.as_deref())?;
+    let bar = Bar::counting(collection.num_docs(), "documents");
+    let (computed, stored) = engine.embed_collection(&collection, args.name.as_deref(), &bar)?;
+    bar.finish();
+    println!("collection {}: {computed} segment embeddings computed, {stored} stored", collection.name());
+    Ok(())
+}

@@ -1,0 +1,41 @@
+//! `longrank search`: one query, a ranking table (or the JSON `/search` answers).
+
+use std::io::Write;
+
+use longrank::config::Config;
+use longrank::model::Cancel;
+use longrank::rank::{RankParams, SearchRequest};
+
+#[derive(clap::Args)]
+pub struct SearchArgs {
+    #[command(flatten)]
+    params: RankParams,
+    /// Print the response as JSON (as `/search` answers) instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// With --json: every segment's text in `segments`.
+    #[arg(long, requires = "json")]
+    segment_text: bool,
+    /// The query's words.
+    #[arg(required = true)]
+    query: Vec<String>,
+}
+
+/// `model`: the configured model `--model` names, if it names one.
+pub fn run(mut args: SearchArgs, model: Option<String>, config: &Config) -> anyhow::Result<()> {
+    let engine = super::open_engine(config)?;
+    args.params.model = model;
+    let request = SearchRequest { query: args.query.join(" "), params: args.params, segment_text: args.segment_text };
+    let response = engine.search(request, &Cancel::default())?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &response)?;
+        writeln!(out)?;
+    } else {
+        writeln!(out, "{:>4}  {:>9}  {:<24}  title", "rank", "score", "docid")?;
+        for hit in &response.results {
+            writeln!(out, "{:>4}  {:>9.4}  {:<24}  {}", hit.rank, hit.score, hit.docid, hit.title)?;
+        }
+    }
+    Ok(())
+}

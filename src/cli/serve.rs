@@ -1,0 +1,66 @@
+//! `longrank serve`: the HTTP API and the web page.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use longrank::config::Config;
+use longrank::corpus::{Corpus, Format, DEMO_JSONL};
+use longrank::index::{self, Catalog};
+use longrank::progress::Silent;
+use longrank::server::{self, AppState};
+use longrank::store::Store;
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on; port 0 picks a free one [default: `server.addr` of the configuration].
+    #[arg(long)]
+    addr: Option<String>,
+}
+
+pub fn run(args: ServeArgs, mut config: Config) -> anyhow::Result<()> {
+    if let Some(addr) = args.addr {
+        config.server.addr = addr;
+    }
+    let (catalog, failures) = Catalog::open(&config.data_dir)
+        .with_context(|| format!("opening the data directory {}", config.data_dir.display()))?;
+    for failure in &failures {
+        tracing::warn!("collection not served: {failure}");
+    }
+    let catalog = Arc::new(catalog);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let database = config.database_path();
+        let store = Store::open(&database).await.with_context(|| format!("opening {}", database.display()))?;
+        let state = AppState::new(config, catalog, store);
+        let on_listening = |addr| {
+            println!("longrank listening on http://{addr}");
+            let _ = std::io::stdout().flush();
+        };
+        server::serve(state, on_listening, prepare).await
+    })
+}
+
+/// Loads the models, and indexes the demo collection on first start when the data directory holds no
+/// collection at all (it never shadows a user's collections). A model that cannot be loaded is reported once
+/// and left unavailable: the first-stage pipelines serve regardless, never a made-up score.
+fn prepare(state: &AppState) -> anyhow::Result<()> {
+    let config = state.config();
+    for (name, reason) in state.engine().models().load_all() {
+        tracing::warn!("model {name} is unavailable, its re-ranking pipelines answer 503 (bm25 serves): {reason}");
+    }
+    let catalog = state.engine().catalog();
+    if !config.server.demo_when_empty || !catalog.is_empty() {
+        return Ok(());
+    }
+    tracing::info!("no collection in {}: indexing the demo collection", config.data_dir.display());
+    let source = config.data_dir.join("demo-source").join("demo.jsonl");
+    super::write_file(&source, DEMO_JSONL)?;
+    let corpus = Corpus::open(&[source], Format::Jsonl)?;
+    let report = index::build(&config.data_dir, "demo", &corpus, &config.index.build_options(false), &Silent)?;
+    if report.indexed == 0 {
+        bail!("the demo collection indexed no documents");
+    }
+    catalog.refresh("demo")?;
+    Ok(())
+}

@@ -1,0 +1,77 @@
+//! `longrank train`: its files and the run's options (`train::TrainOptions`, whose fields are the flags).
+
+use std::path::PathBuf;
+
+use longrank::config::Config;
+use longrank::eval::{self, Qrels, TopicField};
+use longrank::train::{self, CoBertTraining, Method, TrainData, TrainOptions};
+
+use super::progress::Bar;
+
+#[derive(clap::Args)]
+pub struct TrainArgs {
+    /// The collection [default: the only one, or `default_collection`].
+    #[arg(long)]
+    collection: Option<String>,
+    /// Topics (TREC, TSV or JSON lines).
+    #[arg(long, value_name = "FILE")]
+    topics: PathBuf,
+    /// Judgments (TREC qrels).
+    #[arg(long, value_name = "FILE")]
+    qrels: PathBuf,
+    /// `qid<TAB>fold` (from `longrank folds`); with `--dev-fold`, dev comes from that fold and training from
+    /// `--train-folds`.
+    #[arg(long, value_name = "FILE")]
+    folds: Option<PathBuf>,
+    /// Gold passages (passages.bytes.tsv), to report how often the document budget covers them.
+    #[arg(long, value_name = "FILE")]
+    passages: Option<PathBuf>,
+    /// Topic field used as the query.
+    #[arg(long, value_enum, default_value_t = TopicField::Title)]
+    field: TopicField,
+    /// The model to start from: a Hugging Face directory or hub id [default: `model.path` of the
+    /// configuration].
+    #[arg(long)]
+    init: Option<String>,
+    /// The run's directory (resumed when it holds a run with the same options).
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    #[command(flatten)]
+    options: TrainOptions,
+    #[command(flatten)]
+    cobert: CoBertTraining,
+}
+
+pub fn run(args: TrainArgs, config: &Config) -> anyhow::Result<()> {
+    let mut options = args.options;
+    options.batch_tokens = config.model.max_batch_tokens;
+    options.bm25 = config.bm25;
+    options.cobert = (options.method == Method::Cobert).then_some(args.cobert);
+    let engine = super::open_engine(config)?;
+    let collection = engine.collection(args.collection.as_deref())?;
+    let topics = eval::read_topics(&args.topics)?.into_iter().map(|t| (t.qid.clone(), t.query(args.field))).collect();
+    let folds = args.folds.as_deref().map(eval::read_folds).transpose()?;
+    let passages = args.passages.as_deref().map(eval::passages::read_passages).transpose()?;
+    let data = TrainData { collection: &collection, topics, qrels: Qrels::read(&args.qrels)?, folds, passages };
+    let source = args.init.as_deref().unwrap_or(&config.model.path);
+    anyhow::ensure!(!source.is_empty(), "no model to start from: give --init DIR or configure [model] path");
+    let init = longrank::model::resolve(source, config.model.offline)?;
+    let device = longrank::model::device(&config.model.device)?;
+    let dtype = longrank::model::dtype(&config.model.dtype, &device)?;
+    let bar = Bar::new();
+    let report = train::train(&data, &init, &args.out, &options, &device, dtype, &bar)?;
+    bar.finish();
+    println!("{:<10}\t{:>6}\t{:>9}\t{:>9}\tstopped early", "model", "steps", "best dev", "best step");
+    for m in &report.models {
+        let dev = m.best_dev.map_or("-".into(), |v| format!("{v:.4}"));
+        let step = m.best_step.map_or("-".into(), |v| v.to_string());
+        println!("{:<10}\t{:>6}\t{dev:>9}\t{step:>9}\t{}", m.name, m.steps, m.stopped_early);
+    }
+    if let Some(coverage) = report.budget_covers_gold {
+        println!("the document budget covers the gold passage for {:.1} % of training pairs", 100.0 * coverage);
+    }
+    if let Some(selected) = &report.selected {
+        println!("selected on dev: {}", args.out.join(selected).join("model").display());
+    }
+    Ok(())
+}

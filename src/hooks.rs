@@ -1,0 +1,45 @@
+//! Test hooks: named points in long work where a test can hold the process, so that it kills or watches it at
+//! a known place instead of racing a clock. `LONGRANK_TEST_HOLD=NAME:N` holds at the Nth pass through the point
+//! NAME for good; `LONGRANK_TEST_HOLD=NAME:N:FILE` holds there until FILE exists. Unset (always, outside
+//! tests), a point costs one check of a value read once.
+//!
+//! Points: `index.commit` (after each commit of an index build), `train.checkpoint` (after each checkpoint of
+//! a model in training), `model.batch` (before each forward pass of a model's inference thread).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+const VAR: &str = "LONGRANK_TEST_HOLD";
+
+struct Hold {
+    point: String,
+    at: u64,
+    until: Option<std::path::PathBuf>,
+    passes: AtomicU64,
+}
+
+fn hold() -> Option<&'static Hold> {
+    static HOLD: OnceLock<Option<Hold>> = OnceLock::new();
+    HOLD.get_or_init(|| {
+        let spec = std::env::var(VAR).ok()?;
+        let mut parts = spec.splitn(3, ':');
+        let point = parts.next()?.to_string();
+        let at = parts.next()?.parse().ok()?;
+        let until = parts.next().map(std::path::PathBuf::from);
+        Some(Hold { point, at, until, passes: AtomicU64::new(0) })
+    })
+    .as_ref()
+}
+
+/// A named point: holds here when a test asks for it (see the module).
+pub fn point(name: &str) {
+    let Some(hold) = hold().filter(|h| h.point == name) else { return };
+    if hold.passes.fetch_add(1, Ordering::Relaxed) + 1 != hold.at {
+        return;
+    }
+    tracing::warn!("{VAR}: holding at {name}");
+    while hold.until.as_ref().is_none_or(|file| !file.exists()) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -1,0 +1,7 @@
+//! The encoder's arithmetic on the CPU, used only for CPU tensors (a CUDA device never reaches these):
+//! `blas` (a CBLAS loaded at run time for linear layers and attention), `kernels` (fused row kernels with
+//! their backward passes), `int8` (int8 linear layers on AVX-512 VNNI).
+
+pub mod blas;
+pub mod int8;
+pub mod kernels;

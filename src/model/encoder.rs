@@ -1,0 +1,282 @@
+//! The encoders: the BERT backbone every model kind shares (weights and tokenizer), a cross-encoder scoring
+//! (query, segment) pairs and a sentence-transformers bi-encoder embedding texts.
+
+use std::path::Path;
+
+use candle_core::{DType, Device, IndexOp, Module, Tensor, D};
+use candle_nn::{Linear, VarBuilder};
+use candle_transformers::models::bert::Config;
+use serde::Deserialize;
+
+use super::bert::Bert;
+use super::load::{load_err, read_config, read_json, weights};
+use super::tokenize::{Encoded, WordPieces};
+use super::ModelError;
+
+/// The encoder and tokenizer every model kind shares.
+pub(super) struct Backbone {
+    pub(super) bert: Bert,
+    pub(super) pieces: WordPieces,
+    pub(super) device: Device,
+    pub(super) hidden_size: usize,
+    pub(super) config: Config,
+}
+
+impl Backbone {
+    /// Loads the BERT weights (with or without a `bert.` prefix) and returns the variables for the heads.
+    pub(super) fn load(
+        dir: &Path,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<(Backbone, VarBuilder<'static>), ModelError> {
+        let (config, pieces) = read_config(dir)?;
+        let vb = weights(dir, device, dtype)?;
+        Ok((Backbone::new(vb.clone(), &config, pieces, dir)?, vb))
+    }
+
+    pub(super) fn new(
+        vb: VarBuilder,
+        config: &Config,
+        pieces: WordPieces,
+        origin: &Path,
+    ) -> Result<Backbone, ModelError> {
+        let device = vb.device().clone();
+        let bert = Bert::load(vb, config).map_err(|e| load_err(origin, format!("loading BERT weights: {e}")))?;
+        Ok(Backbone { bert, pieces, device, hidden_size: config.hidden_size, config: config.clone() })
+    }
+
+    /// Final hidden states `[batch, len, hidden]` of right-padded inputs, and the attention mask `[batch, len]`.
+    pub(super) fn forward(&self, batch: &[Encoded]) -> Result<(Tensor, Tensor), ModelError> {
+        let inputs = Inputs::new(batch, self.pieces.pad_id, &self.device)?;
+        let hidden = self.bert.forward(&inputs.ids, &inputs.types, inputs.padded.then_some(&inputs.mask))?;
+        Ok((hidden, inputs.mask))
+    }
+}
+
+/// FLOPs of one BERT encoder pass over `len` positions (multiply-adds counted as two): per layer the four
+/// attention projections (8·L·h²), the feed-forward (4·L·h·i) and the attention products (4·L²·h).
+pub fn encoder_flops(config: &Config, layers: usize, len: usize) -> f64 {
+    let (l, h, i) = (len as f64, config.hidden_size as f64, config.intermediate_size as f64);
+    layers as f64 * (8.0 * l * h * h + 4.0 * l * h * i + 4.0 * l * l * h)
+}
+
+/// A batch of encoded inputs as tensors, right-padded to the longest.
+pub(super) struct Inputs {
+    pub(super) ids: Tensor,
+    pub(super) types: Tensor,
+    pub(super) mask: Tensor,
+    /// Whether any input is shorter than the longest (without padding the mask changes nothing, so the
+    /// encoder skips it).
+    pub(super) padded: bool,
+}
+
+impl Inputs {
+    pub(super) fn new(batch: &[Encoded], pad_id: u32, device: &Device) -> Result<Inputs, ModelError> {
+        let len = batch.iter().map(|e| e.ids.len()).max().unwrap_or(0);
+        let (mut ids, mut types, mut mask) = (Vec::new(), Vec::new(), Vec::new());
+        for e in batch {
+            let pad = len - e.ids.len();
+            ids.extend(e.ids.iter().copied().chain(std::iter::repeat_n(pad_id, pad)));
+            types.extend(e.type_ids.iter().copied().chain(std::iter::repeat_n(0, pad)));
+            mask.extend(std::iter::repeat_n(1u32, e.ids.len()).chain(std::iter::repeat_n(0, pad)));
+        }
+        let shape = (batch.len(), len);
+        Ok(Inputs {
+            ids: Tensor::from_vec(ids, shape, device)?,
+            types: Tensor::from_vec(types, shape, device)?,
+            mask: Tensor::from_vec(mask, shape, device)?,
+            padded: batch.iter().any(|e| e.ids.len() != len),
+        })
+    }
+}
+
+/// A sequence classifier scoring (query, segment) pairs: the `[CLS]` state through the pooler (dense + tanh)
+/// and the classifier; with two labels, label 1's logit.
+pub struct CrossEncoder {
+    pub(super) backbone: Backbone,
+    pub(super) pooler: Linear,
+    pub(super) classifier: Linear,
+    pub(super) label: usize,
+}
+
+impl CrossEncoder {
+    pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<CrossEncoder, ModelError> {
+        let (config, pieces) = read_config(dir)?;
+        CrossEncoder::new(weights(dir, device, dtype)?, &config, pieces, dir)
+    }
+
+    /// The model over the variables of `vb`; `origin` names where they came from in errors.
+    pub(super) fn new(
+        vb: VarBuilder,
+        config: &Config,
+        pieces: WordPieces,
+        origin: &Path,
+    ) -> Result<CrossEncoder, ModelError> {
+        let backbone = Backbone::new(vb.clone(), config, pieces, origin)?;
+        let h = backbone.hidden_size;
+        let linear = |names: &[&str], out: usize| -> Result<Linear, ModelError> {
+            names
+                .iter()
+                .find_map(|n| candle_nn::linear(h, out, vb.pp(*n)).ok())
+                .ok_or_else(|| load_err(origin, format!("no weights for {}", names.join(" or "))))
+        };
+        let pooler = linear(&["bert.pooler.dense", "pooler.dense"], h)?;
+        let labels = [2usize, 1].into_iter().find(|n| vb.pp("classifier").get((*n, h), "weight").is_ok());
+        let labels = labels.ok_or_else(|| load_err(origin, "no classifier with 1 or 2 labels (classifier.weight)"))?;
+        let classifier = linear(&["classifier"], labels)?;
+        Ok(CrossEncoder { backbone, pooler, classifier, label: labels - 1 })
+    }
+
+    /// Encodes a pair: `[CLS] query [SEP] segment [SEP]`, the query cut to `max_query_tokens`, the segment cut
+    /// so the whole fits `max_len`.
+    pub fn encode(
+        &self,
+        query: &str,
+        segment: &str,
+        max_len: usize,
+        max_query_tokens: usize,
+    ) -> Result<Encoded, ModelError> {
+        self.backbone.pieces.pair(query, segment, max_len, max_query_tokens)
+    }
+
+    /// Logits of a batch of encoded pairs.
+    pub fn score(&self, batch: &[Encoded]) -> Result<Vec<f32>, ModelError> {
+        Ok(self.score_with_states(batch)?.0)
+    }
+
+    /// Logits and final `[CLS]` states `[batch, hidden]` of a batch of encoded pairs.
+    pub fn score_with_states(&self, batch: &[Encoded]) -> Result<(Vec<f32>, Tensor), ModelError> {
+        if batch.is_empty() {
+            return Ok((Vec::new(), Tensor::zeros((0, self.backbone.hidden_size), DType::F32, &self.backbone.device)?));
+        }
+        let (hidden, _) = self.backbone.forward(batch)?;
+        let cls = hidden.i((.., 0))?;
+        let pooled = self.pooler.forward(&cls)?.tanh()?;
+        let logits = self.classifier.forward(&pooled)?;
+        Ok((logits.i((.., self.label))?.to_dtype(DType::F32)?.to_vec1::<f32>()?, cls))
+    }
+
+    /// Makes the encoder's linear layers int8.
+    pub fn quantize(&mut self) -> Result<(), ModelError> {
+        Ok(self.backbone.bert.quantize()?)
+    }
+
+    /// Per pair, the logit followed by the final `[CLS]` state.
+    pub fn outputs_with_states(&self, batch: &[Encoded]) -> Result<Vec<Vec<f32>>, ModelError> {
+        let (logits, states) = self.score_with_states(batch)?;
+        let states = states.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+        Ok(logits.into_iter().zip(states).map(|(l, s)| std::iter::once(l).chain(s).collect()).collect())
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.backbone.device
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.pooler.weight().dtype()
+    }
+
+    /// FLOPs of scoring one pair of `len` word pieces: the encoder, the pooler and the classifier.
+    pub fn pair_flops(&self, len: usize) -> f64 {
+        let config = &self.backbone.config;
+        let h = config.hidden_size as f64;
+        encoder_flops(config, config.num_hidden_layers, len) + 2.0 * h * h + 2.0 * h * (self.label + 1) as f64
+    }
+
+    /// Token counts as this model's tokenizer sees them (for the segmenter's budget).
+    pub fn count_tokens(&self, text: &str) -> Result<usize, ModelError> {
+        self.backbone.pieces.count(text)
+    }
+}
+
+/// How a sentence-transformers model pools token states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    Mean,
+    Cls,
+}
+
+/// A sentence-transformers bi-encoder: texts to (optionally normalized) embeddings.
+pub struct BiEncoder {
+    pub(super) backbone: Backbone,
+    pub(super) pooling: Pooling,
+    pub(super) normalize: bool,
+    pub(super) max_seq_length: usize,
+}
+
+#[derive(Deserialize)]
+struct PoolingConfig {
+    #[serde(default)]
+    pooling_mode_cls_token: bool,
+    #[serde(default)]
+    pooling_mode_mean_tokens: bool,
+}
+
+#[derive(Deserialize)]
+struct StModule {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    path: String,
+}
+
+impl BiEncoder {
+    pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<BiEncoder, ModelError> {
+        let (backbone, _) = Backbone::load(dir, device, dtype)?;
+        let modules_path = dir.join("modules.json");
+        let modules: Vec<StModule> = read_json(&modules_path)?;
+        let pooling_dir = modules.iter().find(|m| m.kind.ends_with(".Pooling")).map(|m| dir.join(&m.path));
+        let pooling_dir = pooling_dir.ok_or_else(|| load_err(&modules_path, "no Pooling module"))?;
+        let pooling: PoolingConfig = read_json(&pooling_dir.join("config.json"))?;
+        let pooling = match (pooling.pooling_mode_mean_tokens, pooling.pooling_mode_cls_token) {
+            (true, _) => Pooling::Mean,
+            (false, true) => Pooling::Cls,
+            _ => return Err(load_err(&pooling_dir, "only mean or CLS pooling is supported")),
+        };
+        let normalize = modules.iter().any(|m| m.kind.ends_with(".Normalize"));
+        #[derive(Deserialize)]
+        struct StConfig {
+            max_seq_length: usize,
+        }
+        let st_path = dir.join("sentence_bert_config.json");
+        let max_seq_length =
+            if st_path.exists() { read_json::<StConfig>(&st_path)?.max_seq_length } else { backbone.pieces.max_len };
+        Ok(BiEncoder { backbone, pooling, normalize, max_seq_length })
+    }
+
+    pub fn encode(&self, text: &str) -> Result<Encoded, ModelError> {
+        self.backbone.pieces.single(text, self.max_seq_length)
+    }
+
+    pub fn count_tokens(&self, text: &str) -> Result<usize, ModelError> {
+        self.backbone.pieces.count(text)
+    }
+
+    /// Embedding dimensions.
+    pub fn dims(&self) -> usize {
+        self.backbone.hidden_size
+    }
+
+    /// Embeddings of a batch of encoded texts.
+    pub fn embed(&self, batch: &[Encoded]) -> Result<Vec<Vec<f32>>, ModelError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (hidden, mask) = self.backbone.forward(batch)?;
+        let pooled = match self.pooling {
+            Pooling::Cls => hidden.i((.., 0))?,
+            Pooling::Mean => {
+                let mask = mask.to_dtype(hidden.dtype())?.unsqueeze(D::Minus1)?;
+                let summed = hidden.broadcast_mul(&mask)?.sum(1)?;
+                summed.broadcast_div(&mask.sum(1)?)?
+            }
+        };
+        let pooled = if self.normalize {
+            let norm = pooled.sqr()?.sum_keepdim(1)?.sqrt()?.clamp(1e-12, f32::MAX)?;
+            pooled.broadcast_div(&norm)?
+        } else {
+            pooled
+        };
+        Ok(pooled.to_dtype(DType::F32)?.to_vec2::<f32>()?)
+    }
+}

@@ -1,0 +1,140 @@
+//! Reading model directories: the BERT configuration and tokenizer, the weight files (safetensors, sharded or
+//! not, else `pytorch_model.bin`), their fingerprints, and the device and dtype by name.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device};
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::Config;
+
+use super::tokenize::WordPieces;
+use super::{cobert, ModelError};
+
+pub(super) fn load_err(path: &Path, message: impl ToString) -> ModelError {
+    ModelError::Load { path: path.to_path_buf(), message: message.to_string() }
+}
+
+/// A directory's BERT configuration and tokenizer.
+pub(super) fn read_config(dir: &Path) -> Result<(Config, WordPieces), ModelError> {
+    let config_path = dir.join("config.json");
+    let config: Config = serde_json::from_slice(&std::fs::read(&config_path).map_err(|e| load_err(&config_path, e))?)
+        .map_err(|e| load_err(&config_path, format!("not a BERT config: {e}")))?;
+    let pieces = WordPieces::load(&dir.join("tokenizer.json"), config.max_position_embeddings)?;
+    Ok((config, pieces))
+}
+
+/// The weight files of a directory: every `*.safetensors` (sharded checkpoints too) in name order, else
+/// `pytorch_model.bin`.
+pub(super) fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| load_err(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() && dir.join("pytorch_model.bin").exists() {
+        files.push(dir.join("pytorch_model.bin"));
+    }
+    Ok(files)
+}
+
+/// A stable fingerprint of the weights: 64-bit FNV-1a over the weight files' bytes, in hex.
+pub fn weights_hash(dir: &Path) -> Result<String, ModelError> {
+    files_hash(&weight_files(dir)?)
+}
+
+/// A fingerprint of what the outputs of a cross-encoder's first queue depend on besides the options: the
+/// weights of the model it runs (Co-BERT's heads left out; for a Co-BERT trained end to end, its first-round
+/// cross-encoder), its configuration and its tokenizer. A Co-BERT checkpoint trained on a frozen backbone
+/// shares it with that backbone's own directory.
+pub fn pairs_hash(dir: &Path) -> Result<String, ModelError> {
+    let first_round = dir.join(cobert::FIRST_ROUND_DIR);
+    let dir = if first_round.is_dir() { &first_round } else { dir };
+    let mut files = weight_files(dir)?;
+    files.retain(|f| !f.ends_with(cobert::WEIGHTS_FILE));
+    files
+        .extend(["config.json", "tokenizer.json", "vocab.txt"].map(|f| dir.join(f)).into_iter().filter(|f| f.exists()));
+    files_hash(&files)
+}
+
+/// 64-bit FNV-1a over the files' bytes, in order, in hex.
+pub(super) fn files_hash(files: &[PathBuf]) -> Result<String, ModelError> {
+    let mut hash = Fnv::default();
+    for file in files {
+        hash.write(&std::fs::read(file).map_err(|e| load_err(file, e))?);
+    }
+    Ok(format!("{:016x}", hash.0))
+}
+
+/// 64-bit FNV-1a: stable across processes and Rust versions (cache keys that persist on disk use it).
+pub(crate) struct Fnv(pub u64);
+
+impl Default for Fnv {
+    fn default() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    pub(crate) fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+}
+
+/// A device by name: `cpu`, `cuda` or `cuda:N` (the latter with the `cuda` feature).
+pub fn device(name: &str) -> Result<Device, ModelError> {
+    let unsupported = |m: String| ModelError::Unsupported(m);
+    match name {
+        "cpu" => Ok(Device::Cpu),
+        _ => {
+            let ordinal = match name.strip_prefix("cuda") {
+                Some("") => 0,
+                Some(n) => n
+                    .strip_prefix(':')
+                    .and_then(|n| n.parse().ok())
+                    .ok_or_else(|| unsupported(format!("device {name:?}: expected cpu, cuda or cuda:N")))?,
+                None => return Err(unsupported(format!("device {name:?}: expected cpu, cuda or cuda:N"))),
+            };
+            if cfg!(feature = "cuda") {
+                Ok(Device::new_cuda(ordinal)?)
+            } else {
+                let _ = ordinal;
+                Err(unsupported(format!("device {name:?}: this build has no CUDA (cargo build --features cuda)")))
+            }
+        }
+    }
+}
+
+/// The weights' dtype: `f32`, `f16`, `bf16`, or `auto` (f16 on a GPU, f32 on the CPU, where candle's
+/// half-precision kernels are slow).
+pub fn dtype(name: &str, device: &Device) -> Result<DType, ModelError> {
+    match name {
+        "auto" if device.is_cuda() => Ok(DType::F16),
+        "auto" | "f32" => Ok(DType::F32),
+        "f16" => Ok(DType::F16),
+        "bf16" => Ok(DType::BF16),
+        _ => Err(ModelError::Unsupported(format!("dtype {name:?}: expected auto, f32, f16 or bf16"))),
+    }
+}
+
+pub(super) fn weights(dir: &Path, device: &Device, dtype: DType) -> Result<VarBuilder<'static>, ModelError> {
+    let files: Vec<PathBuf> =
+        weight_files(dir)?.into_iter().filter(|p| p.extension().is_some_and(|x| x == "safetensors")).collect();
+    if !files.is_empty() {
+        // SAFETY: the files are memory-mapped read-only; a file changed while mapped is the caller's problem,
+        // as with every mmap-based loader.
+        return unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device) }.map_err(|e| load_err(dir, e));
+    }
+    let bin = dir.join("pytorch_model.bin");
+    if bin.exists() {
+        return VarBuilder::from_pth(&bin, dtype, device).map_err(|e| load_err(&bin, e));
+    }
+    Err(load_err(dir, "no *.safetensors or pytorch_model.bin"))
+}
+
+pub(super) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ModelError> {
+    let bytes = std::fs::read(path).map_err(|e| load_err(path, e))?;
+    serde_json::from_slice(&bytes).map_err(|e| load_err(path, e))
+}

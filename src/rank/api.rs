@@ -1,0 +1,306 @@
+//! The pipeline's public types: what requests give (`RankParams`, the one declaration of every ranking
+//! parameter, embedded in `SearchRequest`, `RerankRequest` and `BatchParams`, whose serde, utoipa and clap
+//! derives serve JSON bodies, multipart forms, query strings and the CLI alike) and what responses carry.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::rerank::ScoredSegment;
+use crate::eval::TopicField;
+use crate::index::{Bm25Params, Rm3Params};
+use crate::segment::SegmentOptions;
+
+/// The pipelines a request can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Pipeline {
+    /// BM25 over the whole document, Anserini's parameters.
+    Bm25,
+    /// BM25 with RM3 pseudo-relevance feedback (Anserini's defaults: 10 documents, 10 terms, weight 0.5).
+    #[serde(rename = "bm25+rm3")]
+    Bm25Rm3,
+    /// The model scores each BM25 candidate's first segment.
+    #[serde(rename = "firstp")]
+    FirstP,
+    /// The model scores every segment; a document scores its best segment's score.
+    #[serde(rename = "maxp")]
+    MaxP,
+    /// Every segment scored; a document scores the sum.
+    #[serde(rename = "sump")]
+    SumP,
+    /// Every segment scored; a document scores the mean.
+    #[serde(rename = "avgp")]
+    AvgP,
+    /// MaxP, then Co-BERT's heads re-score the candidates from their best passages, calibrated against the
+    /// top ones and scored in groups (needs a Co-BERT model).
+    #[serde(rename = "cobert")]
+    CoBert,
+}
+
+impl Pipeline {
+    pub const ALL: [Pipeline; 7] = [
+        Pipeline::Bm25,
+        Pipeline::Bm25Rm3,
+        Pipeline::FirstP,
+        Pipeline::MaxP,
+        Pipeline::SumP,
+        Pipeline::AvgP,
+        Pipeline::CoBert,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Pipeline::Bm25 => "bm25",
+            Pipeline::Bm25Rm3 => "bm25+rm3",
+            Pipeline::FirstP => "firstp",
+            Pipeline::MaxP => "maxp",
+            Pipeline::SumP => "sump",
+            Pipeline::AvgP => "avgp",
+            Pipeline::CoBert => "cobert",
+        }
+    }
+
+    /// Whether the pipeline re-ranks BM25's candidates with the model.
+    pub fn needs_model(self) -> bool {
+        !matches!(self, Pipeline::Bm25 | Pipeline::Bm25Rm3)
+    }
+
+    pub fn parse(name: &str) -> Result<Pipeline, super::RankError> {
+        Pipeline::ALL.into_iter().find(|p| p.name() == name).ok_or_else(|| super::RankError::UnknownPipeline {
+            name: name.to_string(),
+            available: Pipeline::ALL.iter().map(|p| p.name().to_string()).collect(),
+        })
+    }
+
+    /// The names, for the CLI's `--pipeline` (which lists them in `--help`).
+    fn names() -> clap::builder::PossibleValuesParser {
+        clap::builder::PossibleValuesParser::new(Pipeline::ALL.map(Pipeline::name))
+    }
+}
+
+/// How to rank: every ranking parameter, declared once. `/search`, `/rerank` and `/batch` take these fields
+/// at the top level of their JSON body (a multipart `/batch` as parts, `GET /search` the scalar ones as
+/// query parameters); `longrank search` and `longrank batch` take each as a `--kebab-case` flag, object-valued
+/// ones as JSON text. Unset fields take the configured defaults.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema, clap::Args)]
+pub struct RankParams {
+    /// Collection name; may be left out when there is one collection or `default_collection` is configured.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "cranfield")]
+    pub collection: Option<String>,
+    /// Pipeline: bm25, bm25+rm3, firstp, maxp, sump, avgp or cobert (`GET /pipelines` lists them with their
+    /// state). Default: bm25 (maxp for `/rerank`).
+    #[arg(long, value_parser = Pipeline::names())]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "maxp")]
+    pub pipeline: Option<String>,
+    /// Results per query, at most `limits.max_k`. Default: `limits.default_k` (configuration); 1000 in a batch
+    /// (trec_eval's depth); every candidate for `/rerank`.
+    #[arg(short, long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = 5)]
+    pub k: Option<i64>,
+    /// First-stage candidates the re-ranking pipelines re-score, at most `limits.max_depth`. Default:
+    /// `limits.default_depth` (configuration), or k when larger.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = 7)]
+    pub depth: Option<i64>,
+    /// BM25 parameters, as JSON on the command line. Default: `[bm25]` (configuration).
+    #[arg(long, value_parser = json_arg::<Bm25Params>, value_name = "JSON")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bm25: Option<Bm25Params>,
+    /// RM3 parameters of `bm25+rm3`, as JSON on the command line. Default: Anserini's (10 feedback
+    /// documents, 10 terms, original query weight 0.5).
+    #[arg(long, value_parser = json_arg::<Rm3Params>, value_name = "JSON")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rm3: Option<Rm3Params>,
+    /// The model of the re-ranking pipelines, by name (`GET /pipelines` lists them). Default: `default`
+    /// (`[model] path`). On the command line, the global `--model` (which also takes a directory or hub id).
+    #[arg(skip)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "default")]
+    pub model: Option<String>,
+    /// How documents are cut into segments, as JSON on the command line. Default: `[model.segments]`
+    /// (configuration).
+    #[arg(long, value_parser = json_arg::<SegmentOptions>, value_name = "JSON")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segments: Option<SegmentOptions>,
+    /// Weight (0 to 1) of the min-max normalized first-stage score mixed into the re-ranked score
+    /// (re-ranking pipelines). Default: none.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = 0.25)]
+    pub interpolate: Option<f32>,
+}
+
+/// Parses an object-valued flag's JSON text (`--bm25 '{"k1": 1.2}'`).
+fn json_arg<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
+    serde_json::from_str(text).map_err(|e| format!("not valid JSON for this option: {e}"))
+}
+
+/// A search request (`POST /search` body; `GET /search` takes its scalar fields, `q` for `query`).
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+pub struct SearchRequest {
+    /// Free text; a bag of words (no operators).
+    #[schema(example = "waggle dance of honey bees")]
+    pub query: String,
+    #[serde(flatten)]
+    pub params: RankParams,
+    /// Include every segment's text in `segments` (default false: offsets only).
+    #[serde(default)]
+    #[schema(example = false)]
+    pub segment_text: bool,
+}
+
+/// How to run a batch: the ranking parameters and what only a batch has (everything but the files).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema, clap::Args)]
+pub struct BatchParams {
+    #[serde(flatten)]
+    #[command(flatten)]
+    pub params: RankParams,
+    /// Topic field used as the query: title, desc or title+desc. Default: title.
+    #[arg(long, value_enum, default_value_t)]
+    #[serde(default)]
+    pub field: TopicField,
+    /// Run tag, the run file's last column (one word). Default: `longrank-PIPELINE`.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "my-run")]
+    pub tag: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SearchResponse {
+    pub query: String,
+    pub collection: String,
+    pub pipeline: Pipeline,
+    /// The model that re-ranked, for re-ranking pipelines.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Wall time inside the pipeline, milliseconds.
+    pub took_ms: f64,
+    pub timing: Timing,
+    pub results: Vec<SearchHit>,
+}
+
+/// Where the time went, milliseconds.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Timing {
+    pub retrieve_ms: f64,
+    /// Segmenting and model scoring, for re-ranking pipelines.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rerank_ms: Option<f64>,
+    #[serde(flatten)]
+    pub model: Option<ModelTiming>,
+    pub total_ms: f64,
+}
+
+/// What the model cost a request.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ModelTiming {
+    /// Waiting in the model's queue behind other requests.
+    pub queue_ms: f64,
+    /// Forward passes that carried this request's pairs.
+    pub inference_ms: f64,
+    /// (query, segment) pairs the request needed.
+    pub pairs: usize,
+    /// Of those, pairs the model computed (the rest came from caches).
+    pub computed: usize,
+    /// FLOPs of the model passes behind the scores, from the model's shape and each pair's word pieces,
+    /// cached pairs included (cross-encoders).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flops: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SearchHit {
+    /// 1-based.
+    pub rank: usize,
+    pub docid: String,
+    /// The pipeline's final score.
+    pub score: f32,
+    /// BM25 score from the first stage (absent for documents given to `/rerank` as text).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_stage_score: Option<f32>,
+    /// Re-ranked results: the model's aggregated score (before interpolation with the first stage).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_score: Option<f32>,
+    pub title: String,
+    /// A short passage: the best segment for re-ranked results, else the text around the query terms.
+    pub snippet: String,
+    /// Re-ranked results: the segment that scored best, with its text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub best_segment: Option<BestSegment>,
+    /// Re-ranked results: every segment the model scored, in document order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub segments: Option<Vec<ScoredSegment>>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct BestSegment {
+    pub index: usize,
+    /// UTF-8 byte offsets into the document's text.
+    pub start: usize,
+    pub end: usize,
+    pub score: f32,
+    pub text: String,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct DocumentResponse {
+    pub collection: String,
+    pub docid: String,
+    pub title: String,
+    pub text: String,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CollectionInfo {
+    pub name: String,
+    pub documents: u64,
+    /// Mean length in analyzed terms.
+    pub average_length: f64,
+    pub size_bytes: u64,
+    pub bm25: Bm25Params,
+}
+
+/// `POST /rerank`: the client's own candidates, re-ranked with evidence (text-embeddings-inference's
+/// `/rerank` for long documents). Give either `documents` (texts) or `docids` (stored documents). Of the
+/// ranking parameters, those of the first stage (`depth`, `bm25`, `rm3`, `interpolate`) do not apply.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+pub struct RerankRequest {
+    #[schema(example = "who won super bowl 50")]
+    pub query: String,
+    #[serde(default)]
+    pub documents: Option<Vec<RerankDocument>>,
+    #[serde(default)]
+    pub docids: Option<Vec<String>>,
+    #[serde(flatten)]
+    pub params: RankParams,
+    /// Include every segment's text in `segments`.
+    #[serde(default)]
+    pub segment_text: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RerankDocument {
+    /// Echoed as the result's docid (default: the document's position, from 0).
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub title: Option<String>,
+    pub text: String,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RerankResponse {
+    pub query: String,
+    pub pipeline: Pipeline,
+    pub model: String,
+    pub took_ms: f64,
+    pub timing: ModelTiming,
+    pub results: Vec<SearchHit>,
+}

@@ -1,0 +1,157 @@
+//! Validation: a request's `RankParams` checked against the limits and completed with the configured
+//! defaults into `RankOptions`. Every limit and default of a ranking lives here, for HTTP and CLI alike.
+
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::{Engine, Pipeline, RankError, RankParams};
+use crate::index::{Bm25Params, Rm3Params};
+use crate::segment::SegmentOptions;
+
+/// Results per topic when a batch names no k (trec_eval's customary depth).
+pub const DEFAULT_BATCH_K: i64 = 1000;
+
+/// Validated ranking options.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct RankOptions {
+    pub k: usize,
+    pub depth: usize,
+    pub pipeline: Pipeline,
+    pub bm25: Bm25Params,
+    pub rm3: Rm3Params,
+    /// Re-ranking pipelines only.
+    pub rerank: Option<RerankOptions>,
+}
+
+/// How re-ranking pipelines score.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct RerankOptions {
+    pub model: String,
+    pub segments: SegmentOptions,
+    /// Weight of the normalized first-stage score, if mixed in.
+    pub interpolate: Option<f32>,
+}
+
+/// What the parameters are for: each use has its defaults, and `/rerank` has no first stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Usage {
+    Search,
+    Batch,
+    /// The client's own candidates (`/rerank`): k is checked against their number by the caller.
+    Rerank,
+}
+
+impl Engine {
+    /// Validates ranking parameters against the limits and fills in the defaults.
+    pub fn options(&self, params: &RankParams, usage: Usage) -> Result<RankOptions, RankError> {
+        let limits = &self.limits;
+        let default_k = match usage {
+            Usage::Batch => DEFAULT_BATCH_K as usize,
+            Usage::Search | Usage::Rerank => limits.default_k,
+        };
+        let default_pipeline = if usage == Usage::Rerank { Pipeline::MaxP } else { Pipeline::Bm25 };
+        if usage == Usage::Rerank {
+            let first_stage = [
+                ("depth", params.depth.is_some()),
+                ("bm25", params.bm25.is_some()),
+                ("rm3", params.rm3.is_some()),
+                ("interpolate", params.interpolate.is_some()),
+            ];
+            if let Some((field, _)) = first_stage.into_iter().find(|(_, given)| *given) {
+                return Err(RankError::NotApplicable { field, what: "/rerank (there is no first stage)" });
+            }
+        }
+        let k = in_range("k", params.k, default_k, limits.max_k)?;
+        let depth = in_range("depth", params.depth, limits.default_depth.max(k), limits.max_depth)?;
+        let pipeline = params.pipeline.as_deref().map_or(Ok(default_pipeline), Pipeline::parse)?;
+        let rerank = if pipeline.needs_model() {
+            if self.models.names().is_empty() {
+                return Err(RankError::ModelRequired { pipeline: pipeline.name() });
+            }
+            let segments = params.segments.unwrap_or(self.default_segments);
+            segments.validate().map_err(RankError::InvalidSegments)?;
+            if let Some(weight) = params.interpolate {
+                unit("interpolate", weight)?;
+            }
+            let model = self.models.check(params.model.as_deref())?;
+            Some(RerankOptions { model, segments, interpolate: params.interpolate })
+        } else {
+            if let Some(model) = &params.model {
+                self.models.check(Some(model))?;
+            }
+            None
+        };
+        if usage == Usage::Rerank && rerank.is_none() {
+            return Err(RankError::RerankingPipelineRequired { what: "/rerank", pipeline: pipeline.name() });
+        }
+        let bm25 = params.bm25.unwrap_or(self.bm25);
+        at_least("bm25.k1", bm25.k1 as f64, 0.0)?;
+        unit("bm25.b", bm25.b)?;
+        let rm3 = params.rm3.unwrap_or_default();
+        at_least("rm3.fb_docs", rm3.fb_docs as f64, 1.0)?;
+        at_least("rm3.fb_terms", rm3.fb_terms as f64, 1.0)?;
+        unit("rm3.original_query_weight", rm3.original_query_weight)?;
+        Ok(RankOptions { k, depth, pipeline, bm25, rm3, rerank })
+    }
+
+    /// A query's text, trimmed, checked against the limits.
+    pub fn check_query<'q>(&self, query: &'q str) -> Result<&'q str, RankError> {
+        let query = query.trim();
+        if query.is_empty() {
+            return Err(RankError::EmptyQuery);
+        }
+        let len = query.chars().count();
+        if len > self.limits.max_query_chars {
+            return Err(RankError::QueryTooLong { len, max: self.limits.max_query_chars });
+        }
+        Ok(query)
+    }
+}
+
+/// A count between 1 and `max`, or `default` (capped at `max`) when none is given.
+pub(super) fn in_range(
+    field: &'static str,
+    value: Option<i64>,
+    default: usize,
+    max: usize,
+) -> Result<usize, RankError> {
+    let Some(value) = value else { return Ok(default.min(max)) };
+    if value < 1 || value as u64 > max as u64 {
+        return Err(RankError::OutOfRange { field, value: value as f64, min: 1.0, max: max as f64 });
+    }
+    Ok(value as usize)
+}
+
+/// A weight between 0 and 1.
+fn unit(field: &'static str, value: f32) -> Result<(), RankError> {
+    if (0.0..=1.0).contains(&value) {
+        return Ok(());
+    }
+    Err(RankError::OutOfRange { field, value: value as f64, min: 0.0, max: 1.0 })
+}
+
+/// A parameter with a lower bound only (NaN is refused).
+fn at_least(field: &'static str, value: f64, min: f64) -> Result<(), RankError> {
+    if value >= min && value.is_finite() {
+        return Ok(());
+    }
+    Err(RankError::OutOfRange { field, value, min, max: f64::INFINITY })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn range_checks() {
+        assert_eq!(in_range("k", None, 10, 100).unwrap(), 10);
+        assert_eq!(in_range("k", Some(100), 10, 100).unwrap(), 100);
+        assert!(matches!(in_range("k", Some(0), 10, 100), Err(RankError::OutOfRange { value: 0.0, .. })));
+        assert!(in_range("k", Some(101), 10, 100).is_err());
+        assert!(in_range("k", Some(-5), 10, 100).is_err());
+        assert!(unit("interpolate", 1.5).is_err() && unit("interpolate", 0.0).is_ok());
+        assert!(at_least("bm25.k1", f64::NAN, 0.0).is_err());
+        let err = at_least("bm25.k1", -1.0, 0.0).unwrap_err();
+        assert_eq!(err.to_string(), "bm25.k1 must be at least 0, got -1");
+    }
+}
