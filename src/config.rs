@@ -57,7 +57,19 @@ impl Config {
     pub fn database_path(&self) -> PathBuf {
         self.data_dir.join("longrank.db")
     }
+
+    /// The configuration with its secrets replaced, for what is stored or shown (a job's provenance).
+    pub fn redacted(&self) -> Config {
+        let mut config = self.clone();
+        let hide = |keys: &mut Vec<String>| keys.iter_mut().for_each(|k| *k = REDACTED.into());
+        hide(&mut config.server.admin_keys);
+        hide(&mut config.server.search_keys);
+        config
+    }
 }
+
+/// What a secret reads as where the configuration is stored or shown.
+pub const REDACTED: &str = "<redacted>";
 
 /// The models the re-ranking pipelines (firstp, maxp, sump, avgp) use, and how they are served.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -191,6 +203,17 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Index the built-in demo collection at start when the data directory holds no collection.
     pub demo_when_empty: bool,
+    /// Keys that open every route (`Authorization: Bearer KEY`): batch jobs and everything that writes.
+    pub admin_keys: Vec<String>,
+    /// Keys that open the read-only routes: search, rerank, documents, collections, pipelines, reading jobs.
+    pub search_keys: Vec<String>,
+    /// `/metrics` without a key even when keys are set (for a scraper on a trusted network).
+    pub public_metrics: bool,
+    /// Origins (`scheme://host[:port]`) whose pages may call the API from a browser (CORS), besides the
+    /// server's own.
+    pub cors_origins: Vec<String>,
+    /// Host names the server answers to besides the loopback ones (localhost, 127.0.0.1, [::1]).
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -200,6 +223,11 @@ impl Default for ServerConfig {
             request_timeout_ms: 30_000,
             max_body_bytes: 10 << 20,
             demo_when_empty: true,
+            admin_keys: Vec::new(),
+            search_keys: Vec::new(),
+            public_metrics: false,
+            cors_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -348,12 +376,15 @@ fn parse(raw: &str) -> Option<toml::Value> {
     toml::from_str::<toml::Table>(&format!("v = {raw}")).ok().and_then(|mut t| t.remove("v"))
 }
 
-/// The text as the type of the value it replaces.
+/// The text as the type of the value it replaces (a list of strings may be given as `a,b`).
 fn typed(raw: &str, slot: &toml::Value) -> Result<toml::Value, String> {
     match parse(raw) {
         Some(v) if v.same_type(slot) => Ok(v),
         Some(toml::Value::Integer(i)) if slot.is_float() => Ok(toml::Value::Float(i as f64)),
         _ if slot.is_str() => Ok(toml::Value::String(raw.to_string())),
+        _ if slot.is_array() => Ok(toml::Value::Array(
+            raw.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| toml::Value::String(s.into())).collect(),
+        )),
         _ => Err(format!("{raw:?} is not a valid {}", slot.type_str())),
     }
 }
@@ -405,6 +436,20 @@ mod tests {
         assert!(c.model.segments.repeat_title);
         assert_eq!(c.model.max_batch_tokens, 1024);
         assert_eq!(c.model.named["minilm"].source(), "/models/minilm");
+    }
+
+    #[test]
+    fn keys_come_from_the_environment_as_lists_and_are_redacted() {
+        let mut v = toml::Value::try_from(Config::default()).unwrap();
+        let vars = env(&[("LONGRANK_SERVER_ADMIN_KEYS", "a1, a2"), ("LONGRANK_SERVER_SEARCH_KEYS", "s1")]);
+        assert!(apply_env(&mut v, vars).unwrap().is_empty());
+        let c: Config = v.try_into().unwrap();
+        assert_eq!(
+            (c.server.admin_keys.clone(), c.server.search_keys.clone()),
+            (vec!["a1".into(), "a2".into()], vec!["s1".into()])
+        );
+        let shown = serde_json::to_string(&c.redacted()).unwrap();
+        assert!(!shown.contains("a1") && !shown.contains("s1") && shown.contains(REDACTED), "{shown}");
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! tests), a point costs one check of a value read once.
 //!
 //! Points: `index.commit` (after each commit of an index build), `train.checkpoint` (after each checkpoint of
-//! a model in training), `model.batch` (before each forward pass of a model's inference thread).
+//! a model in training), `model.batch` (before each forward pass of a model's inference thread), `batch.topic`
+//! (after each topic a batch job stores).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

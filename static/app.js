@@ -74,6 +74,12 @@ for (const [id, view] of [["tab-search", "search"], ["tab-batch", "batch"]]) {
   });
 }
 window.addEventListener("popstate", route);
+$("key-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  sessionStorage.setItem(KEY, $("key").value);
+  $("key-form").hidden = true;
+  loadOptions().then(route);
+});
 
 loadOptions()
   .catch((e) => setStatus("status", `Could not reach the server: ${e.message}`, "error"))

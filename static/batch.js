@@ -95,6 +95,11 @@ function renderJob(job) {
   $("job-progress").value = job.progress.done;
   $("job-progress-text").textContent = `${job.progress.done} of ${job.progress.total} topics${job.error ? ` · ${job.error}` : ""}`;
   $("job-download").href = `/batch/${encodeURIComponent(job.id)}/run`;
+  $("job-download").onclick = (event) => {
+    event.preventDefault();
+    download(`/batch/${encodeURIComponent(job.id)}/run`, `${job.id}.run`).catch((e) =>
+      setStatus("batch-status", e.message, "error"));
+  };
   $("job-download").hidden = job.status !== "done";
   if (!job.metrics) {
     $("job-results").hidden = true;

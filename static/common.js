@@ -21,18 +21,40 @@ function setStatus(id, text, kind) {
   $(id).className = kind || "";
 }
 
-async function api(path, options) {
+// The API key a server with keys asks for, kept for this browser session (sent as `Authorization: Bearer`).
+const KEY = "longrank-key";
+
+async function call(path, options = {}) {
+  const key = sessionStorage.getItem(KEY);
+  const headers = new Headers(options.headers || {});
+  if (key) headers.set("Authorization", `Bearer ${key}`);
   let response;
   try {
-    response = await fetch(path, options);
+    response = await fetch(path, { ...options, headers });
   } catch (e) {
     throw new Error(`The server did not answer (${e.message}).`);
   }
-  const body = await response.json().catch(() => null);
   if (!response.ok) {
+    const body = await response.json().catch(() => null);
+    const code = body && body.error ? body.error.code : "";
+    if (["missing_key", "invalid_key", "insufficient_key"].includes(code)) $("key-form").hidden = false;
     throw new Error(body && body.error ? body.error.message : `HTTP ${response.status}`);
   }
-  return body;
+  return response;
+}
+
+async function api(path, options) {
+  return (await call(path, options)).json();
+}
+
+// A file from the API saved by the browser (a link cannot send the key).
+async function download(path, name) {
+  const blob = await (await call(path)).blob();
+  const link = el("a", { href: URL.createObjectURL(blob), download: name });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  URL.revokeObjectURL(link.href);
 }
 
 // ---- Text helpers -------------------------------------------------------------------------------------

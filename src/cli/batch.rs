@@ -46,7 +46,7 @@ pub fn run(mut args: BatchArgs, model: Option<String>, mut config: Config) -> an
     let rerank = args.rerank.as_deref().map(super::read_run).transpose()?;
     let plan = engine.plan_batch(&args.params, eval::read_topics(&args.topics)?, rerank)?;
     let out = &args.out;
-    let provenance = serde_json::to_string_pretty(&plan.provenance(&engine, &config))?;
+    let provenance = serde_json::to_string_pretty(&plan.provenance(&engine, &config.redacted()))?;
     super::write_file(&provenance_path(out), &(provenance + "\n"))?;
     // An interrupted batch run again with the same command keeps its finished topics.
     let mut partial = eval::PartialRun::open(out, &plan.tag)?;

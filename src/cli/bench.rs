@@ -70,13 +70,13 @@ fn search(b: SearchBench, config: Config) -> anyhow::Result<()> {
 
     // In process, one thread: warm up once, then time every topic.
     for q in &queries {
-        collection.search(q, b.k, params)?;
+        collection.snapshot().search(q, b.k, params)?;
     }
     let mut latencies = Vec::with_capacity(queries.len());
     let started = Instant::now();
     for q in &queries {
         let t = Instant::now();
-        collection.search(q, b.k, params)?;
+        collection.snapshot().search(q, b.k, params)?;
         latencies.push(t.elapsed());
     }
     report(&format!("longrank-index collection={} k={}", b.collection, b.k), &mut latencies, started.elapsed());

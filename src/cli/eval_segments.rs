@@ -36,7 +36,7 @@ pub fn run(args: EvalSegmentsArgs, config: &Config) -> anyhow::Result<()> {
     let params = RankParams { pipeline: Some("maxp".into()), model: args.name, ..Default::default() };
     let options = engine.options(&params, Usage::Search)?;
     let bar = Bar::counting(topics.len() as u64, "topics");
-    let stats = engine.evaluate_selection(&collection, &topics, args.field, &passages, &options, &bar)?;
+    let stats = engine.evaluate_selection(&collection.snapshot(), &topics, args.field, &passages, &options, &bar)?;
     bar.finish();
     println!("questions\t{}", stats.questions);
     println!("segments_per_document\t{:.2}", stats.segments as f64 / stats.questions.max(1) as f64);

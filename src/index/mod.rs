@@ -97,13 +97,15 @@ pub struct Hit {
     pub score: f32,
 }
 
-/// An open collection: its index, a reader that follows commits, and statistics cached per commit.
+/// An open collection: its index, a reader that follows commits, and what is cached per commit. Reads go
+/// through a `Snapshot`.
 pub struct Collection {
     name: String,
     path: PathBuf,
     reader: IndexReader,
     fields: Fields,
-    stats: Mutex<Option<(u64, CollectionStats)>>,
+    /// Statistics of the last few commits (requests may hold snapshots of different ones).
+    stats: Mutex<Vec<(u64, CollectionStats)>>,
     norms: Mutex<HashMap<search::NormKey, Arc<Vec<f32>>>>,
     docids: Mutex<HashMap<tantivy::index::SegmentId, Arc<search::DocidTable>>>,
 }
@@ -129,7 +131,7 @@ impl Collection {
             path: path.to_path_buf(),
             reader,
             fields,
-            stats: Mutex::new(None),
+            stats: Mutex::default(),
             norms: Mutex::default(),
             docids: Mutex::default(),
         })
@@ -144,17 +146,23 @@ impl Collection {
         &self.path
     }
 
-    fn searcher(&self) -> Searcher {
-        self.reader.searcher()
+    /// A consistent view of the collection as of its last commit, for every read of one request.
+    pub fn snapshot(&self) -> Snapshot<'_> {
+        Snapshot { collection: self, searcher: self.reader.searcher() }
+    }
+
+    /// The view a snapshot had, taken again (a batch job keeps its `Point` across topics).
+    pub fn at(&self, point: &Point) -> Snapshot<'_> {
+        Snapshot { collection: self, searcher: point.0.clone() }
     }
 
     fn tantivy_err(&self, source: tantivy::TantivyError) -> IndexError {
         IndexError::Tantivy { path: self.path.clone(), source }
     }
 
-    /// Live documents.
+    /// Live documents now.
     pub fn num_docs(&self) -> u64 {
-        self.searcher().num_docs()
+        self.snapshot().num_docs()
     }
 
     /// When the index was last committed.
@@ -168,20 +176,44 @@ impl Collection {
             .map(|entries| entries.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum())
             .unwrap_or(0)
     }
+}
+
+/// One consistent view of a collection: every read of a request (or a batch job) goes through one snapshot, so
+/// that document addresses a search finds name the same documents when fetched, and statistics, texts and
+/// postings agree, whatever commits land meanwhile (tantivy keeps a snapshot's segments alive).
+pub struct Snapshot<'c> {
+    collection: &'c Collection,
+    searcher: Searcher,
+}
+
+/// A snapshot's point in the collection's history, kept beyond a borrow (`Collection::at`).
+#[derive(Clone)]
+pub struct Point(Searcher);
+
+impl<'c> Snapshot<'c> {
+    pub fn collection(&self) -> &'c Collection {
+        self.collection
+    }
+
+    pub fn point(&self) -> Point {
+        Point(self.searcher.clone())
+    }
+
+    /// Live documents.
+    pub fn num_docs(&self) -> u64 {
+        self.searcher.num_docs()
+    }
 
     /// The statistics BM25 needs, computed once per commit from the exact lengths of live documents.
     pub fn stats(&self) -> Result<CollectionStats, IndexError> {
-        let searcher = self.searcher();
+        let searcher = &self.searcher;
         let generation = searcher.generation().generation_id();
-        let mut cached = self.stats.lock();
-        if let Some((g, stats)) = *cached {
-            if g == generation {
-                return Ok(stats);
-            }
+        if let Some((_, stats)) = self.collection.stats.lock().iter().find(|(g, _)| *g == generation) {
+            return Ok(*stats);
         }
         let (mut docs, mut total) = (0u64, 0u64);
         for segment in searcher.segment_readers() {
-            let lens = segment.fast_fields().u64(LEN_FIELD).map_err(|e| self.tantivy_err(e))?;
+            let lens = segment.fast_fields().u64(LEN_FIELD).map_err(|e| self.collection.tantivy_err(e))?;
             for doc in segment.doc_ids_alive() {
                 let len = lens.values.get_val(doc);
                 if len > 0 {
@@ -192,21 +224,29 @@ impl Collection {
         }
         let avg_len = if docs > 0 { total as f64 / docs as f64 } else { 0.0 };
         let stats = CollectionStats { num_docs: docs, avg_len };
-        *cached = Some((generation, stats));
+        let mut cached = self.collection.stats.lock();
+        if cached.len() >= 4 {
+            cached.remove(0);
+        }
+        cached.push((generation, stats));
         Ok(stats)
     }
 
     /// The number of documents holding an analyzed term (replaced ones included until merged).
     pub fn doc_freq(&self, term: &str) -> Result<u64, IndexError> {
-        let term = Term::from_field_text(self.fields.contents, term);
-        self.searcher().doc_freq(&term).map_err(|e| self.tantivy_err(e))
+        let term = Term::from_field_text(self.collection.fields.contents, term);
+        self.searcher.doc_freq(&term).map_err(|e| self.collection.tantivy_err(e))
     }
 
     /// The stored document at an address.
     pub fn document(&self, address: DocAddress) -> Result<StoredDoc, IndexError> {
-        let doc: TantivyDocument = self.searcher().doc(address).map_err(|e| self.tantivy_err(e))?;
+        let doc: TantivyDocument = self.searcher.doc(address).map_err(|e| self.collection.tantivy_err(e))?;
         let get = |field| doc.get_first(field).and_then(|v| v.as_str()).unwrap_or_default().to_string();
-        Ok(StoredDoc { docid: get(self.fields.docid), title: get(self.fields.title), text: get(self.fields.text) })
+        Ok(StoredDoc {
+            docid: get(self.collection.fields.docid),
+            title: get(self.collection.fields.title),
+            text: get(self.collection.fields.text),
+        })
     }
 
     /// Every live document, one at a time (the collection is never held in memory).
@@ -214,7 +254,7 @@ impl Collection {
         &self,
         mut f: impl FnMut(StoredDoc) -> Result<(), E>,
     ) -> Result<(), E> {
-        let searcher = self.searcher();
+        let searcher = &self.searcher;
         for (ordinal, segment) in searcher.segment_readers().iter().enumerate() {
             let alive = segment.alive_bitset();
             for doc in 0..segment.max_doc() {
@@ -229,8 +269,10 @@ impl Collection {
 
     /// The live document with this docid, if any.
     pub fn get(&self, docid: &str) -> Result<Option<StoredDoc>, IndexError> {
-        let query = TermQuery::new(Term::from_field_text(self.fields.docid, docid), IndexRecordOption::Basic);
-        let found = self.searcher().search(&query, &TopDocs::with_limit(1)).map_err(|e| self.tantivy_err(e))?;
+        let query =
+            TermQuery::new(Term::from_field_text(self.collection.fields.docid, docid), IndexRecordOption::Basic);
+        let found =
+            self.searcher.search(&query, &TopDocs::with_limit(1)).map_err(|e| self.collection.tantivy_err(e))?;
         found.first().map(|(_, address)| self.document(*address)).transpose()
     }
 }

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{analyzer, searchable_text, Bm25Params, Collection, Hit, IndexError};
+use super::{analyzer, searchable_text, Bm25Params, Hit, IndexError, Snapshot};
 use crate::corpus::Document;
 
 /// RM3 parameters; the defaults are Anserini's.
@@ -30,7 +30,7 @@ impl Default for Rm3Params {
 /// Anserini skips feedback terms found in more than this share of documents (its stop-word heuristic).
 const MAX_DF_RATIO: f32 = 0.1;
 
-impl Collection {
+impl Snapshot<'_> {
     /// BM25 with RM3 expansion: retrieve, build the relevance model from the top `fb_docs`, search again
     /// with the interpolated weighted query.
     pub fn search_rm3(&self, query: &str, k: usize, bm25: Bm25Params, rm3: Rm3Params) -> Result<Vec<Hit>, IndexError> {

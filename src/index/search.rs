@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use tantivy::postings::Postings;
 use tantivy::schema::IndexRecordOption;
-use tantivy::{DocAddress, DocSet, Searcher, Term, TERMINATED};
+use tantivy::{DocAddress, DocSet, Term, TERMINATED};
 
-use super::{analyzer, bm25, Bm25Params, Collection, Hit, IndexError, DOCID_FIELD, LEN_FIELD};
+use super::{analyzer, bm25, Bm25Params, Hit, IndexError, Snapshot, DOCID_FIELD, LEN_FIELD};
 
 /// Strings packed in one buffer, addressed by position (a segment's docids by document number).
 #[derive(Default)]
@@ -35,7 +35,7 @@ pub(super) type NormKey = (tantivy::index::SegmentId, u32, u32, u64);
 /// Cached normalization vectors (4 bytes per document each) kept per collection.
 const MAX_CACHED_NORMS: usize = 64;
 
-impl Collection {
+impl Snapshot<'_> {
     /// BM25 top-k for a query analyzed as documents are.
     pub fn search(&self, query: &str, k: usize, params: Bm25Params) -> Result<Vec<Hit>, IndexError> {
         let mut weights: Vec<(String, f32)> = Vec::new();
@@ -57,12 +57,12 @@ impl Collection {
         k: usize,
         params: Bm25Params,
     ) -> Result<Vec<Hit>, IndexError> {
-        let searcher = self.searcher();
+        let searcher = &self.searcher;
         let stats = self.stats()?;
         let mut term_weights = Vec::with_capacity(terms.len());
         for (text, weight) in terms {
-            let term = Term::from_field_text(self.fields.contents, text);
-            let df = searcher.doc_freq(&term).map_err(|e| self.tantivy_err(e))?;
+            let term = Term::from_field_text(self.collection.fields.contents, text);
+            let df = searcher.doc_freq(&term).map_err(|e| self.collection.tantivy_err(e))?;
             let weight_idf = weight * bm25::idf(stats.num_docs, df);
             // A zero contribution would mark no document as touched; negative weights have no meaning here.
             if df > 0 && weight_idf > 0.0 {
@@ -73,11 +73,12 @@ impl Collection {
         let mut floor = f32::NEG_INFINITY;
         for (ord, segment) in searcher.segment_readers().iter().enumerate() {
             let norms = self.norms(segment, params, stats.avg_len)?;
-            let inverted = segment.inverted_index(self.fields.contents).map_err(|e| self.tantivy_err(e))?;
+            let inverted =
+                segment.inverted_index(self.collection.fields.contents).map_err(|e| self.collection.tantivy_err(e))?;
             let mut acc = vec![0f32; segment.max_doc() as usize];
             let mut touched = Vec::new();
             for (term, weight_idf) in &term_weights {
-                let io_err = |source| IndexError::Io { path: self.path.clone(), source };
+                let io_err = |source| IndexError::Io { path: self.collection.path.clone(), source };
                 let Some(mut postings) = inverted.read_postings(term, IndexRecordOption::WithFreqs).map_err(io_err)?
                 else {
                     continue;
@@ -107,7 +108,7 @@ impl Collection {
         }
         prune(&mut top, k);
         top.truncate(k);
-        let mut hits = self.resolve_docids(&searcher, top)?;
+        let mut hits = self.resolve_docids(top)?;
         hits.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.docid.cmp(&b.docid)));
         Ok(hits)
     }
@@ -121,14 +122,14 @@ impl Collection {
         avg_len: f64,
     ) -> Result<Arc<Vec<f32>>, IndexError> {
         let key = (segment.segment_id(), params.k1.to_bits(), params.b.to_bits(), avg_len.to_bits());
-        if let Some(norms) = self.norms.lock().get(&key) {
+        if let Some(norms) = self.collection.norms.lock().get(&key) {
             return Ok(norms.clone());
         }
-        let lens = segment.fast_fields().u64(LEN_FIELD).map_err(|e| self.tantivy_err(e))?;
+        let lens = segment.fast_fields().u64(LEN_FIELD).map_err(|e| self.collection.tantivy_err(e))?;
         let norms: Arc<Vec<f32>> = Arc::new(
             (0..segment.max_doc()).map(|doc| bm25::length_norm(params, lens.values.get_val(doc), avg_len)).collect(),
         );
-        let mut cache = self.norms.lock();
+        let mut cache = self.collection.norms.lock();
         if cache.len() >= MAX_CACHED_NORMS {
             cache.clear();
         }
@@ -137,10 +138,10 @@ impl Collection {
     }
 
     /// Looks up the docids of scored addresses through each segment's docid table.
-    fn resolve_docids(&self, searcher: &Searcher, top: Vec<(f32, DocAddress)>) -> Result<Vec<Hit>, IndexError> {
+    fn resolve_docids(&self, top: Vec<(f32, DocAddress)>) -> Result<Vec<Hit>, IndexError> {
         top.into_iter()
             .map(|(score, address)| {
-                let table = self.docid_table(searcher.segment_reader(address.segment_ord))?;
+                let table = self.docid_table(self.searcher.segment_reader(address.segment_ord))?;
                 Ok(Hit { address, docid: table.get(address.doc_id).to_string(), score })
             })
             .collect()
@@ -150,11 +151,11 @@ impl Collection {
     /// docid up in the dictionary decompresses a zstd block each time, which cost more than scoring.
     fn docid_table(&self, segment: &tantivy::SegmentReader) -> Result<Arc<DocidTable>, IndexError> {
         let id = segment.segment_id();
-        if let Some(table) = self.docids.lock().get(&id) {
+        if let Some(table) = self.collection.docids.lock().get(&id) {
             return Ok(table.clone());
         }
-        let io_err = |source| IndexError::Io { path: self.path.clone(), source };
-        let column = segment.fast_fields().str(DOCID_FIELD).map_err(|e| self.tantivy_err(e))?;
+        let io_err = |source| IndexError::Io { path: self.collection.path.clone(), source };
+        let column = segment.fast_fields().str(DOCID_FIELD).map_err(|e| self.collection.tantivy_err(e))?;
         let mut terms = DocidTable::default();
         if let Some(column) = &column {
             let mut stream = column.dictionary().stream().map_err(io_err)?;
@@ -168,10 +169,10 @@ impl Collection {
             table.push(ord.map_or("", |o| terms.get(o as u32)));
         }
         let table = Arc::new(table);
-        let mut cache = self.docids.lock();
+        let mut cache = self.collection.docids.lock();
         // Segments come and go with merges: keep the cache to the live ones.
         let live: std::collections::HashSet<_> =
-            self.searcher().segment_readers().iter().map(|s| s.segment_id()).collect();
+            self.searcher.segment_readers().iter().map(|s| s.segment_id()).collect();
         cache.retain(|id, _| live.contains(id));
         cache.insert(id, table.clone());
         Ok(table)

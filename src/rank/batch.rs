@@ -4,19 +4,21 @@
 
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{BatchParams, Engine, RankError, RankOptions, Usage};
 use crate::config::Config;
 use crate::eval::{Run, Scored, Topic, TopicField};
-use crate::index::Collection;
+use crate::index::{Collection, Point, Snapshot};
 use crate::model::Cancel;
 
-/// A validated batch: the collection, the topics and the ranking options.
+/// A validated batch: the collection as it was when planned, the topics and the ranking options.
 pub struct BatchPlan {
     /// Candidates to re-rank instead of the first stage's (`--rerank RUN`, an Anserini run say).
     pub rerank: Option<Run>,
     pub collection: Arc<Collection>,
+    /// Every topic reads the collection as it was at planning, whatever commits land during the run.
+    pub point: Point,
     pub topics: Vec<Topic>,
     pub field: TopicField,
     pub options: RankOptions,
@@ -47,7 +49,8 @@ impl Engine {
         if tag.is_empty() || tag.contains(char::is_whitespace) {
             return Err(RankError::InvalidTag(tag));
         }
-        Ok(BatchPlan { rerank, collection, topics, field: params.field, options, tag })
+        let point = collection.snapshot().point();
+        Ok(BatchPlan { rerank, collection, point, topics, field: params.field, options, tag })
     }
 }
 
@@ -59,6 +62,11 @@ pub struct TopicRun {
 }
 
 impl BatchPlan {
+    /// The collection as the batch reads it.
+    pub fn snapshot(&self) -> Snapshot<'_> {
+        self.collection.at(&self.point)
+    }
+
     /// The ranked documents of one topic.
     pub fn run_topic(&self, engine: &Engine, topic: &Topic, cancel: &Cancel) -> Result<TopicRun, RankError> {
         let query = topic.query(self.field);
@@ -66,9 +74,9 @@ impl BatchPlan {
         let ranked = match &self.rerank {
             Some(run) => {
                 let given = run.topics.get(&topic.qid).map_or(&[][..], |docs| &docs[..]);
-                engine.rerank_run(&self.collection, query, &self.options, given, cancel)?
+                engine.rerank_run(&self.snapshot(), query, &self.options, given, cancel)?
             }
-            None => engine.rank(&self.collection, query, &self.options, cancel)?,
+            None => engine.rank(&self.snapshot(), query, &self.options, cancel)?,
         };
         let scored =
             ranked.ranked.into_iter().take(self.options.k).map(|r| Scored { docid: r.docid, score: r.score as f64 });
@@ -107,7 +115,40 @@ pub struct ModelProvenance {
     pub weights_fnv1a64: String,
 }
 
+/// What a job's stored provenance holds that its run depends on (`BatchPlan::restore`).
+#[derive(Debug, Deserialize)]
+struct Recorded {
+    options: RankOptions,
+    field: TopicField,
+    tag: String,
+    model: Option<RecordedModel>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RecordedModel {
+    name: String,
+    weights_fnv1a64: String,
+}
+
 impl BatchPlan {
+    /// Makes a plan made again after a restart run as it was submitted: the options, topic field and tag its
+    /// provenance recorded replace what today's configuration gives. A model whose weights changed since is
+    /// refused (its scores would differ).
+    pub fn restore(&mut self, engine: &Engine, provenance: &str) -> Result<(), RankError> {
+        let recorded: Recorded = serde_json::from_str(provenance)
+            .map_err(|e| RankError::Unresumable(format!("its provenance does not read: {e}")))?;
+        (self.options, self.field, self.tag) = (recorded.options, recorded.field, recorded.tag);
+        if let (Some(model), Some(recorded)) = (engine.model_for(&self.options)?, recorded.model) {
+            if model.weights_hash != recorded.weights_fnv1a64 {
+                return Err(RankError::Unresumable(format!(
+                    "model {:?} has other weights than when it was submitted ({}, now {})",
+                    recorded.name, recorded.weights_fnv1a64, model.weights_hash
+                )));
+            }
+        }
+        Ok(())
+    }
+
     pub fn provenance<'a>(&'a self, engine: &Engine, config: &'a Config) -> Provenance<'a> {
         // Planning checked the model; one that failed to load has no provenance, and the run fails on it.
         let model = engine.model_for(&self.options).ok().flatten();
@@ -119,7 +160,7 @@ impl BatchPlan {
             tag: &self.tag,
             collection: CollectionProvenance {
                 name: self.collection.name(),
-                documents: self.collection.num_docs(),
+                documents: self.snapshot().num_docs(),
                 built_at: self.collection.built_at().map(crate::timestamp::rfc3339),
             },
             model: model.as_deref().map(|m| ModelProvenance {

@@ -46,6 +46,8 @@ pub enum RankError {
     ModelUnavailable { name: String, reason: String },
     #[error("model {name:?} is a {kind}; only a bi-encoder's embeddings can be computed ahead")]
     NotABiEncoder { name: String, kind: &'static str },
+    #[error("the job cannot resume as it was submitted: {0}")]
+    Unresumable(String),
     #[error("model: {0}")]
     Model(ModelError),
     #[error(transparent)]

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::config::{Config, Limits};
-use crate::index::{analyzer, Bm25Params, Catalog, Collection, Hit, IndexError, StoredDoc};
+use crate::index::{analyzer, Bm25Params, Catalog, Collection, Hit, IndexError, Snapshot, StoredDoc};
 use crate::model::Cancel;
 use crate::progress::Progress;
 use crate::segment::SegmentOptions;
@@ -125,11 +125,13 @@ impl Engine {
         let collection = self.collection(request.params.collection.as_deref())?;
         // The model first: an unavailable one fails before any work.
         let model = self.model_for(&options)?;
-        let hits = self.retrieve(&collection, query, &options)?;
+        // Every read of the request through one view of the collection.
+        let snapshot = collection.snapshot();
+        let hits = self.retrieve(&snapshot, query, &options)?;
         let retrieve_ms = ms(started);
         let (ranked, model_timing) = match &model {
             Some(model) => {
-                let reranked = self.rerank_hits(&collection, model, query, &options, hits, cancel)?;
+                let reranked = self.rerank_hits(&snapshot, model, query, &options, hits, cancel)?;
                 let timing = ModelTiming::of(&reranked);
                 (reranked.ranked, Some(timing))
             }
@@ -141,7 +143,7 @@ impl Engine {
             .into_iter()
             .take(options.k)
             .enumerate()
-            .map(|(i, ranked)| self.search_hit(i + 1, ranked, Some(&collection), &query_terms, request.segment_text))
+            .map(|(i, ranked)| self.search_hit(i + 1, ranked, Some(&snapshot), &query_terms, request.segment_text))
             .collect::<Result<Vec<_>, RankError>>()?;
         let total_ms = ms(started);
         Ok(SearchResponse {
@@ -178,9 +180,10 @@ impl Engine {
             (None, Some(docids)) => {
                 let collection = self.collection(request.params.collection.as_deref())?;
                 store = self.models.store(&collection, &model)?;
+                let snapshot = collection.snapshot();
                 docids
                     .into_iter()
-                    .map(|docid| match collection.get(&docid)? {
+                    .map(|docid| match snapshot.get(&docid)? {
                         Some(doc) => Ok(rerank::Candidate { first_stage_score: None, doc }),
                         None => {
                             Err(RankError::UnknownDocument { docid, collection: Some(collection.name().to_string()) })
@@ -213,7 +216,7 @@ impl Engine {
     /// Re-ranks a topic's documents of an existing run (its top `depth`, in trec_eval's order).
     pub fn rerank_run(
         &self,
-        collection: &Collection,
+        snapshot: &Snapshot,
         query: &str,
         options: &RankOptions,
         given: &[crate::eval::Scored],
@@ -228,15 +231,15 @@ impl Engine {
         let candidates = crate::eval::measures::ranked(given)
             .into_iter()
             .take(options.depth)
-            .map(|d| match collection.get(&d.docid)? {
+            .map(|d| match snapshot.get(&d.docid)? {
                 Some(doc) => Ok(rerank::Candidate { first_stage_score: Some(d.score as f32), doc }),
                 None => Err(RankError::UnknownDocument {
                     docid: d.docid.clone(),
-                    collection: Some(collection.name().to_string()),
+                    collection: Some(snapshot.collection().name().to_string()),
                 }),
             })
             .collect::<Result<Vec<_>, RankError>>()?;
-        let store = self.models.store(collection, &model)?;
+        let store = self.models.store(snapshot.collection(), &model)?;
         Ok(self.rerank_with(&model, store.as_deref(), query, options, candidates, cancel)?.into())
     }
 
@@ -267,7 +270,7 @@ impl Engine {
             pending.clear();
             Ok(())
         };
-        collection.for_each_document(|doc| {
+        collection.snapshot().for_each_document(|doc| {
             let inputs = self.segments.inputs(&model.served, &self.default_segments, &doc, usize::MAX);
             pending.extend(inputs.into_iter().map(|(_, text)| text.into_owned()));
             if pending.len() >= CHUNK {
@@ -284,22 +287,22 @@ impl Engine {
     /// First stage, then the model for re-ranking pipelines: the candidates, best first.
     pub fn rank(
         &self,
-        collection: &Collection,
+        snapshot: &Snapshot,
         query: &str,
         options: &RankOptions,
         cancel: &Cancel,
     ) -> Result<Ranking, RankError> {
         let model = self.model_for(options)?;
-        let hits = self.retrieve(collection, query, options)?;
+        let hits = self.retrieve(snapshot, query, options)?;
         match model {
-            Some(model) => Ok(self.rerank_hits(collection, &model, query, options, hits, cancel)?.into()),
+            Some(model) => Ok(self.rerank_hits(snapshot, &model, query, options, hits, cancel)?.into()),
             None => Ok(Ranking { ranked: first_stage(hits), flops: None }),
         }
     }
 
     fn rerank_hits(
         &self,
-        collection: &Collection,
+        snapshot: &Snapshot,
         model: &LoadedModel,
         query: &str,
         options: &RankOptions,
@@ -310,10 +313,10 @@ impl Engine {
             .into_iter()
             .take(options.depth)
             .map(|hit| {
-                Ok(rerank::Candidate { first_stage_score: Some(hit.score), doc: collection.document(hit.address)? })
+                Ok(rerank::Candidate { first_stage_score: Some(hit.score), doc: snapshot.document(hit.address)? })
             })
             .collect::<Result<Vec<_>, IndexError>>()?;
-        let store = self.models.store(collection, model)?;
+        let store = self.models.store(snapshot.collection(), model)?;
         self.rerank_with(model, store.as_deref(), query, options, candidates, cancel)
     }
 
@@ -344,16 +347,16 @@ impl Engine {
         &self,
         rank: usize,
         ranked: Ranked,
-        collection: Option<&Collection>,
+        snapshot: Option<&Snapshot>,
         query_terms: &[String],
         segment_text: bool,
     ) -> Result<SearchHit, RankError> {
         let Ranked { docid, first_stage_score, address, score, evidence } = ranked;
         let Some(evidence) = evidence else {
-            let (Some(collection), Some(address)) = (collection, address) else {
+            let (Some(snapshot), Some(address)) = (snapshot, address) else {
                 unreachable!("first-stage results come from a collection");
             };
-            let doc = collection.document(address)?;
+            let doc = snapshot.document(address)?;
             return Ok(SearchHit {
                 rank,
                 snippet: snippet(&doc.text, query_terms),
@@ -393,11 +396,11 @@ impl Engine {
     }
 
     /// The first stage of a pipeline: at least `k` (and `depth`) hits, best first.
-    pub fn retrieve(&self, collection: &Collection, query: &str, options: &RankOptions) -> Result<Vec<Hit>, RankError> {
+    pub fn retrieve(&self, snapshot: &Snapshot, query: &str, options: &RankOptions) -> Result<Vec<Hit>, RankError> {
         let n = options.depth.max(options.k);
         Ok(match options.pipeline {
-            Pipeline::Bm25Rm3 => collection.search_rm3(query, n, options.bm25, options.rm3)?,
-            _ => collection.search(query, n, options.bm25)?,
+            Pipeline::Bm25Rm3 => snapshot.search_rm3(query, n, options.bm25, options.rm3)?,
+            _ => snapshot.search(query, n, options.bm25)?,
         })
     }
 
@@ -409,7 +412,7 @@ impl Engine {
         };
         let mut found = Vec::new();
         for c in candidates {
-            if let Some(doc) = c.get(docid)? {
+            if let Some(doc) = c.snapshot().get(docid)? {
                 found.push((c.name().to_string(), doc));
             }
         }
@@ -431,10 +434,11 @@ impl Engine {
             .all()
             .iter()
             .map(|c| {
-                let stats = c.stats()?;
+                let snapshot = c.snapshot();
+                let stats = snapshot.stats()?;
                 Ok(CollectionInfo {
                     name: c.name().to_string(),
-                    documents: c.num_docs(),
+                    documents: snapshot.num_docs(),
                     average_length: stats.avg_len,
                     size_bytes: c.size_bytes(),
                     bm25: self.bm25,

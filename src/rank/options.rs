@@ -1,7 +1,7 @@
 //! Validation: a request's `RankParams` checked against the limits and completed with the configured
 //! defaults into `RankOptions`. Every limit and default of a ranking lives here, for HTTP and CLI alike.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::{Engine, Pipeline, RankError, RankParams};
@@ -12,7 +12,7 @@ use crate::segment::SegmentOptions;
 pub const DEFAULT_BATCH_K: i64 = 1000;
 
 /// Validated ranking options.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct RankOptions {
     pub k: usize,
     pub depth: usize,
@@ -24,7 +24,7 @@ pub struct RankOptions {
 }
 
 /// How re-ranking pipelines score.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct RerankOptions {
     pub model: String,
     pub segments: SegmentOptions,

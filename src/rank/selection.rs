@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use super::{Engine, RankError, RankOptions};
 use crate::eval::passages::{Passage, SelectionStats};
 use crate::eval::{Scored, Topic, TopicField};
-use crate::index::Collection;
+use crate::index::Snapshot;
 use crate::model::Cancel;
 use crate::progress::Progress;
 
@@ -15,7 +15,7 @@ impl Engine {
     /// Selection statistics over the topics that have a gold passage in the collection.
     pub fn evaluate_selection(
         &self,
-        collection: &Collection,
+        snapshot: &Snapshot,
         topics: &[Topic],
         field: TopicField,
         passages: &BTreeMap<String, Vec<Passage>>,
@@ -29,7 +29,7 @@ impl Engine {
                 let query = topic.query(field);
                 let given = [Scored { docid: passage.docid.clone(), score: 0.0 }];
                 let ranked =
-                    self.rerank_run(collection, self.check_query(&query)?, options, &given, &Cancel::default())?;
+                    self.rerank_run(snapshot, self.check_query(&query)?, options, &given, &Cancel::default())?;
                 if let Some(evidence) = ranked.ranked.into_iter().next().and_then(|r| r.evidence) {
                     let segments: Vec<(usize, usize)> = evidence.segments.iter().map(|s| (s.start, s.end)).collect();
                     let best = evidence.best().map_or(0, |b| b.index);

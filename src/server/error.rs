@@ -13,6 +13,7 @@ use utoipa::openapi::{ContentBuilder, RefOr, ResponseBuilder};
 use utoipa::ToSchema;
 
 use super::jobs::JobError;
+use super::middleware::Access;
 use crate::model::ModelError;
 use crate::rank::RankError;
 
@@ -60,6 +61,12 @@ codes! {
     DocumentsOrDocids = "documents_or_docids", 400, "/rerank needs either documents or docids.";
     NoFirstStage = "no_first_stage", 400, "interpolate needs first-stage scores, which documents given as text lack.";
     CollectionRequired = "collection_required", 400, "Several collections and no default: name one.";
+    MissingKey = "missing_key", 401, "The route needs a key (`Authorization: Bearer KEY`) and none was sent.";
+    InvalidKey = "invalid_key", 403, "The key is not one of this server's.";
+    InsufficientKey = "insufficient_key", 403, "A search key on a route that needs an admin key.";
+    AdminKeyRequired = "admin_key_required", 403, "The server listens beyond loopback and has no admin key: it serves reads only.";
+    ForbiddenOrigin = "forbidden_origin", 403, "A write from a page of another origin than the server's or `server.cors_origins`.";
+    ForbiddenHost = "forbidden_host", 403, "The Host header names neither a loopback name nor one of `server.allowed_hosts`.";
     NotFound = "not_found", 404, "No such route or static file.";
     UnknownCollection = "unknown_collection", 404, "No collection of that name.";
     UnknownDocument = "unknown_document", 404, "No document with that docid.";
@@ -178,6 +185,7 @@ impl RankError {
             RankError::UnknownModel { .. } => C::UnknownModel,
             RankError::ModelUnavailable { .. } => C::ModelUnavailable,
             RankError::NotABiEncoder { .. } => C::NotABiEncoder,
+            RankError::Unresumable(_) => C::JobConflict,
             RankError::Model(ModelError::Overloaded { .. }) => C::Overloaded,
             RankError::Model(ModelError::Cancelled) => C::Cancelled,
             RankError::Model(_) => C::ModelError,
@@ -241,20 +249,24 @@ pub struct ApiQuery<T>(pub T);
 #[from_request(via(axum::extract::Path), rejection(ApiError))]
 pub struct ApiPath<T>(pub T);
 
-/// Codes any route can answer: readiness, the timeout, the body limit, failures.
-const EVERY_ROUTE: &[ErrorCode] = &[ErrorCode::NotReady, ErrorCode::Timeout, ErrorCode::Internal];
+/// Codes any route can answer: the host check, readiness, the timeout, failures.
+const EVERY_ROUTE: &[ErrorCode] =
+    &[ErrorCode::ForbiddenHost, ErrorCode::NotReady, ErrorCode::Timeout, ErrorCode::Internal];
 
-/// Declares a route's error responses for OpenAPI: the codes it can answer besides `EVERY_ROUTE`, grouped
-/// by status, each status described by its codes.
+/// Codes a route that needs a key can answer.
+const KEYED: &[ErrorCode] = &[ErrorCode::MissingKey, ErrorCode::InvalidKey];
+
+/// Declares a route's error responses for OpenAPI: the codes it can answer besides `EVERY_ROUTE` and those of
+/// its access (keys), grouped by status, each status described by its codes.
 macro_rules! route_errors {
-    ($($(#[$meta:meta])* $name:ident: [$($code:ident),* $(,)?];)*) => {
+    ($($(#[$meta:meta])* $name:ident($access:ident): [$($code:ident),* $(,)?];)*) => {
         $(
             $(#[$meta])*
             pub struct $name;
 
             impl utoipa::IntoResponses for $name {
                 fn responses() -> BTreeMap<String, RefOr<utoipa::openapi::response::Response>> {
-                    error_responses(&[$(ErrorCode::$code),*])
+                    error_responses(&[$(ErrorCode::$code),*], Access::$access)
                 }
             }
         )*
@@ -263,33 +275,48 @@ macro_rules! route_errors {
 
 route_errors! {
     /// `/search` (POST and GET).
-    SearchErrors: [MalformedJson, InvalidBody, InvalidQueryString, DuplicateField, BodyTooLarge, UnsupportedMediaType,
-        EmptyQuery, QueryTooLong, OutOfRange, InvalidSegments, CollectionRequired, UnknownCollection,
-        UnknownPipeline, PipelineUnavailable, ModelRequired, UnknownModel, Overloaded, ModelUnavailable,
-        ModelError, IndexError];
+    SearchErrors(Read): [MalformedJson, InvalidBody, InvalidQueryString, DuplicateField, BodyTooLarge,
+        UnsupportedMediaType, ForbiddenOrigin, EmptyQuery, QueryTooLong, OutOfRange, InvalidSegments,
+        CollectionRequired, UnknownCollection, UnknownPipeline, PipelineUnavailable, ModelRequired, UnknownModel,
+        Overloaded, ModelUnavailable, ModelError, IndexError];
     /// `/rerank`.
-    RerankErrors: [MalformedJson, InvalidBody, BodyTooLarge, UnsupportedMediaType, EmptyQuery, QueryTooLong,
-        OutOfRange, InvalidSegments, RerankingPipelineRequired, NotApplicable, DocumentsOrDocids, NoFirstStage,
-        CollectionRequired, UnknownCollection, UnknownDocument, UnknownPipeline, PipelineUnavailable,
-        ModelRequired, UnknownModel, Overloaded, ModelUnavailable, ModelError, IndexError];
+    RerankErrors(Read): [MalformedJson, InvalidBody, BodyTooLarge, UnsupportedMediaType, ForbiddenOrigin,
+        EmptyQuery, QueryTooLong, OutOfRange, InvalidSegments, RerankingPipelineRequired, NotApplicable,
+        DocumentsOrDocids, NoFirstStage, CollectionRequired, UnknownCollection, UnknownDocument, UnknownPipeline,
+        PipelineUnavailable, ModelRequired, UnknownModel, Overloaded, ModelUnavailable, ModelError, IndexError];
     /// `POST /batch`.
-    SubmitErrors: [MalformedJson, InvalidBody, DuplicateField, BodyTooLarge, UnsupportedMediaType, EmptyQuery,
-        QueryTooLong, OutOfRange, InvalidTag, InvalidSegments, RerankingPipelineRequired, CollectionRequired,
-        UnknownCollection, UnknownPipeline, PipelineUnavailable, ModelRequired, UnknownModel, MalformedFile,
-        ModelUnavailable, InvalidQueryString, IndexError];
-    /// A job by id.
-    JobErrors: [InvalidPath, UnknownJob, JobConflict];
+    SubmitErrors(Admin): [MalformedJson, InvalidBody, DuplicateField, BodyTooLarge, UnsupportedMediaType,
+        ForbiddenOrigin, EmptyQuery, QueryTooLong, OutOfRange, InvalidTag, InvalidSegments,
+        RerankingPipelineRequired, CollectionRequired, UnknownCollection, UnknownPipeline, PipelineUnavailable,
+        ModelRequired, UnknownModel, MalformedFile, ModelUnavailable, InvalidQueryString, IndexError];
+    /// Reading a job by id.
+    JobErrors(Read): [InvalidPath, UnknownJob, JobConflict];
+    /// Cancelling a job.
+    CancelErrors(Admin): [InvalidPath, ForbiddenOrigin, UnknownJob, JobConflict];
     /// Two jobs compared.
-    CompareErrors: [InvalidQueryString, UnknownJob, JobConflict, MalformedFile];
+    CompareErrors(Read): [InvalidQueryString, UnknownJob, JobConflict, MalformedFile];
     /// `/documents/{docid}`.
-    DocumentErrors: [InvalidPath, InvalidQueryString, UnknownCollection, UnknownDocument, AmbiguousDocument, IndexError];
-    /// Routes that take no input.
-    PlainErrors: [IndexError];
+    DocumentErrors(Read): [InvalidPath, InvalidQueryString, UnknownCollection, UnknownDocument, AmbiguousDocument,
+        IndexError];
+    /// Read-only routes that take no input.
+    PlainErrors(Read): [IndexError];
+    /// `/health`: no key, no input.
+    HealthErrors(Open): [];
 }
 
-fn error_responses(codes: &[ErrorCode]) -> BTreeMap<String, RefOr<utoipa::openapi::response::Response>> {
+fn error_responses(
+    codes: &[ErrorCode],
+    access: Access,
+) -> BTreeMap<String, RefOr<utoipa::openapi::response::Response>> {
+    let keyed: &[ErrorCode] = match access {
+        Access::Open => &[],
+        Access::Read => KEYED,
+        Access::Admin => {
+            &[ErrorCode::MissingKey, ErrorCode::InvalidKey, ErrorCode::InsufficientKey, ErrorCode::AdminKeyRequired]
+        }
+    };
     let mut by_status: BTreeMap<u16, Vec<ErrorCode>> = BTreeMap::new();
-    for &code in codes.iter().chain(EVERY_ROUTE) {
+    for &code in codes.iter().chain(keyed).chain(EVERY_ROUTE) {
         // 499 is only ever logged: the client is gone.
         if code != ErrorCode::Cancelled {
             by_status.entry(code.status().as_u16()).or_default().push(code);

@@ -123,7 +123,8 @@ impl Jobs {
         let plan = self.engine.plan_batch(&submission.params, topics, rerank)?;
         let id = new_job_id();
         let params = serde_json::to_string(&submission.params).unwrap_or_default();
-        let provenance = serde_json::to_string(&plan.provenance(&self.engine, &self.config)).unwrap_or_default();
+        let provenance =
+            serde_json::to_string(&plan.provenance(&self.engine, &self.config.redacted())).unwrap_or_default();
         let job = NewJob {
             id: &id,
             params: &params,
@@ -151,7 +152,10 @@ impl Jobs {
                 let topics = eval::formats::parse_topics(&row.topics, &eval::formats::upload_path("topics"))
                     .map_err(|e| e.to_string())?;
                 let rerank = parse_rerank(row.rerank.as_deref()).map_err(|e| e.to_string())?;
-                self.engine.plan_batch(&params, topics, rerank).map_err(|e| e.to_string())
+                let mut plan = self.engine.plan_batch(&params, topics, rerank).map_err(|e| e.to_string())?;
+                // As submitted, whatever the configuration says today.
+                plan.restore(&self.engine, &row.provenance).map_err(|e| e.to_string())?;
+                Ok(plan)
             });
             match plan {
                 Ok(plan) => {
@@ -219,6 +223,7 @@ impl Jobs {
             let mut text = Vec::new();
             run.write(&mut text).expect("writing to memory");
             self.store.add_topic(id, seq as i64, qid, &String::from_utf8_lossy(&text), ranked.flops).await?;
+            crate::hooks::point("batch.topic");
         }
         let (metrics, warnings) = self.evaluate(id, qrels.as_deref()).await?;
         let metrics = metrics.map(|m| serde_json::to_string(&m).unwrap_or_default());

@@ -1,16 +1,147 @@
-//! Cross-cutting request handling in one place: request ids, logging, readiness, timeouts and metrics.
+//! Cross-cutting request handling in one place, built by `layers`: the host and origin checks, keys by route
+//! access, CORS, the body limit, request ids, logging, readiness, timeouts and metrics.
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use axum::extract::{MatchedPath, Request, State};
-use axum::http::HeaderValue;
-use axum::middleware::Next;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{header, HeaderName, HeaderValue, Method};
+use axum::middleware::{from_fn, from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
+use axum::Router;
+use tower_http::cors::{AllowOrigin, CorsLayer};
 use tracing::Instrument;
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorCode};
 use super::AppState;
+
+/// What a route needs of a request's key (`server.admin_keys`, `server.search_keys`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Never a key: health, the web page and its assets, the OpenAPI document.
+    Open,
+    /// A search or admin key when keys are set: everything that only reads.
+    Read,
+    /// An admin key when keys are set, and an admin key at all on an address beyond loopback: jobs and writes.
+    Admin,
+}
+
+/// Routes grouped by access, each group behind its key check; then the stack every request goes through.
+pub fn layers(open: Router<AppState>, read: Router<AppState>, admin: Router<AppState>, state: AppState) -> Router {
+    let keyed = |router: Router<AppState>, access| {
+        let check = move |state: State<AppState>, request: Request, next: Next| require(access, state, request, next);
+        router.route_layer(from_fn_with_state(state.clone(), check))
+    };
+    let metrics_access = if state.config().server.public_metrics { Access::Open } else { Access::Read };
+    let metrics = Router::new().route("/metrics", axum::routing::get(super::routes::system::metrics));
+    let (open, read) = match metrics_access {
+        Access::Open => (open.merge(metrics), read),
+        _ => (open, read.merge(metrics)),
+    };
+    let routes =
+        open.merge(keyed(read, Access::Read)).merge(keyed(admin, Access::Admin)).route_layer(from_fn(label_route));
+    routes
+        .fallback(|uri: axum::http::Uri| async move { ApiError::not_found(uri.path()) })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .layer(DefaultBodyLimit::max(state.config().server.max_body_bytes))
+        .layer(from_fn_with_state(state.clone(), guard))
+        .layer(cors(&state.config().server.cors_origins))
+        .layer(from_fn_with_state(state.clone(), observe))
+        .with_state(state)
+}
+
+/// Browsers may read answers for the configured origins (and the server's own, which needs no CORS).
+fn cors(origins: &[String]) -> CorsLayer {
+    let origins: Vec<HeaderValue> =
+        origins.iter().filter_map(|o| HeaderValue::from_str(o.trim_end_matches('/')).ok()).collect();
+    CorsLayer::new()
+        .allow_origin(AllowOrigin::list(origins))
+        .allow_methods([Method::GET, Method::POST, Method::DELETE])
+        .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE, HeaderName::from_static(REQUEST_ID)])
+        .expose_headers([header::RETRY_AFTER, header::CONTENT_DISPOSITION, HeaderName::from_static(REQUEST_ID)])
+}
+
+/// The Host header must name this server (DNS rebinding aims pages at loopback servers), and a request that
+/// writes must come from no page, the server's own, or an allowed origin (a form a foreign page posts needs no
+/// CORS preflight). `/health` answers whatever the host (load balancers probe by address).
+async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let server = &state.config().server;
+    let host = request.headers().get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or_default().to_string();
+    if !host.is_empty()
+        && request.uri().path() != "/health"
+        && !host_allowed(&host, state.loopback(), &server.allowed_hosts)
+    {
+        return ApiError::new(ErrorCode::ForbiddenHost, format!("this server does not answer to host {host:?}"))
+            .into_response();
+    }
+    let safe = matches!(*request.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    if let Some(origin) = request.headers().get(header::ORIGIN).and_then(|o| o.to_str().ok()) {
+        if !safe && !origin_allowed(origin, &host, &server.cors_origins) {
+            let message = format!("a write from a page of {origin} (allow it with server.cors_origins)");
+            return ApiError::new(ErrorCode::ForbiddenOrigin, message).into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// Whether a Host header (`name` or `name:port`) names this server: a loopback name, an allowed host, or any
+/// host on an address beyond loopback when none are listed.
+pub fn host_allowed(host: &str, loopback: bool, allowed: &[String]) -> bool {
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) && !name.ends_with(':') => name,
+        _ => host,
+    };
+    let name = name.to_ascii_lowercase();
+    ["localhost", "127.0.0.1", "[::1]"].contains(&name.as_str())
+        || allowed.iter().any(|a| a.eq_ignore_ascii_case(&name))
+        || (!loopback && allowed.is_empty())
+}
+
+/// Whether a page of `origin` may write: the server's own (same host and port) or a configured one.
+pub fn origin_allowed(origin: &str, host: &str, allowed: &[String]) -> bool {
+    let authority = origin.split_once("://").map_or(origin, |(_, rest)| rest).trim_end_matches('/');
+    authority.eq_ignore_ascii_case(host) || allowed.iter().any(|a| a.trim_end_matches('/').eq_ignore_ascii_case(origin))
+}
+
+/// The key check of a group of routes.
+async fn require(access: Access, State(state): State<AppState>, request: Request, next: Next) -> Response {
+    match check_key(access, &state, request.headers().get(header::AUTHORIZATION)) {
+        Ok(()) => next.run(request).await,
+        Err(error) => error.into_response(),
+    }
+}
+
+fn check_key(access: Access, state: &AppState, authorization: Option<&HeaderValue>) -> Result<(), ApiError> {
+    let server = &state.config().server;
+    if server.admin_keys.is_empty() && server.search_keys.is_empty() {
+        if access == Access::Admin && !state.loopback() {
+            let message = "this server listens beyond loopback without an admin key, so it serves reads only: \
+                           set server.admin_keys (LONGRANK_SERVER_ADMIN_KEYS) to run jobs";
+            return Err(ApiError::new(ErrorCode::AdminKeyRequired, message));
+        }
+        return Ok(());
+    }
+    if access == Access::Open {
+        return Ok(());
+    }
+    let Some(key) = authorization.and_then(|a| a.to_str().ok()).and_then(|a| a.strip_prefix("Bearer ")) else {
+        return Err(ApiError::new(ErrorCode::MissingKey, "this route needs a key: Authorization: Bearer KEY"));
+    };
+    let is = |keys: &[String]| keys.iter().any(|k| constant_time_eq(k.as_bytes(), key.trim().as_bytes()));
+    match (is(&server.admin_keys), is(&server.search_keys)) {
+        (true, _) => Ok(()),
+        (false, true) if access == Access::Read => Ok(()),
+        (false, true) => {
+            Err(ApiError::new(ErrorCode::InsufficientKey, "this route needs an admin key, not a search key"))
+        }
+        (false, false) => Err(ApiError::new(ErrorCode::InvalidKey, "the key is not one of this server's")),
+    }
+}
+
+/// Compares without stopping at the first difference, so timing tells nothing of a key.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
 
 pub const REQUEST_ID: &str = "x-request-id";
 
@@ -22,7 +153,7 @@ struct RouteLabel(Arc<OnceLock<String>>);
 /// Routes that answer while indexes are still opening.
 const ALWAYS_AVAILABLE: [&str; 2] = ["/health", "/metrics"];
 
-pub async fn observe(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+async fn observe(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     let started = Instant::now();
     let request_id = request
         .headers()
@@ -59,7 +190,7 @@ pub async fn observe(State(state): State<AppState>, mut request: Request, next: 
 }
 
 /// Records the matched route pattern (`/documents/{docid}`, not the concrete path) for metrics.
-pub async fn label_route(request: Request, next: Next) -> Response {
+async fn label_route(request: Request, next: Next) -> Response {
     if let (Some(label), Some(matched)) =
         (request.extensions().get::<RouteLabel>(), request.extensions().get::<MatchedPath>())
     {
@@ -73,4 +204,30 @@ fn new_request_id() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     format!("{:x}-{:x}", nanos as u64, COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_and_origins() {
+        let allowed = vec!["search.example.org".to_string()];
+        assert!(host_allowed("localhost:8080", true, &[]));
+        assert!(host_allowed("127.0.0.1", true, &[]));
+        assert!(host_allowed("[::1]:80", true, &[]));
+        assert!(!host_allowed("evil.example:8080", true, &[]), "a rebinding page's name, on a loopback server");
+        assert!(host_allowed("search.example.org:8080", true, &allowed));
+        assert!(host_allowed("anything.example", false, &[]), "beyond loopback with no list: any host");
+        assert!(!host_allowed("anything.example", false, &allowed));
+        assert!(origin_allowed("http://localhost:8080", "localhost:8080", &[]));
+        assert!(!origin_allowed("http://evil.example", "localhost:8080", &[]));
+        assert!(origin_allowed("https://app.example", "localhost:8080", &["https://app.example/".to_string()]));
+    }
+
+    #[test]
+    fn keys_compare_whole() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT") && !constant_time_eq(b"secret", b"secre"));
+    }
 }

@@ -13,8 +13,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use axum::extract::DefaultBodyLimit;
-use axum::routing::get;
+use axum::routing::{delete, get, post};
 use axum::Router;
 use utoipa::OpenApi;
 use utoipa_swagger_ui::SwaggerUi;
@@ -40,13 +39,22 @@ struct Inner {
     jobs: Arc<Jobs>,
     metrics: metrics::Metrics,
     ready: AtomicBool,
+    /// The address the server listens on, once bound.
+    bound: std::sync::OnceLock<SocketAddr>,
 }
 
 impl AppState {
     pub fn new(config: Config, catalog: Arc<Catalog>, store: Store) -> AppState {
         let engine = Arc::new(Engine::new(catalog, &config));
         let jobs = Jobs::new(engine.clone(), store, config.clone());
-        let inner = Inner { config, engine, jobs, metrics: metrics::Metrics::default(), ready: AtomicBool::new(false) };
+        let inner = Inner {
+            config,
+            engine,
+            jobs,
+            metrics: metrics::Metrics::default(),
+            ready: AtomicBool::new(false),
+            bound: std::sync::OnceLock::new(),
+        };
         AppState { inner: Arc::new(inner) }
     }
 
@@ -82,6 +90,12 @@ impl AppState {
         &self.inner.metrics
     }
 
+    /// Whether the server listens on a loopback address only (else writes need an admin key, and the host
+    /// check accepts any host unless `allowed_hosts` lists some).
+    pub fn loopback(&self) -> bool {
+        self.inner.bound.get().is_some_and(|addr| addr.ip().is_loopback())
+    }
+
     pub fn is_ready(&self) -> bool {
         self.inner.ready.load(Ordering::Acquire)
     }
@@ -114,28 +128,26 @@ impl AppState {
     }
 }
 
+/// The routes, grouped by what they need of a key (`middleware::Access`), behind the one layer stack.
 pub fn router(state: AppState) -> Router {
-    let api = Router::new()
-        .route("/search", get(routes::search::get_search).post(routes::search::post_search))
-        .route("/documents/{docid}", get(routes::documents::get_document))
-        .route("/collections", get(routes::collections::list_collections))
-        .route("/pipelines", get(routes::pipelines::list_pipelines))
-        .route("/rerank", axum::routing::post(routes::rerank::rerank))
-        .route("/batch", get(routes::batch::list).post(routes::batch::submit))
-        .route("/batch/compare", get(routes::batch::compare))
-        .route("/batch/{id}", get(routes::batch::get).delete(routes::batch::cancel))
-        .route("/batch/{id}/run", get(routes::batch::run_file))
-        .route("/health", get(routes::system::health))
-        .route("/metrics", get(routes::system::metrics))
-        .route("/", get(routes::web::index))
-        .route("/static/{name}", get(routes::web::static_file))
-        .merge(SwaggerUi::new("/docs").url("/openapi.json", ApiDoc::openapi()))
-        .route_layer(axum::middleware::from_fn(middleware::label_route));
-    api.fallback(|uri: axum::http::Uri| async move { ApiError::not_found(uri.path()) })
-        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
-        .layer(DefaultBodyLimit::max(state.config().server.max_body_bytes))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), middleware::observe))
-        .with_state(state)
+    use routes::{batch, collections, documents, pipelines, rerank, search, system, web};
+    let open = Router::new()
+        .route("/health", get(system::health))
+        .route("/", get(web::index))
+        .route("/static/{name}", get(web::static_file))
+        .merge(SwaggerUi::new("/docs").url("/openapi.json", ApiDoc::openapi()));
+    let read = Router::new()
+        .route("/search", get(search::get_search).post(search::post_search))
+        .route("/rerank", post(rerank::rerank))
+        .route("/documents/{docid}", get(documents::get_document))
+        .route("/collections", get(collections::list_collections))
+        .route("/pipelines", get(pipelines::list_pipelines))
+        .route("/batch", get(batch::list))
+        .route("/batch/compare", get(batch::compare))
+        .route("/batch/{id}", get(batch::get))
+        .route("/batch/{id}/run", get(batch::run_file));
+    let admin = Router::new().route("/batch", post(batch::submit)).route("/batch/{id}", delete(batch::cancel));
+    middleware::layers(open, read, admin, state)
 }
 
 /// Serves until SIGINT or SIGTERM, letting in-flight requests finish. `on_listening` gets the bound
@@ -147,7 +159,9 @@ pub async fn serve(
     prepare: impl FnOnce(&AppState) -> anyhow::Result<()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&state.config().server.addr).await?;
-    on_listening(listener.local_addr()?);
+    let addr = listener.local_addr()?;
+    let _ = state.inner.bound.set(addr);
+    on_listening(addr);
     let app = router(state.clone());
     let preparing = state.clone();
     tokio::spawn(async move {

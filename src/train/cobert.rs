@@ -20,7 +20,7 @@ use super::optim::{learning_rate, AdamW};
 use super::scorer::Scorer;
 use super::{ModelReport, TrainError, TrainOptions};
 use crate::eval::{Qrels, Run, Scored};
-use crate::index::Collection;
+use crate::index::Snapshot;
 use crate::model::cobert::{groups, CoBertConfig};
 use crate::model::{CoBertInit, TrainableCrossEncoder};
 use crate::progress::{Progress, Unit};
@@ -66,7 +66,7 @@ pub struct Features {
 #[allow(clippy::too_many_arguments)]
 fn features(
     path: &Path,
-    collection: &Collection,
+    collection: &Snapshot,
     topics: &[(String, String)],
     qids: &BTreeSet<String>,
     scorer: &Scorer,
@@ -119,7 +119,7 @@ fn features(
 /// Trains Co-BERT's heads over the frozen model `init` into `out/cobert`.
 #[allow(clippy::too_many_arguments)]
 pub fn train(
-    collection: &Collection,
+    collection: &Snapshot,
     topics: &[(String, String)],
     qrels: &Qrels,
     (train_qids, dev_qids): (&BTreeSet<String>, &BTreeSet<String>),

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 
 use super::{Loss, TrainError, TrainOptions};
 use crate::eval::Qrels;
-use crate::index::Collection;
+use crate::index::Snapshot;
 use crate::model::{Fnv, TrainableCrossEncoder};
 use crate::rng::Rng;
 use crate::segment::{self, Segment};
@@ -29,7 +29,7 @@ pub struct Query {
 /// The queries of `qids` that have a relevant document in the collection, with negatives from the BM25
 /// top `options.candidates`.
 pub fn queries(
-    collection: &Collection,
+    collection: &Snapshot,
     topics: &[(String, String)],
     qrels: &Qrels,
     qids: &BTreeSet<String>,
@@ -111,7 +111,7 @@ impl TrainingDoc {
 /// Documents cut for training with the model's tokenizer, fetched from the collection and kept in a bounded
 /// cache.
 pub struct Documents<'a> {
-    collection: &'a Collection,
+    collection: &'a Snapshot<'a>,
     options: &'a TrainOptions,
     tokenizer: &'a TrainableCrossEncoder,
     cache: Mutex<LruCache<String, Arc<TrainingDoc>>>,
@@ -121,7 +121,7 @@ const CACHED_DOCUMENTS: usize = 4096;
 
 impl<'a> Documents<'a> {
     pub fn new(
-        collection: &'a Collection,
+        collection: &'a Snapshot<'a>,
         options: &'a TrainOptions,
         tokenizer: &'a TrainableCrossEncoder,
     ) -> Documents<'a> {

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::scorer::Scorer;
 use super::{DevMeasure, Method, TrainError, TrainOptions};
 use crate::eval::{self, EvalOptions, Measure, Qrels, Run};
-use crate::index::{Collection, StoredDoc};
+use crate::index::{Snapshot, StoredDoc};
 use crate::progress::Progress;
 use crate::rank::rerank::Candidate;
 use crate::rank::Pipeline;
@@ -25,7 +25,7 @@ struct DevQuery {
 
 impl DevSet {
     pub fn new(
-        collection: &Collection,
+        collection: &Snapshot,
         topics: &[(String, String)],
         qrels: &Qrels,
         qids: &BTreeSet<String>,

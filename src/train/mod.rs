@@ -298,7 +298,7 @@ pub fn train(
             options.cobert.ok_or_else(|| TrainError::Data("--method cobert needs Co-BERT settings".into()))?;
         let split = (&train_qids, &dev_qids);
         let model = cobert::train(
-            data.collection,
+            &data.collection.snapshot(),
             &data.topics,
             &data.qrels,
             split,
@@ -312,14 +312,16 @@ pub fn train(
         return finish(out, vec![model], train_qids.len(), dev_qids.len(), None);
     }
     progress.phase("preparing queries", 0, Unit::Items);
-    let queries = data::queries(data.collection, &data.topics, &data.qrels, &train_qids, options)?;
+    // Training reads one view of the collection throughout.
+    let snapshot = data.collection.snapshot();
+    let queries = data::queries(&snapshot, &data.topics, &data.qrels, &train_qids, options)?;
     if queries.iter().all(|q| q.negatives.is_empty()) {
         return Err(TrainError::Data("no training query has both a relevant document and BM25 negatives".into()));
     }
-    let dev = DevSet::new(data.collection, &data.topics, &data.qrels, &dev_qids, options)?;
+    let dev = DevSet::new(&snapshot, &data.topics, &data.qrels, &dev_qids, options)?;
     // The initial model's tokenizer cuts training segments (it may lack the classifier a `CrossEncoder` needs).
     let tokenizer = TrainableCrossEncoder::init(init, device, dtype, options.seed)?;
-    let docs = Documents::new(data.collection, options, &tokenizer);
+    let docs = Documents::new(&snapshot, options, &tokenizer);
     let run = Run { queries: &queries, dev: &dev, docs: &docs, options, init, out, device, dtype, progress };
     let budget_covers_gold = data.passages.as_ref().map(|passages| run.coverage(passages)).transpose()?;
     let models = match options.method {

@@ -229,26 +229,37 @@ fn qrels_topics_missing_from_the_run_are_warnings_and_queued_jobs_cancel() {
 }
 
 #[test]
-fn restart_mid_job_resumes_and_the_database_survives_kill_9() {
-    let dir = tempfile::tempdir().unwrap();
-    cli_ok(dir.path(), &["index", "--collection", "cranfield", data("cranfield/docs.jsonl").to_str().unwrap()]);
-    let mut server = TestServer::start(dir.path(), &[]).wait_ready();
+fn restart_mid_job_resumes_as_submitted_and_the_database_survives_kill_9() {
+    let dir = crate::fixtures::cranfield_data_dir();
+    // Held after its 20th topic, so the kill lands mid-job.
+    let mut server = TestServer::start(dir.path(), &[("LONGRANK_TEST_HOLD", "batch.topic:20")]).wait_ready();
     let topics = many_topics(1500);
-    let body = json!({"collection": "cranfield", "topics": topics, "pipeline": "bm25+rm3", "k": 1000, "qrels": read("cranfield/qrels.txt")});
+    let body = json!({"collection": "cranfield", "topics": topics, "k": 100, "qrels": read("cranfield/qrels.txt")});
     let id = post_json(&server.url("/batch"), &body.to_string()).json()["id"].as_str().unwrap().to_string();
-    wait_for(&server, &id, |v| v["progress"]["done"].as_i64().unwrap() >= 20);
+    wait_for(&server, &id, |v| v["progress"]["done"].as_i64().unwrap() == 20);
     server.child.kill().unwrap(); // SIGKILL
     server.child.wait().unwrap();
     drop(server);
 
-    let server = TestServer::start(dir.path(), &[]).wait_ready();
+    // Restarted with other BM25 settings: the job resumes with those it was submitted with.
+    let other = [("LONGRANK_BM25_K1", "2.0"), ("LONGRANK_BM25_B", "1.0")];
+    let server = TestServer::start(dir.path(), &other).wait_ready();
     let job = wait_for(&server, &id, |v| v["status"] != "running" && v["status"] != "queued");
     assert_eq!(job["status"], "done", "{job}");
     assert_eq!(job["progress"]["done"], 1500);
+    assert_eq!(job["provenance"]["options"]["bm25"], json!({"k1": 0.9, "b": 0.4}), "{job}");
     let (_, run) = get(&server.url(&format!("/batch/{id}/run")));
     let mut topics_seen: Vec<&str> = run.lines().map(|l| l.split(' ').next().unwrap()).collect();
     topics_seen.dedup();
     assert_eq!(topics_seen.len(), 1500, "every topic exactly once, in order");
+    // The same run as a job submitted now with the original settings, and not as one with today's.
+    let run_of = |bm25: Value| {
+        let body = json!({"collection": "cranfield", "topics": topics, "k": 100, "bm25": bm25});
+        let job = post_json(&server.url("/batch?wait=true"), &body.to_string()).json();
+        get(&server.url(&format!("/batch/{}/run", job["id"].as_str().unwrap()))).1
+    };
+    assert!(run == run_of(json!({"k1": 0.9, "b": 0.4})), "the resumed run differs from one made as submitted");
+    assert!(run != run_of(json!({"k1": 2.0, "b": 1.0})));
     drop(server);
     assert_eq!(integrity(dir.path()), "ok");
 }
@@ -349,13 +360,13 @@ fn cli_batch_resumes_from_its_partial_run() {
 
 #[test]
 fn restart_without_resume_marks_the_job_interrupted() {
-    let dir = tempfile::tempdir().unwrap();
-    cli_ok(dir.path(), &["index", "--collection", "cranfield", data("cranfield/docs.jsonl").to_str().unwrap()]);
+    let dir = crate::fixtures::cranfield_data_dir();
     let env = [("LONGRANK_BATCH_RESUME_INTERRUPTED", "false")];
-    let mut server = TestServer::start(dir.path(), &env).wait_ready();
+    let held = [&env[..], &[("LONGRANK_TEST_HOLD", "batch.topic:5")]].concat();
+    let mut server = TestServer::start(dir.path(), &held).wait_ready();
     let body = json!({"collection": "cranfield", "topics": many_topics(1500), "pipeline": "bm25+rm3"});
     let id = post_json(&server.url("/batch"), &body.to_string()).json()["id"].as_str().unwrap().to_string();
-    wait_for(&server, &id, |v| v["progress"]["done"].as_i64().unwrap() >= 5);
+    wait_for(&server, &id, |v| v["progress"]["done"].as_i64().unwrap() == 5);
     server.child.kill().unwrap();
     server.child.wait().unwrap();
     drop(server);

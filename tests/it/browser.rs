@@ -263,9 +263,7 @@ fn search_shows_segment_evidence_and_the_best_segment_in_the_document() {
 
 #[test]
 fn a_batch_run_shows_progress_then_metrics_and_compares() {
-    let dir = tempfile::tempdir().unwrap();
-    let cranfield = data("cranfield/docs.jsonl");
-    cli_ok(dir.path(), &["index", "--collection", "cranfield", cranfield.to_str().unwrap()]);
+    let dir = crate::fixtures::cranfield_data_dir();
     let server = TestServer::start(dir.path(), &[]).wait_ready();
     let browser = Browser::start("batch");
     browser.goto(&server.url("/?view=batch"));
@@ -317,4 +315,51 @@ fn a_batch_run_shows_progress_then_metrics_and_compares() {
     assert!(shown[0].as_u64().unwrap() > 5, "{shown}");
     assert_eq!(shown[1], 225, "one delta per topic");
     assert_eq!(shown[2], 2, "both runs listed");
+}
+
+/// A server with keys: the page asks for one, then searches, follows a job and downloads its run with it.
+#[test]
+fn the_page_works_with_keys_downloads_included() {
+    let dir = crate::fixtures::cranfield_data_dir();
+    let key = "page-key-5d1e";
+    let server = TestServer::start(dir.path(), &[("LONGRANK_SERVER_ADMIN_KEYS", key)]).wait_ready();
+    let job = crate::common::request(
+        "POST",
+        &server.url("/batch?wait=true"),
+        &[("content-type", "application/json"), ("authorization", &format!("Bearer {key}"))],
+        Some(r#"{"topics": "1\twing flutter\n2\theat transfer\n", "k": 5}"#),
+    );
+    assert_eq!(job.status, 200, "{}", job.body);
+    let id = job.json()["id"].as_str().unwrap().to_string();
+    let run = crate::common::request(
+        "GET",
+        &server.url(&format!("/batch/{id}/run")),
+        &[("authorization", &format!("Bearer {key}"))],
+        None,
+    )
+    .body;
+
+    let browser = Browser::start("keys");
+    browser.goto(&server.url(&format!("/?view=batch&job={id}")));
+    let field = browser.wait_for("#key-form:not([hidden]) #key")[0].clone();
+    browser.type_into(&field, &format!("{key}\u{E007}"));
+    browser.wait_for("#job-download:not([hidden])");
+    // The run arrives through the page's own download (fetched with the key), caught as it is saved.
+    browser.script(
+        "URL.createObjectURL = (blob) => { blob.text().then((t) => { window.__run = t; }); return 'blob:caught'; }; \
+         URL.revokeObjectURL = () => {};",
+    );
+    browser.click(&browser.find_all("#job-download")[0]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let downloaded = loop {
+        if let Some(text) = browser.script("return window.__run || null").as_str() {
+            break text.to_string();
+        }
+        assert!(Instant::now() < deadline, "the run was never downloaded");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(downloaded, run);
+    browser.goto(&server.url("/?q=wing+flutter"));
+    let hits = browser.wait_for("#results li[data-docid]");
+    assert_eq!(hits.len(), 10, "the session's key serves searches too");
 }

@@ -74,22 +74,30 @@ pub struct TestServer {
 }
 
 impl TestServer {
-    /// Starts `longrank serve` on a free port with extra environment settings, and waits until it listens.
+    /// Starts `longrank serve` on a free loopback port with extra environment settings, and waits until it
+    /// listens.
     pub fn start(data_dir: &Path, env: &[(&str, &str)]) -> TestServer {
-        TestServer::start_to(data_dir, env, Stdio::inherit())
+        TestServer::start_to(data_dir, env, "127.0.0.1:0", Stdio::inherit())
     }
 
     /// `start`, with the server's log written to `log` for the test to read.
     pub fn start_logging(data_dir: &Path, env: &[(&str, &str)], log: &Path) -> TestServer {
-        TestServer::start_to(data_dir, env, std::fs::File::create(log).expect("create the log").into())
+        TestServer::start_to(data_dir, env, "127.0.0.1:0", std::fs::File::create(log).expect("create the log").into())
     }
 
-    fn start_to(data_dir: &Path, env: &[(&str, &str)], stderr: Stdio) -> TestServer {
+    /// `start`, listening on every address (beyond loopback), still reached through 127.0.0.1.
+    pub fn start_everywhere(data_dir: &Path, env: &[(&str, &str)]) -> TestServer {
+        let mut server = TestServer::start_to(data_dir, env, "0.0.0.0:0", Stdio::inherit());
+        server.base = server.base.replace("0.0.0.0", "127.0.0.1");
+        server
+    }
+
+    fn start_to(data_dir: &Path, env: &[(&str, &str)], addr: &str, stderr: Stdio) -> TestServer {
         let mut cmd = Command::new(BIN);
         isolated(&mut cmd)
             .arg("--data-dir")
             .arg(data_dir)
-            .args(["serve", "--addr", "127.0.0.1:0"])
+            .args(["serve", "--addr", addr])
             .current_dir(data_dir)
             .stdout(Stdio::piped())
             .stderr(stderr);
@@ -153,6 +161,7 @@ pub struct Reply {
     pub request_id: Option<String>,
     pub content_type: Option<String>,
     pub retry_after: Option<String>,
+    pub allow_origin: Option<String>,
 }
 
 impl Reply {
@@ -179,10 +188,11 @@ fn reply(result: Result<ureq::Response, ureq::Error>) -> Reply {
     let request_id = response.header("x-request-id").map(String::from);
     let content_type = response.header("content-type").map(String::from);
     let retry_after = response.header("retry-after").map(String::from);
+    let allow_origin = response.header("access-control-allow-origin").map(String::from);
     // Not into_string(): it stops at 10 MB, and runs are larger.
     let mut body = String::new();
     std::io::Read::read_to_string(&mut response.into_reader(), &mut body).expect("read the body");
-    Reply { status, body, request_id, content_type, retry_after }
+    Reply { status, body, request_id, content_type, retry_after, allow_origin }
 }
 
 fn agent() -> ureq::Agent {

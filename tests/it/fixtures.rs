@@ -168,11 +168,19 @@ impl StandInHub {
     }
 }
 
-pub fn gov2_data_dir() -> tempfile::TempDir {
+/// A data directory holding one collection, indexed from a shared path (`data(rel)`).
+pub fn indexed(collection: &str, rel: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let gov2 = data("trec-format-samples/gov2-style/GX000");
-    crate::common::cli_ok(dir.path(), &["index", "--collection", "gov2", gov2.to_str().unwrap()]);
+    cli_ok(dir.path(), &["index", "--collection", collection, data(rel).to_str().unwrap()]);
     dir
+}
+
+pub fn gov2_data_dir() -> tempfile::TempDir {
+    indexed("gov2", "trec-format-samples/gov2-style/GX000")
+}
+
+pub fn cranfield_data_dir() -> tempfile::TempDir {
+    indexed("cranfield", "cranfield/docs.jsonl")
 }
 
 pub fn tiny_cobert(dir: &Path, seed: u64) {

@@ -121,3 +121,76 @@ fn interrupted_replace_keeps_the_old_index() {
     assert_eq!(count(dir.path(), "c"), 1);
     assert!(!root.join(".c.old").exists());
 }
+
+/// Searches racing a reindex loop on the same collection: every hit's title, snippet and best segment belong to
+/// its docid, and no request fails, whatever commits (replacements, merges) land while a request runs. Each
+/// request reads one snapshot of the collection.
+#[test]
+fn searches_while_indexing_see_each_document_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = d.join("model");
+    crate::fixtures::tiny_cross_encoder(&model, 7);
+    // Every sentence names its document, so any text fetched for a docid shows whose it is.
+    let write = |path: &Path, round: usize, range: std::ops::Range<usize>| {
+        let docs: String = range
+            .map(|i| {
+                let words = ["harbor", "lantern", "copper", "meadow"][(i + round) % 4];
+                let text =
+                    format!("The {words} report of doc{i}. Round {round} of doc{i}. Notes on {words} for doc{i}.");
+                format!(
+                    "{}\n",
+                    serde_json::json!({"docid": format!("doc{i}"), "title": format!("title of doc{i}"), "text": text})
+                )
+            })
+            .collect();
+        std::fs::write(path, docs).unwrap();
+    };
+    let first = d.join("all.jsonl");
+    write(&first, 0, 0..1500);
+    cli_ok(d, &["index", "--collection", "live", first.to_str().unwrap()]);
+    let server = crate::common::TestServer::start(d, &[("LONGRANK_MODEL_PATH", model.to_str().unwrap())]).wait_ready();
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..4)
+        .map(|c| {
+            let (url, stop) = (server.url("/search"), stop.clone());
+            std::thread::spawn(move || {
+                let (mut requests, mut checked) = (0, 0);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let body = if c == 3 {
+                        serde_json::json!({"query": "harbor lantern report", "k": 10, "depth": 10, "pipeline": "maxp"})
+                    } else {
+                        serde_json::json!({"query": "harbor lantern copper meadow report", "k": 1000})
+                    };
+                    let reply = crate::common::post_json(&url, &body.to_string());
+                    assert_eq!(reply.status, 200, "{}", reply.body);
+                    for hit in reply.json()["results"].as_array().unwrap() {
+                        let docid = hit["docid"].as_str().unwrap();
+                        assert_eq!(hit["title"], format!("title of {docid}"), "{hit}");
+                        let shown = hit.get("best_segment").map_or(&hit["snippet"], |b| &b["text"]);
+                        assert!(shown.as_str().unwrap().contains(&format!("{docid}.")), "{docid}: {shown}");
+                        checked += 1;
+                    }
+                    requests += 1;
+                }
+                (requests, checked)
+            })
+        })
+        .collect();
+    // Rounds of replacements, each committed while the searches run: small ones, so that segments pile up and
+    // merge, and documents move.
+    for round in 1..=40 {
+        let part = d.join(format!("round{round}.jsonl"));
+        let start = (round * 100) % 1500;
+        write(&part, round, start..start + 100);
+        cli_ok(d, &["index", "--collection", "live", part.to_str().unwrap()]);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut requests, mut checked) = (0, 0);
+    for client in clients {
+        let (r, c) = client.join().expect("a search saw another document's text or failed");
+        (requests, checked) = (requests + r, checked + c);
+    }
+    assert!(requests >= 40 && checked >= 10_000, "{requests} requests, {checked} hits checked");
+}

@@ -59,7 +59,7 @@ fn index_scores_equal_brute_force_bm25_on_cranfield() {
                 .collect();
             expected.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(b.1)));
             expected.truncate(100);
-            let hits = collection.search(query, 100, params).unwrap();
+            let hits = collection.snapshot().search(query, 100, params).unwrap();
             assert_eq!(hits.len(), expected.len(), "query {query:?}");
             for (hit, (score, id)) in hits.iter().zip(&expected) {
                 assert!(

@@ -212,3 +212,90 @@ fn sigterm_shuts_down_cleanly() {
     let status = server.child.wait().unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+/// With keys set: the page, the OpenAPI document and /health need none; reads take a search or an admin key;
+/// jobs an admin key; a wrong key is refused without being echoed; no key appears in a job's provenance.
+#[test]
+fn keys_open_routes_by_what_they_do_and_never_show() {
+    let dir = crate::fixtures::cranfield_data_dir();
+    let (admin, search) = ("admin-secret-7f3a", "search-secret-91c2");
+    let env = [("LONGRANK_SERVER_ADMIN_KEYS", admin), ("LONGRANK_SERVER_SEARCH_KEYS", search)];
+    let server = TestServer::start(dir.path(), &env).wait_ready();
+    let call = |method: &str, path: &str, key: Option<&str>, body: Option<&str>| {
+        let auth = key.map(|k| format!("Bearer {k}"));
+        let mut headers = vec![("content-type", "application/json")];
+        if let Some(auth) = &auth {
+            headers.push(("authorization", auth.as_str()));
+        }
+        request(method, &server.url(path), &headers, body)
+    };
+    for open in ["/health", "/", "/openapi.json", "/static/common.js"] {
+        assert_eq!(call("GET", open, None, None).status, 200, "{open}");
+    }
+    let query = r#"{"query": "wing flutter", "k": 3}"#;
+    call("POST", "/search", None, Some(query)).assert_error(401, "missing_key");
+    let wrong = call("POST", "/search", Some("guess-1234"), Some(query));
+    wrong.assert_error(403, "invalid_key");
+    assert!(!wrong.body.contains("guess-1234"), "{}", wrong.body);
+    assert_eq!(call("POST", "/search", Some(search), Some(query)).status, 200);
+    assert_eq!(call("GET", "/search?q=wing", Some(admin), None).status, 200);
+    call("GET", "/metrics", None, None).assert_error(401, "missing_key");
+    assert_eq!(call("GET", "/metrics", Some(search), None).status, 200);
+    let job = serde_json::json!({"topics": "1\twing flutter\n", "k": 5}).to_string();
+    call("POST", "/batch", Some(search), Some(&job)).assert_error(403, "insufficient_key");
+    let done = call("POST", "/batch?wait=true", Some(admin), Some(&job));
+    assert_eq!(done.status, 200, "{}", done.body);
+    let id = done.json()["id"].as_str().unwrap().to_string();
+    let shown = call("GET", &format!("/batch/{id}"), Some(search), None);
+    assert_eq!(shown.status, 200);
+    assert!(!shown.body.contains(admin) && !shown.body.contains(search), "a key in the job: {}", shown.body);
+    assert_eq!(shown.json()["provenance"]["configuration"]["server"]["admin_keys"][0], "<redacted>");
+    call("DELETE", &format!("/batch/{id}"), Some(search), None).assert_error(403, "insufficient_key");
+}
+
+/// Beyond loopback without keys: reads serve, writes are refused. On any server: a write from a foreign page
+/// is refused (a form post needs no CORS preflight) unless its origin is allowed, and a loopback server answers
+/// only to its own names (DNS rebinding).
+#[test]
+fn writes_need_a_key_beyond_loopback_and_foreign_pages_and_hosts_are_refused() {
+    let dir = crate::fixtures::cranfield_data_dir();
+    let job = serde_json::json!({"topics": "1\twing flutter\n", "k": 5}).to_string();
+    let json = [("content-type", "application/json")];
+    let open = TestServer::start_everywhere(dir.path(), &[]).wait_ready();
+    assert_eq!(get(&open.url("/search?q=wing")).0, 200);
+    post_json(&open.url("/batch"), &job).assert_error(403, "admin_key_required");
+    drop(open);
+
+    let app = "https://app.example";
+    let server = TestServer::start(dir.path(), &[("LONGRANK_SERVER_CORS_ORIGINS", app)]).wait_ready();
+    let own = server.base.clone();
+    let posted =
+        |origin: &str| request("POST", &server.url("/batch?wait=true"), &[json[0], ("origin", origin)], Some(&job));
+    posted("http://evil.example").assert_error(403, "forbidden_origin");
+    assert_eq!(posted(&own).status, 200, "the server's own page");
+    let allowed = posted(app);
+    assert_eq!(allowed.status, 200, "{}", allowed.body);
+    assert_eq!(allowed.allow_origin.as_deref(), Some(app), "a configured origin may read the answer");
+    let preflight = request(
+        "OPTIONS",
+        &server.url("/search"),
+        &[
+            ("origin", app),
+            ("access-control-request-method", "POST"),
+            ("access-control-request-headers", "authorization,content-type"),
+        ],
+        None,
+    );
+    assert_eq!(preflight.allow_origin.as_deref(), Some(app));
+    let foreign = request("GET", &server.url("/search?q=wing"), &[("origin", "http://evil.example")], None);
+    assert_eq!(foreign.status, 200);
+    assert_eq!(foreign.allow_origin, None, "a foreign page may not read the answer");
+
+    request("GET", &server.url("/search?q=wing"), &[("host", "evil.example")], None)
+        .assert_error(403, "forbidden_host");
+    let port = server.base.rsplit(':').next().unwrap().to_string();
+    for host in [format!("localhost:{port}"), format!("127.0.0.1:{port}"), format!("[::1]:{port}")] {
+        assert_eq!(request("GET", &server.url("/search?q=wing"), &[("host", &host)], None).status, 200, "{host}");
+    }
+    assert_eq!(request("GET", &server.url("/health"), &[("host", "evil.example")], None).status, 200);
+}

@@ -11,7 +11,7 @@ use crate::eval::Comparison;
 use crate::rank::BatchParams;
 use crate::server::decode::{self, ApiJson, Fields};
 use crate::server::error::{
-    ApiError, ApiPath, ApiQuery, CompareErrors, ErrorCode, JobErrors, PlainErrors, SubmitErrors,
+    ApiError, ApiPath, ApiQuery, CancelErrors, CompareErrors, ErrorCode, JobErrors, PlainErrors, SubmitErrors,
 };
 use crate::server::jobs::{JobView, Submission};
 use crate::server::AppState;
@@ -126,7 +126,7 @@ pub async fn run_file(State(state): State<AppState>, ApiPath(id): ApiPath<String
 
 /// Cancel a queued or running job.
 #[utoipa::path(delete, path = "/batch/{id}", tag = "batch", params(("id" = String, Path)),
-    responses((status = 200, body = JobView), JobErrors))]
+    responses((status = 200, body = JobView), CancelErrors))]
 pub async fn cancel(State(state): State<AppState>, ApiPath(id): ApiPath<String>) -> Result<Json<JobView>, ApiError> {
     Ok(Json(state.jobs().cancel(&id).await?))
 }

@@ -7,7 +7,7 @@ use axum::Json;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::server::error::{ApiError, PlainErrors};
+use crate::server::error::{ApiError, HealthErrors, PlainErrors};
 use crate::server::AppState;
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -20,7 +20,7 @@ pub struct Health {
 
 /// Readiness: 200 once the indexes are open, 503 before.
 #[utoipa::path(get, path = "/health", tag = "system",
-    responses((status = 200, body = Health), PlainErrors))]
+    responses((status = 200, body = Health), HealthErrors))]
 pub async fn health(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
     if !state.is_ready() {
         return Err(ApiError::not_ready());
