@@ -68,7 +68,8 @@ pub fn run(mut args: BatchArgs, model: Option<String>, mut config: Config) -> an
         // Over the topics run by this invocation (a resumed batch's earlier ones are not counted).
         eprintln!("model FLOPs: {:.4e} per topic ({flops:.4e} in all)", flops / ran as f64);
     }
-    let (run, text) = partial.finish(out)?;
+    let order: Vec<&str> = plan.topics.iter().map(|t| t.qid.as_str()).collect();
+    let (run, text) = partial.finish(out, &order)?;
     eprintln!("wrote {} topics to {}", run.topics.len(), out.display());
     if let Some(qrels) = qrels {
         for qid in qrels.topics.keys().filter(|q| !run.topics.contains_key(*q)) {

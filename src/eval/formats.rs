@@ -311,8 +311,15 @@ impl Run {
 
     /// Writes the run in TREC format, each topic ranked by score (ties by docid, as trec_eval orders them).
     pub fn write(&self, out: &mut impl Write) -> std::io::Result<()> {
-        for (qid, docs) in &self.topics {
-            for (rank, doc) in super::measures::ranked(docs).into_iter().enumerate() {
+        self.write_in(&[], out)
+    }
+
+    /// Writes the topics of `order` first, in that order (a topic file's), then any others by qid.
+    pub fn write_in(&self, order: &[&str], out: &mut impl Write) -> std::io::Result<()> {
+        let rest = self.topics.keys().map(String::as_str).filter(|q| !order.contains(q));
+        let ordered: Vec<&str> = order.iter().copied().filter(|q| self.topics.contains_key(*q)).chain(rest).collect();
+        for qid in ordered {
+            for (rank, doc) in super::measures::ranked(&self.topics[qid]).into_iter().enumerate() {
                 writeln!(out, "{qid} Q0 {} {} {} {}", doc.docid, rank + 1, format_score(doc.score), self.tag)?;
             }
         }
@@ -364,10 +371,11 @@ impl PartialRun {
         Ok(())
     }
 
-    /// Writes the whole run to `out` and removes the partial file; returns the run and its text.
-    pub fn finish(self, out: &Path) -> Result<(Run, Vec<u8>), EvalError> {
+    /// Writes the whole run to `out`, topics in `order` (the topic file's), and removes the partial file;
+    /// returns the run and its text.
+    pub fn finish(self, out: &Path, order: &[&str]) -> Result<(Run, Vec<u8>), EvalError> {
         let mut text = Vec::new();
-        self.run.write(&mut text).map_err(|e| self.io(e))?;
+        self.run.write_in(order, &mut text).map_err(|e| self.io(e))?;
         let whole = with_suffix(out, "tmp");
         let out_err = |e: std::io::Error| EvalError::Io { path: out.to_path_buf(), message: e.to_string() };
         std::fs::write(&whole, &text).and_then(|()| std::fs::rename(&whole, out)).map_err(out_err)?;
@@ -510,9 +518,10 @@ mod tests {
         let mut partial = PartialRun::open(&out, "t").unwrap();
         assert_eq!(partial.run().topics.keys().collect::<Vec<_>>(), ["2"]);
         partial.push("1", vec![doc("b", 2.0)]).unwrap();
-        let (run, text) = partial.finish(&out).unwrap();
+        // In the topic file's order, not the qids'.
+        let (run, text) = partial.finish(&out, &["2", "1"]).unwrap();
         assert_eq!(run.topics.len(), 2);
-        assert_eq!(std::fs::read_to_string(&out).unwrap(), "1 Q0 b 1 2 t\n2 Q0 a 1 1 t\n");
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "2 Q0 a 1 1 t\n1 Q0 b 1 2 t\n");
         assert_eq!(std::fs::read(&out).unwrap(), text);
         assert!(!dir.path().join("x.run.partial").exists() && !dir.path().join("x.run.tmp").exists());
     }

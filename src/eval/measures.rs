@@ -309,10 +309,13 @@ fn topic_measures(
             }
             Measure::IprecAtRecall => {
                 for level in RECALL_LEVELS {
+                    // trec_eval's cutoff, in its double arithmetic: the relevant documents the level needs are
+                    // (long) (level * R + 0.9), so 0.7 of 3 is 2 (0.7 * 3 + 0.9 = 2.9999999999999996).
+                    let needed = (level * nr + 0.9) as usize;
                     let best = precisions
                         .iter()
                         .enumerate()
-                        .filter(|(j, _)| (*j + 1) as f64 / nr >= level)
+                        .filter(|(j, _)| *j + 1 >= needed)
                         .map(|(_, (_, p))| *p)
                         .fold(0.0, f64::max);
                     out.push((format!("iprec_at_recall_{level:.2}"), best));
@@ -342,8 +345,7 @@ fn bpref(grades: &[Option<i32>], judged: &HashMap<String, i32>, level: i32, num_
     for grade in grades.iter().flatten() {
         if *grade >= level {
             if nonrel_so_far > 0 {
-                let ratio = nonrel_so_far.min(num_rel) as f32 / num_nonrel.min(num_rel) as f32;
-                sum += 1.0 - ratio as f64;
+                sum += 1.0 - nonrel_so_far.min(num_rel) as f64 / num_nonrel.min(num_rel) as f64;
             } else {
                 sum += 1.0;
             }
@@ -384,7 +386,9 @@ mod tests {
         assert!((v["bpref"] - 1.0 / 3.0).abs() < 1e-12);
         assert_eq!(v["iprec_at_recall_0.00"], 1.0);
         assert!((v["iprec_at_recall_0.60"] - 2.0 / 3.0).abs() < 1e-12);
-        assert_eq!(v["iprec_at_recall_0.70"], 0.0);
+        // trec_eval counts 0.7 of 3 relevant documents as 2 (its cutoff arithmetic; checked against trec_eval).
+        assert!((v["iprec_at_recall_0.70"] - 2.0 / 3.0).abs() < 1e-12);
+        assert_eq!(v["iprec_at_recall_0.80"], 0.0);
         let dcg = 1.0 + 2.0 / 4f64.log2();
         let idcg = 2.0 + 1.0 / 3f64.log2() + 1.0 / 4f64.log2();
         assert!((v["ndcg"] - dcg / idcg).abs() < 1e-12);

@@ -1,7 +1,7 @@
 //! RM3 pseudo-relevance feedback as Anserini's `Rm3Reranker` does it: a relevance model from the top
 //! feedback documents' term vectors, interpolated with the query, then a new BM25 retrieval.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -43,11 +43,11 @@ impl Snapshot<'_> {
     fn expand(&self, query: &str, feedback: &[Hit], rm3: Rm3Params) -> Result<Vec<(String, f32)>, IndexError> {
         let num_docs = self.num_docs() as f32;
         let mut df_cache: HashMap<String, bool> = HashMap::new();
-        let mut vectors: Vec<(HashMap<String, f32>, f32)> = Vec::new();
+        let mut vectors: Vec<(BTreeMap<String, f32>, f32)> = Vec::new();
         for hit in feedback.iter().take(rm3.fb_docs) {
             let stored = self.document(hit.address)?;
             let doc = Document { id: stored.docid, title: stored.title, text: stored.text };
-            let mut tf: HashMap<String, f32> = HashMap::new();
+            let mut tf: BTreeMap<String, f32> = BTreeMap::new();
             for term in analyzer::terms(&searchable_text(&doc)) {
                 if !feedback_term(&term) {
                     continue;
@@ -67,7 +67,7 @@ impl Snapshot<'_> {
             let tf = prune(tf, rm3.fb_terms);
             vectors.push((tf, hit.score));
         }
-        let mut model: HashMap<String, f32> = HashMap::new();
+        let mut model: BTreeMap<String, f32> = BTreeMap::new();
         for (vector, score) in &vectors {
             let norm: f32 = vector.values().sum();
             if norm <= 0.001 {
@@ -78,13 +78,13 @@ impl Snapshot<'_> {
             }
         }
         let model = unit_l1(prune(model, rm3.fb_terms));
-        let mut original: HashMap<String, f32> = HashMap::new();
+        let mut original: BTreeMap<String, f32> = BTreeMap::new();
         for term in analyzer::terms(query) {
             *original.entry(term).or_insert(0.0) += 1.0;
         }
         let original = unit_l1(original);
         let w = rm3.original_query_weight;
-        let mut terms: HashMap<String, f32> = HashMap::new();
+        let mut terms: BTreeMap<String, f32> = BTreeMap::new();
         for (t, v) in &original {
             *terms.entry(t.clone()).or_insert(0.0) += w * v;
         }
@@ -102,15 +102,16 @@ fn feedback_term(term: &str) -> bool {
     (2..=20).contains(&term.len()) && term.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
 }
 
-/// The `n` heaviest terms (ties by term, for determinism).
-fn prune(vector: HashMap<String, f32>, n: usize) -> HashMap<String, f32> {
+/// The `n` heaviest terms (ties by term). Term vectors are ordered maps throughout, so that every sum runs in
+/// the same order and a run is the same to the bit every time.
+fn prune(vector: BTreeMap<String, f32>, n: usize) -> BTreeMap<String, f32> {
     let mut terms: Vec<(String, f32)> = vector.into_iter().collect();
     terms.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     terms.truncate(n);
     terms.into_iter().collect()
 }
 
-fn unit_l1(vector: HashMap<String, f32>) -> HashMap<String, f32> {
+fn unit_l1(vector: BTreeMap<String, f32>) -> BTreeMap<String, f32> {
     let norm: f32 = vector.values().sum();
     if norm <= 0.0 {
         return vector;
@@ -134,7 +135,7 @@ mod tests {
 
     #[test]
     fn prune_and_normalize() {
-        let v: HashMap<String, f32> =
+        let v: BTreeMap<String, f32> =
             [("a", 3.0), ("b", 1.0), ("c", 2.0)].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
         let p = unit_l1(prune(v, 2));
         assert_eq!(p.len(), 2);

@@ -151,9 +151,19 @@ impl CrossEncoder {
         }
         let (hidden, _) = self.backbone.forward(batch)?;
         let cls = hidden.i((.., 0))?;
-        let pooled = self.pooler.forward(&cls)?.tanh()?;
-        let logits = self.classifier.forward(&pooled)?;
-        Ok((logits.i((.., self.label))?.to_dtype(DType::F32)?.to_vec1::<f32>()?, cls))
+        let head = |cls: &Tensor| -> candle_core::Result<Tensor> {
+            self.classifier.forward(&self.pooler.forward(cls)?.tanh()?)?.i((.., self.label))
+        };
+        let logits = if self.backbone.device.is_cpu() {
+            // Row by row, so that a pair's logit has the same bits whatever it is batched with (candle's
+            // product over several rows sums in another order than over one).
+            let rows =
+                (0..batch.len()).map(|i| head(&cls.narrow(0, i, 1)?)).collect::<candle_core::Result<Vec<_>>>()?;
+            Tensor::cat(&rows, 0)?
+        } else {
+            head(&cls)?
+        };
+        Ok((logits.to_dtype(DType::F32)?.to_vec1::<f32>()?, cls))
     }
 
     /// Makes the encoder's linear layers int8.

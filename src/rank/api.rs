@@ -102,7 +102,8 @@ pub struct RankParams {
     #[schema(example = 5)]
     pub k: Option<i64>,
     /// First-stage candidates the re-ranking pipelines re-score, at most `limits.max_depth`. Default:
-    /// `limits.default_depth` (configuration), or k when larger.
+    /// `limits.default_depth` (configuration), whatever k is: with k larger, the ranking goes on with the first
+    /// stage's next documents, in its order and scored below the re-ranked ones.
     #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(example = 7)]

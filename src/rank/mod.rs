@@ -228,9 +228,23 @@ impl Engine {
                 pipeline: options.pipeline.name(),
             });
         };
-        let candidates = crate::eval::measures::ranked(given)
+        let depth = options.rerank.as_ref().map_or(0, |r| r.depth);
+        let given = crate::eval::measures::ranked(given);
+        let tail: Vec<Ranked> = given
+            .iter()
+            .skip(depth)
+            .take(options.k.saturating_sub(depth))
+            .map(|d| Ranked {
+                docid: d.docid.clone(),
+                first_stage_score: Some(d.score as f32),
+                address: None,
+                score: d.score as f32,
+                evidence: None,
+            })
+            .collect();
+        let candidates = given
             .into_iter()
-            .take(options.depth)
+            .take(depth)
             .map(|d| match snapshot.get(&d.docid)? {
                 Some(doc) => Ok(rerank::Candidate { first_stage_score: Some(d.score as f32), doc }),
                 None => Err(RankError::UnknownDocument {
@@ -240,7 +254,9 @@ impl Engine {
             })
             .collect::<Result<Vec<_>, RankError>>()?;
         let store = self.models.store(snapshot.collection(), &model)?;
-        Ok(self.rerank_with(&model, store.as_deref(), query, options, candidates, cancel)?.into())
+        let mut reranked = self.rerank_with(&model, store.as_deref(), query, options, candidates, cancel)?;
+        continue_below(&mut reranked.ranked, tail);
+        Ok(reranked.into())
     }
 
     /// Computes a bi-encoder's segment embeddings for every document of a collection ahead of queries, into
@@ -309,15 +325,19 @@ impl Engine {
         hits: Vec<Hit>,
         cancel: &Cancel,
     ) -> Result<rerank::Reranked, RankError> {
+        let depth = options.rerank.as_ref().map_or(0, |r| r.depth);
+        let mut hits = hits.into_iter();
         let candidates = hits
-            .into_iter()
-            .take(options.depth)
+            .by_ref()
+            .take(depth)
             .map(|hit| {
                 Ok(rerank::Candidate { first_stage_score: Some(hit.score), doc: snapshot.document(hit.address)? })
             })
             .collect::<Result<Vec<_>, IndexError>>()?;
         let store = self.models.store(snapshot.collection(), model)?;
-        self.rerank_with(model, store.as_deref(), query, options, candidates, cancel)
+        let mut reranked = self.rerank_with(model, store.as_deref(), query, options, candidates, cancel)?;
+        continue_below(&mut reranked.ranked, first_stage(hits.take(options.k.saturating_sub(depth)).collect()));
+        Ok(reranked)
     }
 
     fn rerank_with(
@@ -397,7 +417,7 @@ impl Engine {
 
     /// The first stage of a pipeline: at least `k` (and `depth`) hits, best first.
     pub fn retrieve(&self, snapshot: &Snapshot, query: &str, options: &RankOptions) -> Result<Vec<Hit>, RankError> {
-        let n = options.depth.max(options.k);
+        let n = options.rerank.as_ref().map_or(options.k, |r| r.depth.max(options.k));
         Ok(match options.pipeline {
             Pipeline::Bm25Rm3 => snapshot.search_rm3(query, n, options.bm25, options.rm3)?,
             _ => snapshot.search(query, n, options.bm25)?,
@@ -458,6 +478,19 @@ impl Engine {
             },
         };
         self.catalog.get(&name).map_err(|_| RankError::UnknownCollection { name, available: available() })
+    }
+}
+
+/// Appends the first stage's documents after the re-ranked ones, in their order, each scored strictly below the
+/// one before (1 apart where a float allows), so that trec_eval, which sorts by score, keeps them there.
+fn continue_below(ranked: &mut Vec<Ranked>, tail: Vec<Ranked>) {
+    let last = ranked.last().map_or(0.0, |r| r.score);
+    let base = if last.is_finite() { last } else { f32::MIN / 2.0 };
+    let mut previous = base;
+    for (i, mut doc) in tail.into_iter().enumerate() {
+        doc.score = (base - (i + 1) as f32).min(previous.next_down());
+        previous = doc.score;
+        ranked.push(doc);
     }
 }
 

@@ -15,7 +15,6 @@ pub const DEFAULT_BATCH_K: i64 = 1000;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct RankOptions {
     pub k: usize,
-    pub depth: usize,
     pub pipeline: Pipeline,
     pub bm25: Bm25Params,
     pub rm3: Rm3Params,
@@ -27,6 +26,8 @@ pub struct RankOptions {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct RerankOptions {
     pub model: String,
+    /// First-stage candidates re-ranked (whatever k is: beyond them, a ranking continues in first-stage order).
+    pub depth: usize,
     pub segments: SegmentOptions,
     /// Weight of the normalized first-stage score, if mixed in.
     pub interpolate: Option<f32>,
@@ -62,7 +63,7 @@ impl Engine {
             }
         }
         let k = in_range("k", params.k, default_k, limits.max_k)?;
-        let depth = in_range("depth", params.depth, limits.default_depth.max(k), limits.max_depth)?;
+        let depth = in_range("depth", params.depth, limits.default_depth, limits.max_depth)?;
         let pipeline = params.pipeline.as_deref().map_or(Ok(default_pipeline), Pipeline::parse)?;
         let rerank = if pipeline.needs_model() {
             if self.models.names().is_empty() {
@@ -74,7 +75,7 @@ impl Engine {
                 unit("interpolate", weight)?;
             }
             let model = self.models.check(params.model.as_deref())?;
-            Some(RerankOptions { model, segments, interpolate: params.interpolate })
+            Some(RerankOptions { model, depth, segments, interpolate: params.interpolate })
         } else {
             if let Some(model) = &params.model {
                 self.models.check(Some(model))?;
@@ -91,7 +92,7 @@ impl Engine {
         at_least("rm3.fb_docs", rm3.fb_docs as f64, 1.0)?;
         at_least("rm3.fb_terms", rm3.fb_terms as f64, 1.0)?;
         unit("rm3.original_query_weight", rm3.original_query_weight)?;
-        Ok(RankOptions { k, depth, pipeline, bm25, rm3, rerank })
+        Ok(RankOptions { k, pipeline, bm25, rm3, rerank })
     }
 
     /// A query's text, trimmed, checked against the limits.

@@ -46,7 +46,7 @@ impl Scorer {
         };
         // Segments as the server cuts them at the model's full budget, the title repeated as in training.
         let segments = SegmentOptions { repeat_title: options.repeat_title, ..SegmentOptions::default() };
-        let options = RerankOptions { model: NAME.into(), segments, interpolate: None };
+        let options = RerankOptions { model: NAME.into(), depth: usize::MAX, segments, interpolate: None };
         Scorer { served: Served::start(NAME, model, serve), segments: SegmentCache::default(), options }
     }
 

@@ -1,6 +1,7 @@
 //! Batch runs over HTTP and the CLI: jobs, runs, metrics equal to `longrank eval`, errors, cancellation,
 //! and a restart in the middle of a job.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -450,5 +451,94 @@ fn every_batch_field_means_the_same_over_json_multipart_and_the_cli() {
             "run": std::fs::read_to_string(&out).unwrap(),
             "metrics": String::from_utf8_lossy(&printed.stdout).contains("map")});
         assert_eq!(from_json, from_cli, "{name} over the CLI");
+    }
+}
+
+/// The same input gives byte-identical runs from the CLI and over HTTP, run twice each, for BM25, BM25+RM3 and a
+/// model pipeline, their topics in the topic file's order (not the qids').
+#[test]
+fn runs_are_byte_identical_from_the_cli_and_over_http_in_topic_file_order() {
+    let dir = crate::fixtures::cranfield_data_dir();
+    let d = dir.path();
+    let model = d.join("model");
+    crate::fixtures::tiny_cross_encoder(&model, 5);
+    let model = model.to_str().unwrap();
+    // Cranfield's first 120 topics backwards: 120 first, so string order (1, 10, 100, ...) would show.
+    let mut lines: Vec<String> = read("cranfield/topics.tsv").lines().take(120).map(String::from).collect();
+    lines.reverse();
+    let topics = lines.join("\n") + "\n";
+    let file_order: Vec<&str> = lines.iter().map(|l| l.split('\t').next().unwrap()).collect();
+    std::fs::write(d.join("topics.tsv"), &topics).unwrap();
+    let server = TestServer::start(d, &[("LONGRANK_MODEL_PATH", model)]).wait_ready();
+    for (pipeline, k, depth) in [("bm25", "1000", "1000"), ("bm25+rm3", "1000", "1000"), ("maxp", "5", "5")] {
+        let cli = |name: &str| {
+            let out = d.join(format!("{pipeline}.{name}.run"));
+            let args = ["batch", "--topics", "topics.tsv", "--pipeline", pipeline, "-k", k, "--depth", depth, "--out"];
+            let printed = crate::common::cli_env(
+                d,
+                &[&args[..], &[out.to_str().unwrap()]].concat(),
+                &[("LONGRANK_MODEL_PATH", model)],
+            );
+            assert!(printed.status.success(), "{}", String::from_utf8_lossy(&printed.stderr));
+            std::fs::read_to_string(out).unwrap()
+        };
+        let http = || {
+            let body = json!({"topics": topics, "pipeline": pipeline, "k": k.parse::<u64>().unwrap(), "depth": depth.parse::<u64>().unwrap()});
+            let job = post_json(&server.url("/batch?wait=true"), &body.to_string()).json();
+            assert_eq!(job["status"], "done", "{job}");
+            get(&server.url(&format!("/batch/{}/run", job["id"].as_str().unwrap()))).1
+        };
+        let (first, second, third, fourth) = (cli("a"), cli("b"), http(), http());
+        assert!(first == second, "{pipeline}: two CLI runs differ");
+        if third != fourth {
+            let diff: Vec<(&str, &str)> = third.lines().zip(fourth.lines()).filter(|(a, b)| a != b).take(5).collect();
+            panic!("{pipeline}: two HTTP runs differ: {diff:?}");
+        }
+        assert!(first == third, "{pipeline}: the CLI's run differs from the HTTP job's");
+        let mut qids: Vec<&str> = first.lines().map(|l| l.split(' ').next().unwrap()).collect();
+        qids.dedup();
+        assert_eq!(qids, file_order, "{pipeline}: topics in the topic file's order");
+    }
+}
+
+/// Re-ranking depth is the configured one whatever k is; beyond it, a run goes on in first-stage order, scored
+/// below the re-ranked documents; a first-stage run's provenance has no depth.
+#[test]
+fn depth_does_not_follow_k_and_runs_continue_in_first_stage_order() {
+    let dir = crate::fixtures::cranfield_data_dir();
+    let d = dir.path();
+    let model = d.join("model");
+    crate::fixtures::tiny_cross_encoder(&model, 9);
+    let env = [("LONGRANK_MODEL_PATH", model.to_str().unwrap()), ("LONGRANK_LIMITS_DEFAULT_DEPTH", "10")];
+    let server = TestServer::start(d, &env).wait_ready();
+    let topics: String = read("cranfield/topics.tsv").lines().take(5).map(|l| format!("{l}\n")).collect();
+    let job = |pipeline: &str| {
+        let body = json!({"topics": topics, "pipeline": pipeline, "k": 30});
+        let job = post_json(&server.url("/batch?wait=true"), &body.to_string()).json();
+        assert_eq!(job["status"], "done", "{job}");
+        let run = get(&server.url(&format!("/batch/{}/run", job["id"].as_str().unwrap()))).1;
+        (job, run)
+    };
+    let (maxp, reranked) = job("maxp");
+    let (bm25, first_stage) = job("bm25");
+    assert_eq!(maxp["provenance"]["options"]["rerank"]["depth"], 10);
+    assert!(bm25["provenance"]["options"].get("depth").is_none() && bm25["provenance"]["options"]["rerank"].is_null());
+    let by_topic = |run: &str| {
+        let mut topics: BTreeMap<String, Vec<(String, f64)>> = BTreeMap::new();
+        for line in run.lines() {
+            let cols: Vec<&str> = line.split(' ').collect();
+            topics.entry(cols[0].into()).or_default().push((cols[2].into(), cols[4].parse().unwrap()));
+        }
+        topics
+    };
+    let (reranked, first_stage) = (by_topic(&reranked), by_topic(&first_stage));
+    for (qid, docs) in &reranked {
+        let bm25 = &first_stage[qid];
+        assert_eq!(docs.len(), 30, "topic {qid}");
+        let top: std::collections::BTreeSet<&String> = docs[..10].iter().map(|(d, _)| d).collect();
+        assert_eq!(top, bm25[..10].iter().map(|(d, _)| d).collect(), "topic {qid}: the re-ranked ten are BM25's ten");
+        let tail: Vec<&String> = docs[10..].iter().map(|(d, _)| d).collect();
+        assert_eq!(tail, bm25[10..].iter().map(|(d, _)| d).collect::<Vec<_>>(), "topic {qid}: then BM25's order");
+        assert!(docs.windows(2).skip(9).all(|w| w[1].1 < w[0].1), "topic {qid}: scores strictly below: {docs:?}");
     }
 }

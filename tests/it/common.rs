@@ -22,6 +22,23 @@ pub fn shared() -> PathBuf {
     dir
 }
 
+/// The Python of the tests' pinned environment (`.ci/run` sets `LONGRANK_PYTHON`), which runs the reference
+/// implementations and real clients the tests compare with. Missing, the test fails: it never skips.
+pub fn python() -> PathBuf {
+    let python = std::env::var_os("LONGRANK_PYTHON").map(PathBuf::from);
+    python.filter(|p| p.exists()).unwrap_or_else(|| {
+        panic!("LONGRANK_PYTHON names no Python: run the tests through .ci/run, which builds its environment")
+    })
+}
+
+/// A script of tests/python run by the tests' Python; its stdout.
+pub fn python_script(script: &str, args: &[&str]) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python").join(script);
+    let out = Command::new(python()).arg(path).args(args).output().expect("run the tests' Python");
+    assert!(out.status.success(), "{script} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
 pub fn data(rel: &str) -> PathBuf {
     shared().join("data").join(rel)
 }

@@ -185,3 +185,78 @@ fn segment_selection_is_measured_against_gold_passages() {
     let failed = crate::common::cli(d, &args);
     assert!(String::from_utf8_lossy(&failed.stderr).contains("passages.tsv:1: bad offset"));
 }
+
+/// Every measure longrank computes (`all_trec`), per topic and on the `all` line, against trec_eval itself (its
+/// C code, through PyPI's pytrec-eval-terrier): BM25 and BM25+RM3 runs of cranfield, medline, cacm and time, and
+/// the reference runs. Values are compared as computed, not as printed.
+#[test]
+fn every_measure_equals_trec_eval_itself_on_four_collections() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut checked = 0;
+    for collection in ["cranfield", "medline", "cacm", "time"] {
+        let (docs, topics, qrels) = (
+            data(&format!("{collection}/docs.jsonl")),
+            data(&format!("{collection}/topics.tsv")),
+            data(&format!("{collection}/qrels.txt")),
+        );
+        cli_ok(d, &["index", "--collection", collection, docs.to_str().unwrap()]);
+        for pipeline in ["bm25", "bm25+rm3"] {
+            let run = d.join(format!("{collection}.{pipeline}.run"));
+            let args =
+                ["batch", "--collection", collection, "--topics", topics.to_str().unwrap(), "--pipeline", pipeline];
+            cli_ok(d, &[&args[..], &["-k", "1000", "--out", run.to_str().unwrap()]].concat());
+            checked += same_as_trec_eval(&run, &qrels);
+        }
+    }
+    let reference = shared().join("reference/trec_eval");
+    for (name, qrels) in [
+        ("cranfield.bm25", "cranfield/qrels.txt"),
+        ("medline.bm25", "medline/qrels.txt"),
+        ("robust04.random-ties", "robust04-topics-qrels/qrels.txt"),
+    ] {
+        checked += same_as_trec_eval(&reference.join(format!("{name}.run")), &data(qrels));
+    }
+    assert!(checked > 60_000, "{checked} values compared");
+}
+
+/// Compares every per-topic value and the `all` line; returns how many values were compared.
+fn same_as_trec_eval(run_path: &std::path::Path, qrels_path: &std::path::Path) -> usize {
+    let reference: BTreeMap<String, BTreeMap<String, f64>> = serde_json::from_str(&crate::common::python_script(
+        "trec_eval.py",
+        &[run_path.to_str().unwrap(), qrels_path.to_str().unwrap()],
+    ))
+    .unwrap();
+    let run = Run::read(run_path).unwrap();
+    let qrels = Qrels::read(qrels_path).unwrap();
+    let ours = eval::evaluate(&run, &qrels, &Measure::all(), EvalOptions::default());
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1.0);
+    let mut compared = 0;
+    assert_eq!(ours.per_topic.len(), reference.len(), "{}: topics evaluated", run_path.display());
+    for (qid, values) in &ours.per_topic {
+        let theirs = &reference[qid];
+        for (measure, value) in values {
+            let want = theirs.get(measure).unwrap_or_else(|| panic!("trec_eval has no {measure}"));
+            assert!(
+                close(*value, *want),
+                "{} topic {qid} {measure}: {value} vs trec_eval's {want}",
+                run_path.display()
+            );
+            compared += 1;
+        }
+    }
+    // The `all` line: counts summed, gm_map geometric, the rest the mean over topics.
+    let n = reference.len() as f64;
+    for (measure, value) in ours.all_map() {
+        let per_topic = reference.values().map(|v| v.get(&measure).copied().unwrap_or(0.0));
+        let want = match measure.as_str() {
+            "num_q" => n,
+            "num_ret" | "num_rel" | "num_rel_ret" => per_topic.sum(),
+            "gm_map" => (per_topic.sum::<f64>() / n).exp(),
+            _ => per_topic.sum::<f64>() / n,
+        };
+        assert!(close(value, want), "{} all {measure}: {value} vs trec_eval's {want}", run_path.display());
+        compared += 1;
+    }
+    compared
+}

@@ -114,8 +114,9 @@ fn concurrent_requests_are_batched_together_and_score_as_alone() {
     let alone_server = TestServer::start(dir.path(), &env).wait_ready();
     let url = alone_server.url("/rerank");
     let alone: Vec<Value> = queries.iter().map(|q| post_json(&url, &body(q)).json()).collect();
-    let pairs = alone[0]["timing"]["pairs"].as_u64().unwrap();
-    assert!(alone.iter().all(|r| r["timing"]["pairs"] == pairs), "every request scores the same segments");
+    // Inputs each request sends the model: its pairs, each distinct one once (no cache).
+    let inputs = alone[0]["timing"]["computed"].as_u64().unwrap();
+    assert!(alone.iter().all(|r| r["timing"]["computed"] == inputs), "every request scores the same segments");
     drop(alone_server);
 
     // The inference thread is held at its first batch until every request has queued its inputs.
@@ -143,7 +144,7 @@ fn concurrent_requests_are_batched_together_and_score_as_alone() {
         let (_, status) = crate::common::get(&server.url("/pipelines"));
         let queued = serde_json::from_str::<Value>(&status).unwrap()["models"][0]["queued"].as_u64().unwrap();
         let held = model_metric("longrank_model_batch_inputs_total");
-        if queued + held == 6 * pairs {
+        if queued + held == 6 * inputs {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "the requests never queued together: {queued} + {held}");
@@ -152,7 +153,7 @@ fn concurrent_requests_are_batched_together_and_score_as_alone() {
     std::fs::write(&release, "").unwrap();
     for (h, expected) in handles.into_iter().zip(&alone) {
         let reply = h.join().unwrap();
-        assert_eq!(reply["timing"]["computed"], pairs);
+        assert_eq!(reply["timing"]["computed"], inputs);
         for ((docid, got), (_, want)) in scores(&reply).iter().zip(scores(expected)) {
             assert!((got - want).abs() < 1e-4, "{docid}: {got} concurrently, {want} alone");
         }

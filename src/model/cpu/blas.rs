@@ -364,6 +364,7 @@ struct Attention {
 type MaskedExpRow = fn(&mut [f32], &[f32]) -> f32;
 
 /// One head of one sequence inside a QKV projection: q, k and v are `len` rows of `d` values, `width` apart.
+#[derive(Clone, Copy)]
 struct Head {
     q: *const f32,
     k: *const f32,
@@ -490,6 +491,10 @@ impl candle_core::CustomOp2 for Attention {
         let out = written(batch * len * hidden, |c| {
             let c = Shared(c);
             self.each_head(blas, (qkv, mask), shapes, len * len + 2 * len, |seq, head, at, mask, buffer| {
+                // In inference only the sequence's own positions are computed, with the shapes and sums it would
+                // have unpadded: a pair scores the same bits whatever it is batched with. Padding positions
+                // (which no real one attends to) get zeros.
+                let n = if self.bias.is_some() { mask.iter().position(|m| *m != 0.0).unwrap_or(len) } else { len };
                 let (scores, rest) = buffer.split_at_mut(len * len);
                 let (sums, shifted) = rest.split_at_mut(len);
                 let (mask, value_bias) = match &self.bias {
@@ -504,23 +509,23 @@ impl candle_core::CustomOp2 for Attention {
                     }
                     None => (mask, None),
                 };
+                let at = Head { len: n, ..*at };
+                let (scores, sums) = (&mut scores[..n * n], &mut sums[..n]);
                 // SAFETY: the context block is len rows of d values, `hidden` apart, written by this (sequence,
-                // head) alone.
+                // head) alone: its first n rows by the product, the rest here.
                 unsafe {
-                    blas.head_scores(at, mask, scores, sums, masked_exp_row);
+                    blas.head_scores(&at, &mask[..n], scores, sums, masked_exp_row);
                     let context = c.ptr().add(seq * len * hidden + head * d);
-                    blas.block(
-                        (len, d, len),
-                        (scores.as_ptr(), len, false),
-                        (at.v, at.width, false),
-                        (context, hidden),
-                    );
+                    blas.block((n, d, n), (scores.as_ptr(), n, false), (at.v, at.width, false), (context, hidden));
                     for (i, sum) in sums.iter().enumerate() {
                         let row = std::slice::from_raw_parts_mut(context.add(i * hidden), d);
                         match value_bias {
                             Some(b) => row.iter_mut().zip(b).for_each(|(x, b)| *x = *x / sum + b),
                             None => row.iter_mut().for_each(|x| *x /= sum),
                         }
+                    }
+                    for i in n..len {
+                        std::slice::from_raw_parts_mut(context.add(i * hidden), d).fill(0.0);
                     }
                 }
             });
@@ -696,9 +701,11 @@ mod tests {
         let inference = attention(qkv.as_tensor(), &mask, None, heads, false).unwrap().unwrap();
         let got = run(attention(qkv.as_tensor(), &mask, None, heads, true).unwrap().unwrap());
         // The projection's bias passed apart (inference): as the chain on the biased projection.
+        // Inference computes a sequence's own positions only: its padding rows (which nothing reads) are zeros.
         let bias = Tensor::randn(0f32, 1.0, 3 * hidden, &device).unwrap();
         let biased = attention(qkv.as_tensor(), &mask, Some(&bias), heads, false).unwrap().unwrap();
-        let want_biased = chain(&qkv.broadcast_add(&bias).unwrap());
+        let real = mask.eq(0f32).unwrap().to_dtype(DType::F32).unwrap().unsqueeze(2).unwrap();
+        let want_biased = chain(&qkv.broadcast_add(&bias).unwrap()).broadcast_mul(&real).unwrap();
         let pairs = [
             ("inference", &inference, &want[0]),
             ("graph", &got[0], &want[0]),

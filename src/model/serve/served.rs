@@ -188,20 +188,34 @@ impl Served {
         Ok(missing.len())
     }
 
-    /// Outputs found in the cache, and the indices still missing.
+    /// Outputs found in the cache, and the indices still missing: one per key, so that the same input twice
+    /// (a duplicate document, a repeated segment) is computed once and both get the same output.
     fn cached(&self, keys: &[u64]) -> (Vec<Option<Output>>, Vec<usize>) {
         let mut cache = self.cache.lock();
         let found: Vec<Option<Output>> = keys.iter().map(|k| cache.get(k).cloned()).collect();
-        let missing = (0..keys.len()).filter(|&i| found[i].is_none()).collect();
+        let mut seen = std::collections::HashSet::new();
+        let missing = (0..keys.len()).filter(|&i| found[i].is_none() && seen.insert(keys[i])).collect();
         (found, missing)
     }
 
+    /// Caches the computed outputs and fills them in, for the missing indices and their duplicates.
     fn remember(&self, keys: &[u64], missing: &[usize], outputs: Vec<Vec<f32>>, found: &mut [Option<Output>]) {
         let mut cache = self.cache.lock();
         for (&i, output) in missing.iter().zip(outputs) {
             let output: Output = output.into();
             cache.put(keys[i], output.clone());
             found[i] = Some(output);
+        }
+        let mut known = std::collections::HashMap::new();
+        for (slot, key) in found.iter().zip(keys) {
+            if let Some(output) = slot {
+                known.entry(*key).or_insert_with(|| output.clone());
+            }
+        }
+        for (slot, key) in found.iter_mut().zip(keys) {
+            if slot.is_none() {
+                *slot = known.get(key).cloned();
+            }
         }
     }
 
