@@ -101,6 +101,7 @@ function renderJob(job) {
       setStatus("batch-status", e.message, "error"));
   };
   $("job-download").hidden = job.status !== "done";
+  $("job-warnings").replaceChildren(...(job.warnings || []).map((w) => el("li", { textContent: w.message })));
   if (!job.metrics) {
     $("job-results").hidden = true;
     $("job-metrics").tBodies[0].replaceChildren();

@@ -71,10 +71,10 @@ pub fn run(mut args: BatchArgs, model: Option<String>, mut config: Config) -> an
     let order: Vec<&str> = plan.topics.iter().map(|t| t.qid.as_str()).collect();
     let (run, text) = partial.finish(out, &order)?;
     eprintln!("wrote {} topics to {}", run.topics.len(), out.display());
+    for warning in eval::warnings::of_batch(&run, &order, qrels.as_ref()).list() {
+        eprintln!("warning: {}", warning.message);
+    }
     if let Some(qrels) = qrels {
-        for qid in qrels.topics.keys().filter(|q| !run.topics.contains_key(*q)) {
-            eprintln!("warning: qrels topic {qid} is not in the run");
-        }
         let served = eval::Run::parse(&String::from_utf8_lossy(&text), out)?;
         let evaluation = eval::evaluate(&served, &qrels, &measures, EvalOptions::default());
         print!("{}", evaluation.to_trec_eval(false, &run.tag));

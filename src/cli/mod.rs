@@ -80,8 +80,8 @@ pub fn init_process() {
 /// Reads a run, printing its warnings (duplicate docids) to stderr.
 pub fn read_run(path: &Path) -> anyhow::Result<Run> {
     let run = Run::read(path)?;
-    for warning in &run.warnings {
-        eprintln!("warning: {warning}");
+    for warning in run.warnings.list() {
+        eprintln!("warning: {}: {}", path.display(), warning.message);
     }
     Ok(run)
 }

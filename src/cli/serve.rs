@@ -47,7 +47,7 @@ pub fn run(args: ServeArgs, mut config: Config) -> anyhow::Result<()> {
 fn prepare(state: &AppState) -> anyhow::Result<()> {
     let config = state.config();
     for (name, reason) in state.engine().models().load_all() {
-        tracing::warn!("model {name} is unavailable, its re-ranking pipelines answer 503 (bm25 serves): {reason}");
+        tracing::warn!("model {name} is unavailable, its re-ranking pipelines are refused (bm25 serves): {reason}");
     }
     let catalog = state.engine().catalog();
     if !config.server.demo_when_empty || !catalog.is_empty() {

@@ -247,7 +247,7 @@ pub struct Scored {
 pub struct Run {
     pub topics: BTreeMap<String, Vec<Scored>>,
     pub tag: String,
-    pub warnings: Vec<String>,
+    pub warnings: super::Warnings,
 }
 
 impl Run {
@@ -276,11 +276,7 @@ impl Run {
                 .parse()
                 .map_err(|_| EvalError::parse(path, i + 1, &format!("score {score:?} is not a number")))?;
             if !seen.entry(qid.to_string()).or_default().insert(docid.to_string()) {
-                run.warnings.push(format!(
-                    "{}:{}: duplicate docid {docid} in topic {qid} (first kept)",
-                    path.display(),
-                    i + 1
-                ));
+                run.warnings.add(super::WarningKind::DuplicateDocid, format!("{qid} {docid}"));
                 continue;
             }
             run.tag = tag.to_string();
@@ -478,7 +474,7 @@ mod tests {
         assert_eq!(err.to_string(), "t:2: expected 4 columns (qid 0 docid grade), found 3");
         let run = Run::parse("1 Q0 a 1 2.5 x\n1 Q0 a 2 1.0 x\n1 Q0 b 3 1.0 x\n", &p()).unwrap();
         assert_eq!(run.topics["1"].len(), 2);
-        assert_eq!(run.warnings, ["t:2: duplicate docid a in topic 1 (first kept)"]);
+        assert_eq!(run.warnings.list()[0].first, ["1 a"]);
         let err = Run::parse("1 Q0 a 1 high x\n", &p()).unwrap_err();
         assert_eq!(err.to_string(), "t:1: score \"high\" is not a number");
     }

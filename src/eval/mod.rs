@@ -5,6 +5,7 @@ pub mod formats;
 pub mod measures;
 pub mod passages;
 pub mod stats;
+pub mod warnings;
 
 use std::path::{Path, PathBuf};
 
@@ -12,6 +13,7 @@ use serde::Serialize;
 
 pub use formats::{make_folds, read_folds, read_topics, PartialRun, Qrels, Run, Scored, Topic, TopicField};
 pub use measures::{evaluate, EvalOptions, Evaluation, Measure};
+pub use warnings::{Warning, WarningKind, Warnings};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EvalError {

@@ -14,7 +14,7 @@
 //! once the weights are updated.
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-use candle_core::{Module, Tensor};
+use candle_core::{DType, Module, Tensor};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use candle_transformers::models::bert::{Config, HiddenAct};
 
@@ -61,10 +61,11 @@ enum Dense {
 const INT8_BLOCK: usize = 256;
 
 impl Dense {
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+    /// The product of `x` (`[batch, len, inputs]`), whose sequences hold `lengths` real positions each.
+    fn forward(&self, x: &Tensor, lengths: &[usize]) -> candle_core::Result<Tensor> {
         match self {
             Dense::Float(linear) => linear.forward(x),
-            Dense::Blas(linear) => linear.forward(x),
+            Dense::Blas(linear) => linear.forward(x, lengths),
             Dense::Int8(linear) => linear.forward(x),
             Dense::Q8 { weight, pad: 0 } => weight.forward(x),
             Dense::Q8 { weight, pad } => weight.forward(&x.pad_with_zeros(candle_core::D::Minus1, 0, *pad)?),
@@ -117,9 +118,9 @@ enum Qkv {
 }
 
 impl Qkv {
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+    fn forward(&self, x: &Tensor, lengths: &[usize]) -> candle_core::Result<Tensor> {
         match self {
-            Qkv::Fused { dense, .. } => dense.forward(x),
+            Qkv::Fused { dense, .. } => dense.forward(x, lengths),
             Qkv::Parts { weights: [wq, wk, wv], biases: [bq, bk, bv], scale } => {
                 let weight = Tensor::cat(&[&(wq * *scale)?, wk, wv], 0)?;
                 let bias = Tensor::cat(&[&(bq * *scale)?, bk, bv], 0)?;
@@ -263,9 +264,15 @@ impl Encoder {
             Some(additive) => additive.reshape((batch, len))?,
             None => Tensor::zeros((batch, len), x.dtype(), x.device())?,
         };
+        let lengths = match mask {
+            Some(mask) => {
+                mask.to_dtype(DType::F32)?.sum(1)?.to_vec1::<f32>()?.into_iter().map(|l| l as usize).collect()
+            }
+            None => vec![len; batch],
+        };
         let mut x = x.clone();
         for layer in &self.layers {
-            x = self.layer(layer, &x, additive.as_ref(), &rows)?;
+            x = self.layer(layer, &x, additive.as_ref(), &rows, &lengths)?;
         }
         Ok(x)
     }
@@ -276,12 +283,13 @@ impl Encoder {
         x: &Tensor,
         additive: Option<&Tensor>,
         rows: &Tensor,
+        lengths: &[usize],
     ) -> candle_core::Result<Tensor> {
         let (batch, len, hidden) = x.dims3()?;
-        let qkv = layer.qkv.forward(x)?;
+        let qkv = layer.qkv.forward(x, lengths)?;
         // With BLAS loaded, one fused op (with its backward pass in training); else candle's chain.
         if let Some(context) = blas::attention(&qkv, rows, layer.qkv.bias(), self.heads, self.differentiable)? {
-            return self.feed_forward(layer, x, &context);
+            return self.feed_forward(layer, x, &context, lengths);
         }
         let qkv = match layer.qkv.bias() {
             Some(bias) => qkv.broadcast_add(bias)?,
@@ -296,22 +304,28 @@ impl Encoder {
         };
         let probs = kernels::softmax(&scores)?;
         let context = probs.matmul(&v)?.transpose(1, 2)?.contiguous()?.reshape((batch, len, hidden))?;
-        self.feed_forward(layer, x, &context)
+        self.feed_forward(layer, x, &context, lengths)
     }
 
     /// The rest of a layer after attention: output projection, residual and LayerNorm, then the feed-forward
     /// block with its own.
-    fn feed_forward(&self, layer: &Layer, x: &Tensor, context: &Tensor) -> candle_core::Result<Tensor> {
-        let x = self.add_norm(&layer.norm1, self.linear(context, &layer.out.0)?, &layer.out.1, x)?;
+    fn feed_forward(
+        &self,
+        layer: &Layer,
+        x: &Tensor,
+        context: &Tensor,
+        lengths: &[usize],
+    ) -> candle_core::Result<Tensor> {
+        let x = self.add_norm(&layer.norm1, self.linear(context, &layer.out.0, lengths)?, &layer.out.1, x)?;
         let (weight, bias) = &layer.inter;
-        let inner = self.linear(&x, weight)?;
+        let inner = self.linear(&x, weight, lengths)?;
         let inner = match self.act {
             HiddenAct::Gelu if self.differentiable => kernels::bias_gelu(&inner, bias)?,
             HiddenAct::Gelu => kernels::bias_gelu_in_place(inner, bias)?,
             HiddenAct::GeluApproximate => inner.broadcast_add(bias)?.gelu()?,
             HiddenAct::Relu => inner.broadcast_add(bias)?.relu()?,
         };
-        self.add_norm(&layer.norm2, self.linear(&inner, &layer.output.0)?, &layer.output.1, &x)
+        self.add_norm(&layer.norm2, self.linear(&inner, &layer.output.0, lengths)?, &layer.output.1, &x)
     }
 
     /// `LayerNorm(y + bias + residual)` of a projection `y` without its bias; in inference written over `y`,
@@ -326,11 +340,11 @@ impl Encoder {
 
     /// Inference keeps candle-nn's product with the weight broadcast over the batch (a few % faster here);
     /// training takes one product over all rows.
-    fn linear(&self, x: &Tensor, dense: &Dense) -> candle_core::Result<Tensor> {
+    fn linear(&self, x: &Tensor, dense: &Dense, lengths: &[usize]) -> candle_core::Result<Tensor> {
         if self.differentiable {
             affine(x, dense.float()?, None)
         } else {
-            dense.forward(x)
+            dense.forward(x, lengths)
         }
     }
 

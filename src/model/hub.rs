@@ -28,12 +28,15 @@ pub fn resolve(source: &str, offline: bool) -> Result<PathBuf, ModelError> {
     }
     let offline = offline || std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| !v.is_empty() && v != "0");
     if offline {
-        return from_cache(id, revision).ok_or_else(|| {
-            load_err(path, "offline (HF_HUB_OFFLINE) and not in the hub cache: download it once online")
-        });
+        return from_cache(id, revision)
+            .ok_or_else(|| load_err(path, format!("offline (HF_HUB_OFFLINE) and not in the hub cache: {FIXES}")));
     }
-    download(id, revision).map_err(|e| load_err(path, format!("fetching from the hub: {e}")))
+    download(id, revision).map_err(|e| load_err(path, format!("fetching from the hub: {e}; {FIXES}")))
 }
+
+/// What a user can do when a hub model cannot be had.
+const FIXES: &str = "fetch it once online (HF_HUB_OFFLINE unset, or HF_ENDPOINT naming a reachable mirror), or point \
+                     --model (LONGRANK_MODEL_PATH, [model] path) at a local model directory";
 
 /// `name` or `owner/name`, in the hub's characters.
 fn is_hub_id(id: &str) -> bool {

@@ -78,6 +78,19 @@ impl Pipeline {
     }
 }
 
+/// A pipeline as `/pipelines` lists it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct PipelineInfo {
+    pub name: &'static str,
+    /// Whether the pipeline re-ranks with a model.
+    pub needs_model: bool,
+    /// Whether a request can use it now (with the default model, for re-ranking pipelines).
+    pub available: bool,
+    /// Why not, when it is unavailable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
 /// How to rank: every ranking parameter, declared once. `/search`, `/rerank` and `/batch` take these fields
 /// at the top level of their JSON body (a multipart `/batch` as parts, `GET /search` the scalar ones as
 /// query parameters); `longrank search` and `longrank batch` take each as a `--kebab-case` flag, object-valued

@@ -34,6 +34,8 @@ impl Engine {
         rerank: Option<Run>,
     ) -> Result<BatchPlan, RankError> {
         let options = self.options(&params.params, Usage::Batch)?;
+        // An unavailable pipeline is refused now, as /search refuses it, not at the job's first topic.
+        self.model_for(&options)?;
         if rerank.is_some() && !options.pipeline.needs_model() {
             return Err(RankError::RerankingPipelineRequired {
                 what: "re-ranking a run",

@@ -32,8 +32,8 @@ use crate::progress::Progress;
 use crate::segment::SegmentOptions;
 
 pub use api::{
-    BatchParams, BestSegment, CollectionInfo, DocumentResponse, ModelTiming, Pipeline, RankParams, RerankDocument,
-    RerankRequest, RerankResponse, SearchHit, SearchRequest, SearchResponse, Timing,
+    BatchParams, BestSegment, CollectionInfo, DocumentResponse, ModelTiming, Pipeline, PipelineInfo, RankParams,
+    RerankDocument, RerankRequest, RerankResponse, SearchHit, SearchRequest, SearchResponse, Timing,
 };
 pub use batch::{BatchPlan, TopicRun};
 pub use error::RankError;
@@ -107,11 +107,51 @@ impl Engine {
     }
 
     /// The model a validated re-ranking uses (loaded on first use).
+    /// The model a validated re-ranking uses (loaded on first use), checked against its pipeline: a model
+    /// that could not be loaded, or `cobert` with a model that is not Co-BERT, makes the pipeline unavailable
+    /// (before any work).
     pub fn model_for(&self, options: &RankOptions) -> Result<Option<Arc<LoadedModel>>, RankError> {
-        match &options.rerank {
-            Some(rerank) => Ok(Some(self.models.get(&rerank.model, options.pipeline.name())?)),
-            None => Ok(None),
+        let Some(rerank) = &options.rerank else { return Ok(None) };
+        let unavailable = |reason: String| RankError::PipelineUnavailable {
+            pipeline: options.pipeline.name(),
+            model: rerank.model.clone(),
+            reason,
+        };
+        let model = match self.models.get(&rerank.model, options.pipeline.name()) {
+            Err(RankError::ModelUnavailable { reason, .. }) => return Err(unavailable(reason)),
+            result => result?,
+        };
+        if options.pipeline == Pipeline::CoBert && !matches!(model.served.model(), crate::model::Reranker::CoBert(_)) {
+            return Err(unavailable(format!(
+                "it needs a Co-BERT model (a directory with {}), and this is a {}",
+                crate::model::cobert::CONFIG_FILE,
+                model.kind()
+            )));
         }
+        Ok(Some(model))
+    }
+
+    /// Every pipeline, and whether a request can use it now with the default model (why not, if not).
+    pub fn pipelines(&self) -> Vec<PipelineInfo> {
+        Pipeline::ALL
+            .iter()
+            .map(|&pipeline| {
+                let params = RankParams { pipeline: Some(pipeline.name().into()), ..Default::default() };
+                let reason =
+                    self.options(&params, Usage::Search).and_then(|options| self.model_for(&options)).err().map(|e| {
+                        match e {
+                            RankError::PipelineUnavailable { reason, .. } => reason,
+                            e => e.to_string(),
+                        }
+                    });
+                PipelineInfo {
+                    name: pipeline.name(),
+                    needs_model: pipeline.needs_model(),
+                    available: reason.is_none(),
+                    reason,
+                }
+            })
+            .collect()
     }
 
     pub fn catalog(&self) -> &Arc<Catalog> {

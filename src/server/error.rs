@@ -77,7 +77,7 @@ codes! {
     BodyTooLarge = "body_too_large", 413, "The body is larger than `server.max_body_bytes`.";
     UnsupportedMediaType = "unsupported_media_type", 415, "The body is not JSON (or multipart where taken).";
     UnknownPipeline = "unknown_pipeline", 422, "No pipeline of that name.";
-    PipelineUnavailable = "pipeline_unavailable", 422, "The pipeline cannot run with this model (cobert without a Co-BERT model).";
+    PipelineUnavailable = "pipeline_unavailable", 422, "The pipeline cannot run now: its model could not be loaded, or is not what it needs (cobert without a Co-BERT model); the message says why.";
     ModelRequired = "model_required", 422, "A re-ranking pipeline, and no model is configured.";
     UnknownModel = "unknown_model", 422, "No model of that name.";
     NotABiEncoder = "not_a_bi_encoder", 422, "Only a bi-encoder's embeddings can be computed ahead.";
@@ -89,7 +89,7 @@ codes! {
     IndexError = "index_error", 500, "The index failed to answer.";
     NotReady = "not_ready", 503, "The server is still opening its indexes; retry after `Retry-After` seconds.";
     Timeout = "timeout", 503, "The request ran longer than `server.request_timeout_ms`.";
-    ModelUnavailable = "model_unavailable", 503, "The model could not be loaded (the message says why).";
+    ModelUnavailable = "model_unavailable", 503, "A model asked for by name outside a pipeline could not be loaded (the message says why).";
 }
 
 #[derive(Debug)]
@@ -343,19 +343,17 @@ mod tests {
     #[test]
     fn every_code_is_in_readmes_table_and_back() {
         let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-        let table: Vec<(String, u16)> = readme
+        let table: Vec<&str> = readme
             .lines()
             .skip_while(|l| !l.starts_with("| code | status |"))
             .skip(2)
             .take_while(|l| l.starts_with('|'))
-            .map(|l| {
-                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
-                (cells[1].trim_matches('`').to_string(), cells[2].parse().unwrap())
-            })
             .collect();
-        let codes: Vec<(String, u16)> =
-            ErrorCode::ALL.iter().map(|c| (c.as_str().to_string(), c.status().as_u16())).collect();
-        assert_eq!(table, codes, "README's table of error codes must list ErrorCode::ALL in order, with statuses");
+        let codes: Vec<String> = ErrorCode::ALL
+            .iter()
+            .map(|c| format!("| `{}` | {} | {} |", c.as_str(), c.status().as_u16(), c.description()))
+            .collect();
+        assert_eq!(table, codes, "README's table of error codes: ErrorCode::ALL in order, statuses and descriptions");
     }
 
     #[test]

@@ -12,7 +12,7 @@ use tokio::sync::{watch, Semaphore};
 use utoipa::ToSchema;
 
 use crate::config::Config;
-use crate::eval::{self, Comparison, EvalError, EvalOptions, Measure, Qrels, Run};
+use crate::eval::{self, Comparison, EvalError, EvalOptions, Measure, Qrels, Run, Warning};
 use crate::model::Cancel;
 use crate::rank::{BatchParams, BatchPlan, Engine, RankError};
 use crate::store::{JobRow, JobStatus, NewJob, Store, StoreError};
@@ -62,7 +62,8 @@ pub struct JobView {
     pub provenance: serde_json::Value,
     /// Present when qrels were given and the job is done.
     pub metrics: Option<Metrics>,
-    pub warnings: Vec<String>,
+    /// One per kind, with a count and the first ids.
+    pub warnings: Vec<Warning>,
     pub error: Option<String>,
 }
 
@@ -225,7 +226,7 @@ impl Jobs {
             self.store.add_topic(id, seq as i64, qid, &String::from_utf8_lossy(&text), ranked.flops).await?;
             crate::hooks::point("batch.topic");
         }
-        let (metrics, warnings) = self.evaluate(id, qrels.as_deref()).await?;
+        let (metrics, warnings) = self.evaluate(id, &plan, qrels.as_deref()).await?;
         let metrics = metrics.map(|m| serde_json::to_string(&m).unwrap_or_default());
         let warnings = serde_json::to_string(&warnings).unwrap_or_default();
         self.store.finish(id, JobStatus::Done, metrics.as_deref(), &warnings).await?;
@@ -233,14 +234,18 @@ impl Jobs {
     }
 
     /// Metrics of the run exactly as `GET /batch/{id}/run` serves it.
-    async fn evaluate(&self, id: &str, qrels: Option<&str>) -> Result<(Option<Metrics>, Vec<String>), JobError> {
-        let Some(qrels) = qrels else { return Ok((None, Vec::new())) };
+    /// The run's warnings, and its metrics when there are qrels.
+    async fn evaluate(
+        &self,
+        id: &str,
+        plan: &BatchPlan,
+        qrels: Option<&str>,
+    ) -> Result<(Option<Metrics>, Vec<Warning>), JobError> {
         let run = Run::parse(&self.store.run_text(id).await?, &eval::formats::upload_path("run"))?;
-        let qrels = Qrels::parse(qrels, &eval::formats::upload_path("qrels"))?;
-        let mut warnings = run.warnings.clone();
-        for qid in qrels.topics.keys().filter(|q| !run.topics.contains_key(*q)) {
-            warnings.push(format!("qrels topic {qid} is not in the run (left out of the means)"));
-        }
+        let qrels = qrels.map(|q| Qrels::parse(q, &eval::formats::upload_path("qrels"))).transpose()?;
+        let topics: Vec<&str> = plan.topics.iter().map(|t| t.qid.as_str()).collect();
+        let warnings = eval::warnings::of_batch(&run, &topics, qrels.as_ref()).list();
+        let Some(qrels) = qrels else { return Ok((None, warnings)) };
         let evaluation = eval::evaluate(&run, &qrels, &Measure::all(), EvalOptions::default());
         let per_topic = evaluation.per_topic.iter().map(|(q, v)| (q.clone(), v.iter().cloned().collect())).collect();
         Ok((Some(Metrics { all: evaluation.all_map(), per_topic }), warnings))

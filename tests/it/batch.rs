@@ -208,7 +208,24 @@ fn qrels_topics_missing_from_the_run_are_warnings_and_queued_jobs_cancel() {
     let job = post_json(&f.server.url("/batch?wait=true"), &body.to_string()).json();
     assert_eq!(job["status"], "done");
     assert_eq!(job["metrics"]["all"]["num_q"], 5.0);
-    assert_eq!(job["warnings"].as_array().unwrap().len(), 220, "{}", job["warnings"]);
+    // One warning for the 220 qrels topics the run lacks, with a count and the first ids; and one for a topic
+    // that retrieved nothing.
+    let warnings = job["warnings"].as_array().unwrap();
+    assert_eq!(warnings.len(), 1, "{}", job["warnings"]);
+    assert_eq!(
+        (warnings[0]["kind"].as_str(), warnings[0]["count"].as_u64()),
+        (Some("qrels_topic_not_in_run"), Some(220))
+    );
+    assert_eq!(warnings[0]["first"].as_array().unwrap().len(), 5);
+    let nothing = json!({"collection": "cranfield", "topics": format!("{topics}999\tzzzzqqq\n"), "qrels": read("cranfield/qrels.txt")});
+    let job = post_json(&f.server.url("/batch?wait=true"), &nothing.to_string()).json();
+    let kinds: Vec<&str> = job["warnings"].as_array().unwrap().iter().map(|w| w["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["retrieved_nothing", "qrels_topic_not_in_run"], "{}", job["warnings"]);
+    assert_eq!(job["warnings"][0]["first"], json!(["999"]));
+    assert!(job["warnings"][0]["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("1 topic retrieved nothing, so trec_eval leaves it out"));
 
     // One job at a time: the second waits in the queue behind a long first one, and cancels.
     let long = json!({"collection": "cranfield", "topics": many_topics(3000), "pipeline": "bm25+rm3", "k": 1000});
@@ -541,4 +558,26 @@ fn depth_does_not_follow_k_and_runs_continue_in_first_stage_order() {
         assert_eq!(tail, bm25[10..].iter().map(|(d, _)| d).collect::<Vec<_>>(), "topic {qid}: then BM25's order");
         assert!(docs.windows(2).skip(9).all(|w| w[1].1 < w[0].1), "topic {qid}: scores strictly below: {docs:?}");
     }
+}
+
+/// `longrank batch` against qrels of many more topics than it ran: one summarized warning line per kind.
+#[test]
+fn cli_batch_summarizes_warnings_one_line_per_kind() {
+    let f = fixture();
+    let topics = f.dir.path().join("few-topics.tsv");
+    let few: String = read("cranfield/topics.tsv").lines().take(3).map(|l| format!("{l}\n")).collect();
+    std::fs::write(&topics, few + "998\tzzzzqqq\n999\tqqqqzzz\n").unwrap();
+    let out = f.dir.path().join("few.run");
+    let args = ["batch", "--collection", "cranfield", "--topics", topics.to_str().unwrap()];
+    let qrels = data("cranfield/qrels.txt");
+    let printed = crate::common::cli(
+        f.dir.path(),
+        &[&args[..], &["--qrels", qrels.to_str().unwrap(), "--out", out.to_str().unwrap()]].concat(),
+    );
+    assert!(printed.status.success());
+    let stderr = String::from_utf8_lossy(&printed.stderr);
+    let warnings: Vec<&str> = stderr.lines().filter(|l| l.starts_with("warning: ")).collect();
+    assert_eq!(warnings.len(), 2, "{stderr}");
+    assert!(warnings[0].contains("2 topics retrieved nothing") && warnings[0].contains("998, 999"), "{stderr}");
+    assert!(warnings[1].contains("222 topics of the qrels not in the topic file"), "{stderr}");
 }

@@ -317,7 +317,8 @@ fn a_batch_run_shows_progress_then_metrics_and_compares() {
     assert_eq!(shown[2], 2, "both runs listed");
 }
 
-/// A server with keys: the page asks for one, then searches, follows a job and downloads its run with it.
+/// A server with keys: the page asks for one, then searches, follows a job (its warnings shown) and downloads its
+/// run with it.
 #[test]
 fn the_page_works_with_keys_downloads_included() {
     let dir = crate::fixtures::cranfield_data_dir();
@@ -327,7 +328,7 @@ fn the_page_works_with_keys_downloads_included() {
         "POST",
         &server.url("/batch?wait=true"),
         &[("content-type", "application/json"), ("authorization", &format!("Bearer {key}"))],
-        Some(r#"{"topics": "1\twing flutter\n2\theat transfer\n", "k": 5}"#),
+        Some(r#"{"topics": "1\twing flutter\n2\theat transfer\n3\tzzzzqqq\n", "k": 5}"#),
     );
     assert_eq!(job.status, 200, "{}", job.body);
     let id = job.json()["id"].as_str().unwrap().to_string();
@@ -344,6 +345,10 @@ fn the_page_works_with_keys_downloads_included() {
     let field = browser.wait_for("#key-form:not([hidden]) #key")[0].clone();
     browser.type_into(&field, &format!("{key}\u{E007}"));
     browser.wait_for("#job-download:not([hidden])");
+    // The job's warnings are shown as the server words them.
+    assert_eq!(browser.find_all("#job-warnings li").len(), 1);
+    let warning = browser.text(&browser.find_all("#job-warnings li")[0]);
+    assert!(warning.starts_with("1 topic retrieved nothing") && warning.ends_with(": 3"), "{warning}");
     // The run arrives through the page's own download (fetched with the key), caught as it is saved.
     browser.script(
         "URL.createObjectURL = (blob) => { blob.text().then((t) => { window.__run = t; }); return 'blob:caught'; }; \

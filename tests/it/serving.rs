@@ -73,7 +73,14 @@ fn hub_models_are_fetched_once_then_served_from_the_cache_offline() {
     assert!(pipelines["models"][0]["reason"].as_str().unwrap().contains("not in the hub cache"));
     let maxp = pipelines["pipelines"].as_array().unwrap().iter().find(|p| p["name"] == "maxp").unwrap();
     assert_eq!(maxp["available"], false);
-    post_json(&server.url("/search"), r#"{"query": "oil", "pipeline": "maxp"}"#).assert_error(503, "model_unavailable");
+    assert!(maxp["reason"].as_str().unwrap().contains("not in the hub cache"), "{maxp}");
+    // Refused where it is asked for, a job at its submission, with the same error.
+    post_json(&server.url("/search"), r#"{"query": "oil", "pipeline": "maxp"}"#)
+        .assert_error(422, "pipeline_unavailable");
+    post_json(&server.url("/rerank"), r#"{"query": "oil", "documents": [{"text": "oil"}]}"#)
+        .assert_error(422, "pipeline_unavailable");
+    post_json(&server.url("/batch"), r#"{"topics": "1\toil\n", "pipeline": "maxp"}"#)
+        .assert_error(422, "pipeline_unavailable");
     assert_eq!(post_json(&server.url("/search"), r#"{"query": "oil"}"#).status, 200);
 }
 
@@ -358,8 +365,10 @@ fn the_cobert_pipeline_rescores_maxp_candidates_with_its_heads() {
     assert_eq!(job["flops"]["total"].as_f64().unwrap(), 2.0 * co_flops, "{job}");
     let bm25 = json!({"topics": topics, "pipeline": "bm25"});
     assert!(post_json(&server.url("/batch?wait=true"), &bm25.to_string()).json().get("flops").is_none());
-    // A plain cross-encoder has no heads.
+    // A plain cross-encoder has no heads: cobert is unavailable with it, at a job's submission too.
     search("cobert", "plain").assert_error(422, "pipeline_unavailable");
+    let job = json!({"topics": topics, "pipeline": "cobert", "model": "plain"});
+    post_json(&server.url("/batch"), &job.to_string()).assert_error(422, "pipeline_unavailable");
 }
 
 /// MKL loads its parts on the first product and exits the process when one is missing (as a cache holding

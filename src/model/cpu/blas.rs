@@ -60,31 +60,54 @@ impl Blas {
     /// The pointers must hold matrices of those shapes (A: m × k, or k × m transposed; B: k × n, or n × k).
     unsafe fn product(&self, (m, n, k): (usize, usize, usize), a: Operand, b: Operand, c: *mut f32) {
         let c = Shared(c);
-        split(m, self.threads, |rows| {
-            let (a, b, c) = (a, b, c);
-            // Rows of op(A): rows of A, or columns of a transposed A (leading dimension m).
-            let (a_part, lda) =
-                if a.transposed { (a.data.add(rows.start), m) } else { (a.data.add(rows.start * k), k) };
-            let ldb = if b.transposed { k } else { n };
-            let trans = |t: bool| if t { TRANS } else { NO_TRANS };
-            (self.sgemm)(
-                ROW_MAJOR,
-                trans(a.transposed),
-                trans(b.transposed),
-                rows.len() as i32,
-                n as i32,
-                k as i32,
-                1.0,
-                a_part,
-                lda as i32,
-                b.data,
-                ldb as i32,
-                0.0,
-                c.0.add(rows.start * n),
-                n as i32,
-            )
-        })
+        split(m, self.threads, |rows| self.rows(rows, (m, n, k), a, b, c.ptr()))
     }
+
+    /// Rows `rows` of `C = op(A) · op(B)` as one one-threaded `sgemm`.
+    ///
+    /// # Safety
+    /// As `product`'s.
+    unsafe fn rows(
+        &self,
+        rows: std::ops::Range<usize>,
+        (m, n, k): (usize, usize, usize),
+        a: Operand,
+        b: Operand,
+        c: *mut f32,
+    ) {
+        // Rows of op(A): rows of A, or columns of a transposed A (leading dimension m).
+        let (a_part, lda) = if a.transposed { (a.data.add(rows.start), m) } else { (a.data.add(rows.start * k), k) };
+        let ldb = if b.transposed { k } else { n };
+        let trans = |t: bool| if t { TRANS } else { NO_TRANS };
+        (self.sgemm)(
+            ROW_MAJOR,
+            trans(a.transposed),
+            trans(b.transposed),
+            rows.len() as i32,
+            n as i32,
+            k as i32,
+            1.0,
+            a_part,
+            lda as i32,
+            b.data,
+            ldb as i32,
+            0.0,
+            c.add(rows.start * n),
+            n as i32,
+        )
+    }
+}
+
+/// The `sgemm` calls of a linear layer over one sequence of `len` rows: parts of about equal size, at most
+/// `CALL_ROWS` each, cut by `len` alone, so a sequence's rows go through the same calls in any batch. OpenBLAS
+/// sums a row in an order that depends on its place in the call (its kernels take rows twelve at a time, the
+/// rest by fours and ones): a batch cut by its own size would give a sequence other last bits than it has
+/// alone. Calls of 128 rows keep OpenBLAS's throughput within a few % (BENCHMARKS.md), and a sequence of 256
+/// tokens, alone in its batch, still spreads over two threads; padding rows are not computed at all.
+fn sequence_calls(len: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    const CALL_ROWS: usize = 128;
+    let size = len.div_ceil(len.div_ceil(CALL_ROWS).max(1)).max(1);
+    (0..len).step_by(size).map(move |start| start..len.min(start + size))
 }
 
 /// Runs `work` over `0..count` split into contiguous ranges, one per thread of rayon's pool (candle's own):
@@ -231,12 +254,21 @@ impl BlasLinear {
         Tensor::from_slice(&self.weight, (self.outputs, self.inputs), device)
     }
 
-    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        x.contiguous()?.apply_op1_no_bwd(self)
+    /// `x · Wᵀ` for `x` `[batch, len, inputs]` whose sequences have `lengths` real positions: each sequence's
+    /// rows in calls of their own (`sequence_calls`), so that its result has the same bits in any batch;
+    /// the rows of padding are zeros.
+    pub fn forward(&self, x: &Tensor, lengths: &[usize]) -> candle_core::Result<Tensor> {
+        x.contiguous()?.apply_op1_no_bwd(&Sequences { linear: self, lengths })
     }
 }
 
-impl CustomOp1 for BlasLinear {
+/// The op of `BlasLinear::forward`.
+struct Sequences<'a> {
+    linear: &'a BlasLinear,
+    lengths: &'a [usize],
+}
+
+impl CustomOp1 for Sequences<'_> {
     fn name(&self) -> &'static str {
         "blas-linear"
     }
@@ -247,19 +279,43 @@ impl CustomOp1 for BlasLinear {
             candle_core::bail!("blas-linear takes contiguous f32 inputs")
         };
         let x = &data[start..end];
-        let mut dims = layout.shape().dims().to_vec();
-        if dims.last() != Some(&self.inputs) {
-            candle_core::bail!("blas-linear: input {dims:?}, weight [{}, {}]", self.outputs, self.inputs);
+        let (n, k) = (self.linear.outputs, self.linear.inputs);
+        let &[batch, len, inputs] = layout.shape().dims() else {
+            candle_core::bail!("blas-linear takes [batch, len, inputs], not {:?}", layout.shape())
+        };
+        if inputs != k || self.lengths.len() != batch || self.lengths.iter().any(|&l| l > len) {
+            candle_core::bail!(
+                "blas-linear: input {:?}, weight [{n}, {k}], lengths {:?}",
+                layout.shape(),
+                self.lengths
+            );
         }
-        let rows = x.len() / self.inputs;
-        let (n, k) = (self.outputs, self.inputs);
-        let (x, weight) =
-            (Operand { data: x.as_ptr(), transposed: false }, Operand { data: self.weight.as_ptr(), transposed: true });
-        // SAFETY: x is rows × k, the weight n × k, the output rows × n.
-        let out = written(rows * n, |c| unsafe { blas.product((rows, n, k), x, weight, c) });
-        dims.pop();
-        dims.push(self.outputs);
-        Ok((CpuStorage::F32(out), Shape::from(dims)))
+        // Each sequence's rows in calls from its first, then the padding after it.
+        let calls: Vec<std::ops::Range<usize>> = self
+            .lengths
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &l)| sequence_calls(l).map(move |r| i * len + r.start..i * len + r.end))
+            .collect();
+        let rows = batch * len;
+        let (x, weight) = (
+            Operand { data: x.as_ptr(), transposed: false },
+            Operand { data: self.linear.weight.as_ptr(), transposed: true },
+        );
+        let out = written(rows * n, |c| {
+            let c = Shared(c);
+            // SAFETY: x is rows × k, the weight n × k, the output rows × n; the calls and the padding cover
+            // every row once.
+            split(calls.len(), blas.threads, |part| {
+                for call in &calls[part] {
+                    unsafe { blas.rows(call.clone(), (rows, n, k), x, weight, c.ptr()) }
+                }
+            });
+            for (i, &l) in self.lengths.iter().enumerate() {
+                unsafe { std::ptr::write_bytes(c.ptr().add((i * len + l) * n), 0, (len - l) * n) };
+            }
+        });
+        Ok((CpuStorage::F32(out), Shape::from((batch, len, n))))
     }
 }
 
@@ -635,7 +691,7 @@ pub(super) fn written(len: usize, write: impl FnOnce(*mut f32)) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{Device, Module};
+    use candle_core::{Device, IndexOp, Module};
 
     #[test]
     #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
@@ -643,6 +699,40 @@ mod tests {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
         let vendor = cpuinfo.lines().find_map(|l| l.strip_prefix("vendor_id")).unwrap();
         assert_eq!(intel_cpu(), vendor.trim_start_matches([' ', '\t', ':']) == "GenuineIntel", "{vendor}");
+    }
+
+    #[test]
+    fn a_sequence_is_cut_into_calls_by_its_length_alone() {
+        let calls = |len| sequence_calls(len).map(|r| (r.start, r.end)).collect::<Vec<_>>();
+        assert!(calls(0).is_empty());
+        assert_eq!(calls(5), [(0, 5)]);
+        assert_eq!(calls(128), [(0, 128)]);
+        assert_eq!(calls(129), [(0, 65), (65, 129)]);
+        assert_eq!(calls(256), [(0, 128), (128, 256)]);
+        assert_eq!(calls(300), [(0, 100), (100, 200), (200, 300)]);
+    }
+
+    /// A sequence's rows have the same bits alone and in any batch (padded to a longer one, after others):
+    /// what makes a pair's score independent of the batch the queue put it in, through OpenBLAS too.
+    #[test]
+    fn a_sequence_has_the_same_bits_alone_and_in_any_batch() {
+        let device = Device::Cpu;
+        let weight = Tensor::randn(0f32, 1.0, (1152, 384), &device).unwrap();
+        if !available_for(&weight) {
+            return;
+        }
+        let linear = BlasLinear::new(&weight).unwrap();
+        let lengths = [37, 300, 5, 261];
+        let longest = 300;
+        let batch = Tensor::randn(0f32, 1.0, (lengths.len(), longest, 384), &device).unwrap();
+        let together = linear.forward(&batch, &lengths).unwrap();
+        for (i, &l) in lengths.iter().enumerate() {
+            let alone = linear.forward(&batch.i((i..i + 1, ..l)).unwrap(), &[l]).unwrap();
+            let bits = |t: Tensor| {
+                t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            };
+            assert!(bits(alone) == bits(together.i((i..i + 1, ..l)).unwrap()), "sequence {i} of {l} rows");
+        }
     }
 
     #[test]
@@ -659,8 +749,15 @@ mod tests {
             return;
         }
         let want = candle_nn::Linear::new(weight.clone(), None).forward(&x).unwrap();
-        let got = BlasLinear::new(&weight).unwrap().forward(&x).unwrap();
+        let got = BlasLinear::new(&weight).unwrap().forward(&x, &[7, 3, 7]).unwrap();
         assert_eq!(got.dims(), [3, 7, 48]);
+        // The second sequence's padding rows are zeros, the real rows candle's.
+        let padding = got.i((1, 3..)).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert_eq!(padding, 0.0);
+        let want =
+            Tensor::cat(&[want.i((0, ..)).unwrap(), want.i((1, ..3)).unwrap(), want.i((2, ..)).unwrap()], 0).unwrap();
+        let got =
+            Tensor::cat(&[got.i((0, ..)).unwrap(), got.i((1, ..3)).unwrap(), got.i((2, ..)).unwrap()], 0).unwrap();
         let worst = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
         assert!(worst < 1e-4, "{worst}");
         // x · wᵀ on the graph: the values and both gradients as candle's.
