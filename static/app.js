@@ -5,11 +5,13 @@
 
 // ---- Navigation -----------------------------------------------------------------------------------------
 
-function navigate(state, replace) {
+// `mark` is kept as the history entry's state (a document opened from the results says so, so that its
+// "Back to results" can go back in history).
+function navigate(state, replace, mark = null) {
   const params = new URLSearchParams(Object.entries(state).filter(([, v]) => v !== undefined && v !== ""));
   const url = `/?${params}`;
-  if (replace) history.replaceState(null, "", url);
-  else history.pushState(null, "", url);
+  if (replace) history.replaceState(mark, "", url);
+  else history.pushState(mark, "", url);
   route();
 }
 
@@ -39,10 +41,19 @@ async function route() {
     return;
   }
   showView("search");
-  for (const key of ["q", "collection", "pipeline", "k", "depth"]) {
+  for (const key of SEARCH_KEYS) {
     if (params.get(key)) $(key).value = params.get(key);
   }
-  if (params.get("q")) await search(Object.fromEntries(params));
+  syncDepth("pipeline", "depth-label", "model-label");
+  const wanted = Object.fromEntries(params);
+  if (!wanted.q) return;
+  // The same search as the one shown (back from a document, say) is not run again.
+  const shown = () => lastSearch && searchKey(lastSearch.request) === searchKey(wanted);
+  if (shown()) abandonSearches();
+  else await search(wanted);
+  if (!shown()) return;
+  if (wanted.doc) await showDocument(wanted.doc);
+  else closeDocument();
 }
 
 $("search").addEventListener("submit", (event) => {
@@ -51,11 +62,15 @@ $("search").addEventListener("submit", (event) => {
   if (params.q) navigate(params);
 });
 $("close").addEventListener("click", () => {
-  $("document").hidden = true;
-  $("results").hidden = false;
-  const item = lastSearch && document.querySelector("#results li");
-  if (item) item.querySelector(".title").focus();
+  if (history.state && history.state.fromResults) history.back();
+  else {
+    const params = Object.fromEntries(new URLSearchParams(location.search));
+    delete params.doc;
+    navigate(params, true);
+  }
 });
+$("pipeline").addEventListener("change", () => syncDepth("pipeline", "depth-label", "model-label"));
+$("batch-pipeline").addEventListener("change", () => syncDepth("batch-pipeline", "batch-depth-label", "batch-model-label"));
 $("batch-form").addEventListener("submit", (event) => {
   event.preventDefault();
   startBatch();

@@ -11,10 +11,20 @@ const KEY_MEASURES = ["map", "recip_rank", "ndcg_cut_10", "P_10", "Rprec", "bpre
 const isKey = (m) => KEY_MEASURES.includes(m);
 const byKeyOrder = (a, b) => KEY_MEASURES.indexOf(a) - KEY_MEASURES.indexOf(b);
 
-function jobLabel(job) {
+// What a job ran: its pipeline and collection as recorded in its provenance (the defaults resolved).
+function jobRan(job) {
+  const prov = job.provenance || {};
   const p = job.params || {};
-  const when = job.created_at.replace("T", " ").slice(0, 19);
-  return `${p.pipeline || "bm25"} on ${p.collection || "default"} · ${when} · …${job.id.slice(-4)}`;
+  return {
+    pipeline: (prov.options && prov.options.pipeline) || p.pipeline || "bm25",
+    collection: (prov.collection && prov.collection.name) || p.collection || "default",
+    when: job.created_at.replace("T", " ").slice(0, 19),
+  };
+}
+
+function jobLabel(job) {
+  const { pipeline, collection, when } = jobRan(job);
+  return `${pipeline} on ${collection} · ${when} · …${job.id.slice(-4)}`;
 }
 
 async function loadJobs() {
@@ -27,9 +37,12 @@ async function loadJobs() {
     });
     const progress = el("progress", { max: Math.max(1, job.progress.total), value: job.progress.done });
     const map = job.metrics ? fmt(job.metrics.all.map, 4) : "–";
+    const { pipeline, collection, when } = jobRan(job);
     const row = el("tr", {},
       el("td", {}, open),
-      el("td", { textContent: (job.params && job.params.pipeline) || "bm25" }),
+      el("td", { textContent: pipeline }),
+      el("td", { textContent: collection }),
+      el("td", {}, el("time", { dateTime: job.created_at, textContent: when })),
       el("td", { textContent: job.status }),
       el("td", {}, progress, ` ${job.progress.done}/${job.progress.total}`),
       el("td", { textContent: map }));
@@ -38,12 +51,14 @@ async function loadJobs() {
   });
   $("jobs").tBodies[0].replaceChildren(...rows);
   const done = jobs.filter((j) => j.metrics);
+  // A and B default to two different runs: the older of the newest two as A, the newest as B.
+  const byAge = [...done].sort((x, y) => x.created_at.localeCompare(y.created_at) || x.id.localeCompare(y.id));
+  const defaults = { "compare-a": byAge[Math.max(0, byAge.length - 2)], "compare-b": byAge[byAge.length - 1] };
   for (const id of ["compare-a", "compare-b"]) {
     const current = $(id).value;
     $(id).replaceChildren(...done.map((j) => new Option(jobLabel(j), j.id)));
-    if (current) $(id).value = current;
+    $(id).value = done.some((j) => j.id === current) ? current : defaults[id] ? defaults[id].id : "";
   }
-  if (!$("compare-b").value && done.length > 1) $("compare-b").value = done[1].id;
   const measures = done.length ? Object.keys(done[0].metrics.all) : [];
   fillMeasures($("compare-measure"), measures);
 }
@@ -89,8 +104,9 @@ function renderJob(job) {
   currentJob = job;
   $("job").hidden = false;
   $("job-title").textContent = `Run ${job.id}`;
-  const p = job.params || {};
-  $("job-meta").textContent = `${job.status} · ${p.pipeline || "bm25"} on ${p.collection || "the default collection"} · k ${p.k || 1000} · created ${job.created_at}`;
+  const { pipeline, collection, when } = jobRan(job);
+  const k = (job.provenance && job.provenance.options && job.provenance.options.k) || (job.params || {}).k || 1000;
+  $("job-meta").textContent = `${job.status} · ${pipeline} on ${collection} · k ${k} · created ${when}`;
   $("job-progress").max = Math.max(1, job.progress.total);
   $("job-progress").value = job.progress.done;
   $("job-progress-text").textContent = `${job.progress.done} of ${job.progress.total} topics${job.error ? ` · ${job.error}` : ""}`;
@@ -152,8 +168,11 @@ async function startBatch() {
   if ($("qrels-file").files[0]) form.append("qrels", $("qrels-file").files[0]);
   form.append("collection", $("batch-collection").value);
   form.append("pipeline", $("batch-pipeline").value);
+  form.append("field", $("batch-field").value);
   form.append("k", $("batch-k").value);
-  form.append("depth", $("batch-depth").value);
+  // Depth and model only where they apply (the server refuses depth for a first-stage pipeline).
+  if (!$("batch-depth-label").hidden) form.append("depth", $("batch-depth").value);
+  if (!$("batch-model-label").hidden) form.append("model", $("batch-model").value);
   setStatus("batch-status", "Starting…", "loading");
   try {
     const job = await api("/batch", { method: "POST", body: form });
@@ -172,7 +191,7 @@ async function compareRuns(a, b, measure) {
       el("td", { textContent: fmt(c.mean_a, 4) }),
       el("td", { textContent: fmt(c.mean_b, 4) }),
       el("td", { className: c.delta > 0 ? "gain" : c.delta < 0 ? "loss" : "", textContent: (c.delta > 0 ? "+" : "") + fmt(c.delta, 4) }),
-      el("td", { textContent: c.p_value === null ? "–" : fmt(c.p_value, 4) }),
+      el("td", { textContent: fmtP(c.p_value) }),
       el("td", { textContent: `${c.wins} / ${c.ties} / ${c.losses}` }));
     const key = comparisons.filter((c) => isKey(c.measure)).sort((a, b) => byKeyOrder(a.measure, b.measure));
     $("compare-table").tBodies[0].replaceChildren(...key.map(row));
@@ -181,7 +200,7 @@ async function compareRuns(a, b, measure) {
     $("compare-result").hidden = false;
     if (chosen) {
       $("compare-chart-title").textContent = `${chosen.measure}: B − A per topic, largest gain first`;
-      barChart($("compare-chart"), chosen.per_topic_delta, `${chosen.wins} wins, ${chosen.ties} ties, ${chosen.losses} losses over ${chosen.topics} topics`);
+      barChart($("compare-chart"), chosen.per_topic_delta.map((d) => [d.qid, d.delta]), `${chosen.wins} wins, ${chosen.ties} ties, ${chosen.losses} losses over ${chosen.topics} topics`);
     }
   } catch (e) {
     setStatus("batch-status", e.message, "error");

@@ -15,6 +15,10 @@ const svgEl = (tag, attrs = {}) => {
   return node;
 };
 const fmt = (x, digits = 3) => (typeof x === "number" ? x.toFixed(digits) : "–");
+// A p-value as the CLI prints it: four decimals, "<0.0001" below.
+const fmtP = (p) => (typeof p !== "number" ? "–" : p < 0.0001 ? "<0.0001" : p.toFixed(4));
+// "1 result", "2 results".
+const counted = (n, noun) => `${n.toLocaleString()} ${noun}${n === 1 ? "" : "s"}`;
 
 function setStatus(id, text, kind) {
   $(id).textContent = text;

@@ -4,24 +4,50 @@
 
 // ---- Search view ----------------------------------------------------------------------------------------
 
-let pipelines = [];
+// name -> {needs_model, available, reason}, and model name -> source, from /pipelines.
+let pipelineInfo = {};
+let modelSources = {};
 let lastSearch = null;
 // Only the newest search may render: an older one answering late (after back, say) is dropped.
 let searchSeq = 0;
 
 async function loadOptions() {
   const [collections, available] = await Promise.all([api("/collections"), api("/pipelines")]);
-  pipelines = available.pipelines.filter((p) => p.available).map((p) => p.name);
+  pipelineInfo = Object.fromEntries(available.pipelines.map((p) => [p.name, p]));
+  modelSources = Object.fromEntries(available.models.map((m) => [m.name, m.source]));
   for (const id of ["collection", "batch-collection"]) {
-    $(id).replaceChildren(...collections.map((c) => new Option(`${c.name} (${c.documents.toLocaleString()} docs)`, c.name)));
+    $(id).replaceChildren(...collections.map((c) => new Option(`${c.name} (${counted(c.documents, "doc")})`, c.name)));
   }
+  // Every pipeline is listed; one that cannot run now is disabled and says why (a URL may still name it:
+  // the search then answers with the server's reason).
   for (const id of ["pipeline", "batch-pipeline"]) {
-    $(id).replaceChildren(...pipelines.map((p) => new Option(p, p)));
+    $(id).replaceChildren(...available.pipelines.map((p) => {
+      const option = new Option(p.available ? p.name : `${p.name} (unavailable)`, p.name);
+      option.disabled = !p.available;
+      if (p.reason) option.title = p.reason;
+      return option;
+    }));
+    $(id).value = "bm25";
   }
+  // A model menu when the server has more than one model (`[model.named]`).
+  for (const [select, label] of [["model", "model-label"], ["batch-model", "batch-model-label"]]) {
+    $(select).replaceChildren(...available.models.map((m) => new Option(`${m.name} (${m.source})`, m.name)));
+    $(label).hidden = available.models.length < 2;
+  }
+  syncDepth("pipeline", "depth-label", "model-label", available.models.length);
+  syncDepth("batch-pipeline", "batch-depth-label", "batch-model-label", available.models.length);
   const unavailable = available.models.filter((m) => m.state === "unavailable");
   if (unavailable.length) {
     setStatus("status", `Re-ranking is unavailable: ${unavailable.map((m) => `${m.name}: ${m.reason}`).join("; ")}`, "error");
   }
+}
+
+// Depth and the model menu only for pipelines that re-rank.
+function syncDepth(pipeline, depthLabel, modelLabel, models = Object.keys(modelSources).length) {
+  const info = pipelineInfo[$(pipeline).value];
+  const reranks = Boolean(info && info.needs_model);
+  $(depthLabel).hidden = !reranks;
+  $(modelLabel).hidden = !reranks || models < 2;
 }
 
 function segmentColor(score, lo, hi) {
@@ -30,34 +56,72 @@ function segmentColor(score, lo, hi) {
   return `hsl(210 70% ${92 - 52 * t}%)`;
 }
 
+// Segments a strip shows one button each; a longer document's strip shows groups of neighbouring segments
+// (each coloured by its best), and a second strip zooms into the chosen group.
+const STRIP_BUTTONS = 40;
+
 function renderEvidence(hit, pattern, passage) {
   const segments = hit.segments;
   const scores = segments.map((s) => s.score);
   const lo = Math.min(...scores);
   const hi = Math.max(...scores);
-  const strip = el("div", { className: "strip", role: "group" });
-  strip.setAttribute("aria-label", `Scores of ${segments.length} segments across the document`);
-  const show = (segment, button) => {
-    strip.querySelectorAll(".seg").forEach((b) => b.setAttribute("aria-pressed", String(b === button)));
+  const strip = (label, className) => {
+    const node = el("div", { className, role: "group" });
+    node.setAttribute("aria-label", label);
+    return node;
+  };
+  const button = (className, title, start, end, score) => {
+    const node = el("button", { type: "button", className, title });
+    node.style.flexGrow = String(Math.max(1, end - start));
+    node.style.background = segmentColor(score, lo, hi);
+    node.setAttribute("aria-label", title);
+    return node;
+  };
+  const show = (segment, pressed, within) => {
+    within.querySelectorAll(".seg").forEach((b) => b.setAttribute("aria-pressed", String(b === pressed)));
     const label = segment.index === hit.best_segment.index ? "Best segment" : "Segment";
     passage.replaceChildren(
       el("span", { className: "passage-label", textContent: `${label} ${segment.index + 1} of ${segments.length} · score ${fmt(segment.score)}` }),
       el("span", {}, ...highlighted(segment.text, pattern)),
     );
   };
-  for (const segment of segments) {
-    const button = el("button", { type: "button", className: "seg" });
-    button.style.flexGrow = String(Math.max(1, segment.end - segment.start));
-    button.style.background = segmentColor(segment.score, lo, hi);
-    button.dataset.index = segment.index;
-    button.title = `Segment ${segment.index + 1}: ${fmt(segment.score)}`;
-    button.setAttribute("aria-label", button.title);
-    button.addEventListener("click", () => show(segment, button));
-    strip.append(button);
-  }
+  // One button per segment of `part` into `container`; shows `first` (or the part's best).
+  const fill = (container, part, first) => {
+    container.replaceChildren();
+    for (const segment of part) {
+      const node = button("seg", `Segment ${segment.index + 1}: ${fmt(segment.score)}`, segment.start, segment.end, segment.score);
+      node.dataset.index = segment.index;
+      node.addEventListener("click", () => show(segment, node, container));
+      container.append(node);
+    }
+    const chosen = first || part.reduce((a, b) => (b.score > a.score ? b : a));
+    show(chosen, container.children[part.indexOf(chosen)], container);
+  };
   const best = segments.find((s) => s.index === hit.best_segment.index);
-  show(best, strip.children[segments.indexOf(best)]);
-  return strip;
+  if (segments.length <= STRIP_BUTTONS) {
+    const flat = strip(`Scores of ${segments.length} segments across the document`, "strip");
+    fill(flat, segments, best);
+    return flat;
+  }
+  const size = Math.ceil(segments.length / STRIP_BUTTONS);
+  const groups = [];
+  for (let i = 0; i < segments.length; i += size) groups.push(segments.slice(i, i + size));
+  const overview = strip(`Scores of ${segments.length} segments across the document, in ${groups.length} groups`, "strip overview");
+  const zoom = strip("The chosen group's segments", "strip zoom");
+  const open = (group, node, first) => {
+    overview.querySelectorAll(".group").forEach((b) => b.setAttribute("aria-pressed", String(b === node)));
+    fill(zoom, group, first);
+  };
+  groups.forEach((group) => {
+    const top = Math.max(...group.map((s) => s.score));
+    const last = group[group.length - 1];
+    const node = button("group", `Segments ${group[0].index + 1}–${last.index + 1}: best ${fmt(top)}`, group[0].start, last.end, top);
+    node.addEventListener("click", () => open(group, node));
+    overview.append(node);
+  });
+  const home = groups.findIndex((g) => g.includes(best));
+  open(groups[home], overview.children[home], best);
+  return el("div", { className: "strips" }, overview, zoom);
 }
 
 function renderResults(response, request) {
@@ -70,16 +134,22 @@ function renderResults(response, request) {
   }
   parts.push(`total ${fmt(t.total_ms, 1)} ms`);
   $("timing").textContent = parts.join(" · ");
-  if (response.results.length === 0) {
-    setStatus("status", "No document matches this query.");
-    return;
-  }
-  const model = response.model ? ` re-ranked by ${response.model}` : "";
-  setStatus("status", `${response.results.length} results from ${response.collection}, ${response.pipeline}${model}.`);
+  const expansion = response.expansion || [];
+  $("expansion").hidden = expansion.length === 0;
+  $("expansion").textContent = `RM3 searched with: ${expansion.map((t) => `${t.term} ${fmt(t.weight, 3)}`).join(" · ")}`;
+  const model = response.model
+    ? `, re-ranked by the model ${response.model}${modelSources[response.model] ? ` (${modelSources[response.model]})` : ""}`
+    : "";
+  const summary = response.results.length === 0
+    ? "No document matches this query."
+    : `${counted(response.results.length, "result")} from ${response.collection}, ${response.pipeline}${model}.`;
+  lastSearch = { response, request, summary };
+  setStatus("status", summary);
+  if (response.results.length === 0) return;
   const pattern = queryPattern(response.query);
   for (const hit of response.results) {
     const title = el("button", { type: "button", className: "title", textContent: hit.title || hit.docid });
-    title.addEventListener("click", () => showDocument(hit, response.collection, pattern));
+    title.addEventListener("click", () => navigate({ ...request, doc: hit.docid }, false, { fromResults: true }));
     const scores = [`score ${fmt(hit.score)}`];
     if (hit.first_stage_score !== undefined) scores.push(`BM25 ${fmt(hit.first_stage_score)}`);
     if (hit.model_score !== undefined && hit.model_score !== hit.score) scores.push(`model ${fmt(hit.model_score)}`);
@@ -95,18 +165,25 @@ function renderResults(response, request) {
     item.dataset.docid = hit.docid;
     list.append(item);
   }
-  lastSearch = { response, request };
 }
 
+// The search as URL parameters: depth and model only for pipelines that re-rank.
 function searchParams() {
+  const info = pipelineInfo[$("pipeline").value];
+  const reranks = Boolean(info && info.needs_model);
   return {
     q: $("q").value.trim(),
     collection: $("collection").value,
     pipeline: $("pipeline").value,
+    model: reranks && !$("model-label").hidden ? $("model").value : undefined,
     k: $("k").value,
-    depth: $("depth").value,
+    depth: reranks ? $("depth").value : undefined,
   };
 }
+
+// The parameters that make a search (not the open document): equal keys, the same results.
+const SEARCH_KEYS = ["q", "collection", "pipeline", "model", "k", "depth"];
+const searchKey = (params) => SEARCH_KEYS.map((k) => params[k] || "").join("\u0000");
 
 async function search(params) {
   const seq = ++searchSeq;
@@ -119,6 +196,7 @@ async function search(params) {
     query: params.q,
     collection: params.collection || undefined,
     pipeline: params.pipeline || undefined,
+    model: params.model || undefined,
     k: Number(params.k) || undefined,
     depth: Number(params.depth) || undefined,
     segment_text: true,
@@ -129,7 +207,7 @@ async function search(params) {
       headers: { "content-type": "application/json" },
       body: JSON.stringify(body),
     });
-    if (seq === searchSeq) renderResults(response, params);
+    if (seq === searchSeq) renderResults(response, Object.fromEntries(SEARCH_KEYS.map((k) => [k, params[k]])));
   } catch (e) {
     if (seq !== searchSeq) return;
     $("results").replaceChildren();
@@ -139,7 +217,25 @@ async function search(params) {
   }
 }
 
-async function showDocument(hit, collection, pattern) {
+// Drops a search still under way: the URL no longer asks for it (Back while it ran).
+function abandonSearches() {
+  searchSeq++;
+  $("results").removeAttribute("aria-busy");
+}
+
+function closeDocument() {
+  $("document").hidden = true;
+  $("results").hidden = false;
+  if (lastSearch) setStatus("status", lastSearch.summary);
+}
+
+// The document view of `docid` from the last search (its best segment marked when it is one of the results;
+// a shared URL may name any document of the collection).
+async function showDocument(docid) {
+  const { response } = lastSearch;
+  const collection = response.collection;
+  const pattern = queryPattern(response.query);
+  const hit = response.results.find((h) => h.docid === docid) || { docid };
   setStatus("status", "Opening the document…", "loading");
   try {
     const doc = await api(`/documents/${encodeURIComponent(hit.docid)}?collection=${encodeURIComponent(collection)}`);

@@ -47,7 +47,14 @@ pub struct Comparison {
     pub ties: usize,
     pub losses: usize,
     /// Per-topic b - a, largest gain first.
-    pub per_topic_delta: Vec<(String, f64)>,
+    pub per_topic_delta: Vec<TopicDelta>,
+}
+
+/// One topic's b - a.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct TopicDelta {
+    pub qid: String,
+    pub delta: f64,
 }
 
 /// Compares two evaluations measure by measure (counts such as num_ret, and gm_map and gm_bpref, are skipped).
@@ -74,8 +81,9 @@ pub fn compare(a: &Evaluation, b: &Evaluation) -> Vec<Comparison> {
             let (mean_a, mean_b) = (mean(&|p| p.1), mean(&|p| p.2));
             let xs: Vec<f64> = paired.iter().map(|p| p.1).collect();
             let ys: Vec<f64> = paired.iter().map(|p| p.2).collect();
-            let mut per_topic_delta: Vec<(String, f64)> = paired.iter().map(|(q, x, y)| (q.clone(), y - x)).collect();
-            per_topic_delta.sort_by(|x, y| y.1.total_cmp(&x.1).then_with(|| x.0.cmp(&y.0)));
+            let mut per_topic_delta: Vec<TopicDelta> =
+                paired.iter().map(|(q, x, y)| TopicDelta { qid: q.clone(), delta: y - x }).collect();
+            per_topic_delta.sort_by(|x, y| y.delta.total_cmp(&x.delta).then_with(|| x.qid.cmp(&y.qid)));
             Comparison {
                 topics: n,
                 mean_a,

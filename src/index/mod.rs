@@ -23,7 +23,7 @@ use tantivy::{DocAddress, Index, IndexReader, ReloadPolicy, Searcher, TantivyDoc
 
 pub use bm25::{Bm25Params, CollectionStats};
 pub use build::{build, searchable_text, BuildOptions, BuildReport, OnError};
-pub use rm3::Rm3Params;
+pub use rm3::{Expanded, Rm3Params};
 
 #[derive(Debug, thiserror::Error)]
 pub enum IndexError {

@@ -30,13 +30,19 @@ impl Default for Rm3Params {
 /// Anserini skips feedback terms found in more than this share of documents (its stop-word heuristic).
 const MAX_DF_RATIO: f32 = 0.1;
 
+/// What RM3 retrieved, and the weighted query it searched with (analyzed terms, heaviest first).
+pub struct Expanded {
+    pub hits: Vec<Hit>,
+    pub terms: Vec<(String, f32)>,
+}
+
 impl Snapshot<'_> {
     /// BM25 with RM3 expansion: retrieve, build the relevance model from the top `fb_docs`, search again
     /// with the interpolated weighted query.
-    pub fn search_rm3(&self, query: &str, k: usize, bm25: Bm25Params, rm3: Rm3Params) -> Result<Vec<Hit>, IndexError> {
+    pub fn search_rm3(&self, query: &str, k: usize, bm25: Bm25Params, rm3: Rm3Params) -> Result<Expanded, IndexError> {
         let first = self.search(query, rm3.fb_docs.max(1), bm25)?;
-        let expanded = self.expand(query, &first, rm3)?;
-        self.search_weighted(&expanded, k, bm25)
+        let terms = self.expand(query, &first, rm3)?;
+        Ok(Expanded { hits: self.search_weighted(&terms, k, bm25)?, terms })
     }
 
     /// The interpolated query: `w * P(t|q) + (1 - w) * P(t|R)`, terms sorted by weight.

@@ -196,7 +196,20 @@ pub struct SearchResponse {
     /// Wall time inside the pipeline, milliseconds.
     pub took_ms: f64,
     pub timing: Timing,
+    /// The query RM3 searched with (`bm25+rm3`): the original terms and the expansion terms, as the index
+    /// holds them (stemmed), with their weights, heaviest first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expansion: Option<Vec<ExpansionTerm>>,
     pub results: Vec<SearchHit>,
+}
+
+/// One term of RM3's weighted query.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ExpansionTerm {
+    #[schema(example = "flutter")]
+    pub term: String,
+    #[schema(example = 0.31)]
+    pub weight: f32,
 }
 
 /// Where the time went, milliseconds.
@@ -211,16 +224,21 @@ pub struct Timing {
     pub total_ms: f64,
 }
 
-/// What the model cost a request.
+/// What the model cost a request. Its fields are optional in the schema because `/search` flattens them
+/// into `timing` only for re-ranking pipelines; `/rerank` always has them.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ModelTiming {
     /// Waiting in the model's queue behind other requests.
+    #[schema(required = false)]
     pub queue_ms: f64,
     /// Forward passes that carried this request's pairs.
+    #[schema(required = false)]
     pub inference_ms: f64,
     /// (query, segment) pairs the request needed.
+    #[schema(required = false)]
     pub pairs: usize,
     /// Of those, pairs the model computed (the rest came from caches).
+    #[schema(required = false)]
     pub computed: usize,
     /// FLOPs of the model passes behind the scores, from the model's shape and each pair's word pieces,
     /// cached pairs included (cross-encoders).

@@ -32,8 +32,8 @@ use crate::progress::Progress;
 use crate::segment::SegmentOptions;
 
 pub use api::{
-    BatchParams, BestSegment, CollectionInfo, DocumentResponse, ModelTiming, Pipeline, PipelineInfo, RankParams,
-    RerankDocument, RerankRequest, RerankResponse, SearchHit, SearchRequest, SearchResponse, Timing,
+    BatchParams, BestSegment, CollectionInfo, DocumentResponse, ExpansionTerm, ModelTiming, Pipeline, PipelineInfo,
+    RankParams, RerankDocument, RerankRequest, RerankResponse, SearchHit, SearchRequest, SearchResponse, Timing,
 };
 pub use batch::{BatchPlan, TopicRun};
 pub use error::RankError;
@@ -106,7 +106,6 @@ impl Engine {
         &self.models
     }
 
-    /// The model a validated re-ranking uses (loaded on first use).
     /// The model a validated re-ranking uses (loaded on first use), checked against its pipeline: a model
     /// that could not be loaded, or `cobert` with a model that is not Co-BERT, makes the pipeline unavailable
     /// (before any work).
@@ -167,7 +166,7 @@ impl Engine {
         let model = self.model_for(&options)?;
         // Every read of the request through one view of the collection.
         let snapshot = collection.snapshot();
-        let hits = self.retrieve(&snapshot, query, &options)?;
+        let (hits, expansion) = self.retrieve(&snapshot, query, &options)?;
         let retrieve_ms = ms(started);
         let (ranked, model_timing) = match &model {
             Some(model) => {
@@ -193,6 +192,7 @@ impl Engine {
             model: model.map(|m| m.name.clone()),
             took_ms: total_ms,
             timing: Timing { retrieve_ms, rerank_ms, model: model_timing, total_ms },
+            expansion,
             results,
         })
     }
@@ -349,7 +349,7 @@ impl Engine {
         cancel: &Cancel,
     ) -> Result<Ranking, RankError> {
         let model = self.model_for(options)?;
-        let hits = self.retrieve(snapshot, query, options)?;
+        let (hits, _) = self.retrieve(snapshot, query, options)?;
         match model {
             Some(model) => Ok(self.rerank_hits(snapshot, &model, query, options, hits, cancel)?.into()),
             None => Ok(Ranking { ranked: first_stage(hits), flops: None }),
@@ -455,12 +455,22 @@ impl Engine {
         })
     }
 
-    /// The first stage of a pipeline: at least `k` (and `depth`) hits, best first.
-    pub fn retrieve(&self, snapshot: &Snapshot, query: &str, options: &RankOptions) -> Result<Vec<Hit>, RankError> {
+    /// The first stage of a pipeline: at least `k` (and `depth`) hits, best first, and RM3's expanded query
+    /// for `bm25+rm3`.
+    pub fn retrieve(
+        &self,
+        snapshot: &Snapshot,
+        query: &str,
+        options: &RankOptions,
+    ) -> Result<(Vec<Hit>, Option<Vec<ExpansionTerm>>), RankError> {
         let n = options.rerank.as_ref().map_or(options.k, |r| r.depth.max(options.k));
         Ok(match options.pipeline {
-            Pipeline::Bm25Rm3 => snapshot.search_rm3(query, n, options.bm25, options.rm3)?,
-            _ => snapshot.search(query, n, options.bm25)?,
+            Pipeline::Bm25Rm3 => {
+                let expanded = snapshot.search_rm3(query, n, options.bm25, options.rm3)?;
+                let terms = expanded.terms.into_iter().map(|(term, weight)| ExpansionTerm { term, weight });
+                (expanded.hits, Some(terms.collect()))
+            }
+            _ => (snapshot.search(query, n, options.bm25)?, None),
         })
     }
 

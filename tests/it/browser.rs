@@ -201,10 +201,17 @@ fn search_shows_segment_evidence_and_the_best_segment_in_the_document() {
     let docids = browser.script("return [...document.querySelectorAll('#results li')].map(li => li.dataset.docid)");
     let want: Vec<Value> = hits.iter().map(|h| h["docid"].clone()).collect();
     assert_eq!(docids.as_array().unwrap(), &want);
-    // One strip button per segment, and the passage shown first is the best segment.
+    // The strip shows every segment (one button each, or groups of them past 40), and the passage shown first
+    // is the best segment.
     let first = &hits[0];
+    let count = first["segments"].as_array().unwrap().len();
+    let shown = browser.script(
+        "return [document.querySelectorAll('#results li:first-child .strip.overview .group').length, \
+         document.querySelectorAll('#results li:first-child .strip:not(.overview):not(.zoom) .seg').length]",
+    );
+    let expected = if count > 40 { json!([count.div_ceil(count.div_ceil(40)), 0]) } else { json!([0, count]) };
+    assert_eq!(shown, expected, "{count} segments");
     let strip = browser.find_all("#results li:first-child .strip .seg");
-    assert_eq!(strip.len(), first["segments"].as_array().unwrap().len());
     let passage_text = || {
         let shown = browser
             .script("return document.querySelector('#results li:first-child .passage span:last-child').textContent");
@@ -214,14 +221,12 @@ fn search_shows_segment_evidence_and_the_best_segment_in_the_document() {
     assert_eq!(passage_text(), best_text);
     // Clicking another segment shows its text.
     if strip.len() > 1 {
-        let other = first["segments"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["index"] != first["best_segment"]["index"])
-            .unwrap();
-        let button = &strip[other["index"].as_u64().unwrap() as usize];
-        browser.click(button);
+        let indices = browser.script(
+            "return [...document.querySelectorAll('#results li:first-child .strip .seg')].map(b => Number(b.dataset.index))",
+        );
+        let at = indices.as_array().unwrap().iter().position(|i| *i != first["best_segment"]["index"]).unwrap();
+        let other = &first["segments"][indices[at].as_u64().unwrap() as usize];
+        browser.click(&strip[at]);
         assert_eq!(passage_text(), other["text"].as_str().unwrap());
     }
     // The title opens the document with the best segment highlighted (byte offsets turned into UTF-16).
@@ -231,6 +236,23 @@ fn search_shows_segment_evidence_and_the_best_segment_in_the_document() {
     let shown = browser.script("return document.getElementById('best-segment').textContent");
     assert_eq!(shown.as_str().unwrap(), best_text);
     assert!(!browser.text(&best).is_empty());
+    // The document view has a URL of its own; Back returns to the results (not run again), and that URL
+    // opened afresh shows the document.
+    let doc_url = browser.script("return location.href").as_str().unwrap().to_string();
+    assert!(doc_url.contains(&format!("doc={}", first["docid"].as_str().unwrap())), "{doc_url}");
+    browser.script("window.__searches = 0; const f = window.fetch; window.fetch = (...a) => { if (String(a[0]).startsWith('/search')) window.__searches++; return f(...a); };");
+    browser.call("POST", "/back", Some(json!({})));
+    browser.wait_for("#document[hidden]");
+    let state = browser.script(
+        "return [location.search.includes('doc='), document.getElementById('results').hidden,          document.querySelectorAll('#results li').length, window.__searches]",
+    );
+    assert_eq!(state, json!([false, false, hits.len(), 0]), "back from the document");
+    browser.goto(&doc_url);
+    browser.wait_for("#document:not([hidden]) #doc-text mark.best");
+    // "Back to results" does the same.
+    browser.click(&browser.find_all("#close")[0]);
+    browser.wait_for("#document[hidden]");
+    assert!(!browser.script("return location.search").as_str().unwrap().contains("doc="));
     // The URL holds the search, and the back button returns to the previous one.
     let url = browser.script("return location.search").as_str().unwrap().to_string();
     assert!(url.contains("q=oil+industry+history") && url.contains("pipeline=maxp"), "{url}");
@@ -261,12 +283,132 @@ fn search_shows_segment_evidence_and_the_best_segment_in_the_document() {
     assert!(status.as_str().unwrap().contains("k must be between 1 and"), "{status}");
 }
 
+/// What the page says about a search: every pipeline in the menu (depth and the model menu only for those that
+/// re-rank), the model by name and source, RM3's expanded query, result counts in words, and a strip of many
+/// segments as groups with a zoom.
+#[test]
+fn the_page_explains_pipelines_models_expansion_and_long_strips() {
+    let models = tempfile::tempdir().unwrap();
+    let (one, other) = (models.path().join("one"), models.path().join("other"));
+    crate::fixtures::tiny_cross_encoder(&one, 31);
+    crate::fixtures::tiny_cross_encoder(&other, 37);
+    let dir = tempfile::tempdir().unwrap();
+    let gov2 = data("trec-format-samples/gov2-style/GX000");
+    cli_ok(dir.path(), &["index", "--collection", "gov2", gov2.to_str().unwrap()]);
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[model]\npath = {:?}\n[model.named]\nother = {:?}\n[model.segments]\nstrategy = \"windows\"\nwords = 8\nstride = 8\n",
+            one.to_str().unwrap(),
+            other.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    // The harness sets LONGRANK_MODEL_PATH (to none); the same model as the file's.
+    let env = [("LONGRANK_CONFIG", config.to_str().unwrap()), ("LONGRANK_MODEL_PATH", one.to_str().unwrap())];
+    let server = TestServer::start(dir.path(), &env).wait_ready();
+    let browser = Browser::start("explains");
+    browser.goto(&server.url("/"));
+    browser.wait_for("#pipeline option[value=cobert]");
+    let menu = browser.script(
+        "const p = document.getElementById('pipeline'); return [p.options.length, \
+         document.getElementById('depth-label').hidden, document.getElementById('model-label').hidden]",
+    );
+    assert_eq!(menu, json!([7, true, true]), "bm25: every pipeline listed, no depth, no model menu");
+    browser.script(
+        "const p = document.getElementById('pipeline'); p.value = 'maxp'; p.dispatchEvent(new Event('change'));",
+    );
+    let menu = browser.script(
+        "return [document.getElementById('depth-label').hidden, document.getElementById('model-label').hidden, \
+         [...document.getElementById('model').options].map(o => o.value), \
+         document.querySelector('#pipeline option[value=cobert]').disabled]",
+    );
+    assert_eq!(menu, json!([false, false, ["default", "other"], true]), "maxp: depth and both models; cobert disabled");
+
+    // The model menu's choice reaches the request, and the status names the model and its source.
+    browser.script("document.getElementById('model').value = 'other'");
+    browser.type_into(&browser.find_all("#q")[0], "oil industry history\u{E007}");
+    browser.wait_for("#results li[data-docid]");
+    let api = post_json(
+        &server.url("/search"),
+        r#"{"query": "oil industry history", "pipeline": "maxp", "model": "other", "k": 10, "depth": 20, "segment_text": true}"#,
+    )
+    .json();
+    let n = api["results"].as_array().unwrap().len();
+    assert!(n > 1);
+    let status = browser.text(&browser.find_all("#status")[0]);
+    let other_dir = other.to_str().unwrap();
+    assert_eq!(status, format!("{n} results from gov2, maxp, re-ranked by the model other ({other_dir})."));
+    assert!(browser.script("return location.search").as_str().unwrap().contains("model=other"));
+
+    // A document of more than 40 segments: a strip of groups, and the group of the best segment zoomed.
+    let first = &api["results"][0];
+    let segments = first["segments"].as_array().unwrap();
+    assert!(segments.len() > 40, "the test needs a long document: {} segments", segments.len());
+    let size = segments.len().div_ceil(40);
+    let groups = browser.find_all("#results li:first-child .strip.overview .group");
+    assert_eq!(groups.len(), segments.len().div_ceil(size));
+    let best = first["best_segment"]["index"].as_u64().unwrap() as usize;
+    let zoom = || {
+        browser.script("return [...document.querySelectorAll('#results li:first-child .strip.zoom .seg')].map(b => Number(b.dataset.index))")
+    };
+    let home: Vec<usize> = (best / size * size..((best / size + 1) * size).min(segments.len())).collect();
+    assert_eq!(zoom(), json!(home), "the best segment's group is zoomed");
+    let passage = || {
+        browser
+            .script("return document.querySelector('#results li:first-child .passage span:last-child').textContent")
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(passage(), first["best_segment"]["text"].as_str().unwrap());
+    // Another group, then one of its segments.
+    let other_group = if best / size == 0 { 1 } else { 0 };
+    browser.click(&groups[other_group]);
+    let zoomed: Vec<usize> = (other_group * size..((other_group + 1) * size).min(segments.len())).collect();
+    assert_eq!(zoom(), json!(zoomed));
+    let buttons = browser.find_all("#results li:first-child .strip.zoom .seg");
+    browser.click(&buttons[1]);
+    assert_eq!(passage(), segments[zoomed[1]]["text"].as_str().unwrap());
+
+    // bm25+rm3: the expanded query is shown as the API returns it; one result reads "1 result".
+    browser.goto(&server.url("/?q=oil+industry+history&pipeline=bm25%2Brm3&k=1"));
+    browser.wait_for("#expansion:not([hidden])");
+    let api = post_json(&server.url("/search"), r#"{"query": "oil industry history", "pipeline": "bm25+rm3", "k": 1}"#)
+        .json();
+    let terms = api["expansion"].as_array().unwrap();
+    assert!(!terms.is_empty(), "{api}");
+    let first_term = format!("{} {:.3}", terms[0]["term"].as_str().unwrap(), terms[0]["weight"].as_f64().unwrap());
+    let shown = browser.text(&browser.find_all("#expansion")[0]);
+    assert!(shown.starts_with(&format!("RM3 searched with: {first_term}")), "{shown} vs {first_term}");
+    let status = browser.text(&browser.find_all("#status")[0]);
+    assert!(status.starts_with("1 result from gov2, bm25+rm3."), "{status}");
+}
+
 #[test]
 fn a_batch_run_shows_progress_then_metrics_and_compares() {
     let dir = crate::fixtures::cranfield_data_dir();
     let server = TestServer::start(dir.path(), &[]).wait_ready();
     let browser = Browser::start("batch");
+    // Without a model, a URL that asks for maxp keeps the whole menu, maxp marked unavailable, and the search
+    // answers with the server's reason.
+    browser.goto(&server.url("/?q=wing+flutter&pipeline=maxp"));
+    browser.wait_for("#status.error");
+    let menu = browser.script(
+        "const p = document.getElementById('pipeline'); return [p.options.length, p.value, \
+         p.querySelector('option[value=maxp]').disabled, p.querySelector('option[value=maxp]').textContent, \
+         document.getElementById('status').textContent]",
+    );
+    assert_eq!(
+        (&menu[0], &menu[1], &menu[2], &menu[3]),
+        (&json!(7), &json!("maxp"), &json!(true), &json!("maxp (unavailable)"))
+    );
+    assert!(menu[4].as_str().unwrap().contains("none is configured"), "the server's reason: {menu}");
     browser.goto(&server.url("/?view=batch"));
+    // The topic field is a choice; depth is asked only of pipelines that re-rank.
+    browser.wait_for("#batch-pipeline option[value=bm25]");
+    assert_eq!(browser.script("return [document.getElementById('batch-depth-label').hidden, [...document.getElementById('batch-field').options].map(o => o.value)]"), json!([true, ["title", "desc", "title+desc"]]));
     // Chromium takes only canonical paths for uploads.
     let topics = std::fs::canonicalize(data("cranfield/topics.tsv")).unwrap();
     let qrels = std::fs::canonicalize(data("cranfield/qrels.txt")).unwrap();
@@ -274,6 +416,7 @@ fn a_batch_run_shows_progress_then_metrics_and_compares() {
     for pipeline in ["bm25", "bm25+rm3"] {
         browser.wait_for(&format!("#batch-pipeline option[value='{pipeline}']"));
         browser.script(&format!("document.getElementById('batch-pipeline').value = '{pipeline}'"));
+        browser.script("document.getElementById('batch-field').value = 'title+desc'");
         browser.type_into(&browser.find_all("#topics-file")[0], topics.to_str().unwrap());
         browser.type_into(&browser.find_all("#qrels-file")[0], qrels.to_str().unwrap());
         browser.click(&browser.find_all("#batch-form button[type=submit]")[0]);
@@ -315,6 +458,26 @@ fn a_batch_run_shows_progress_then_metrics_and_compares() {
     assert!(shown[0].as_u64().unwrap() > 5, "{shown}");
     assert_eq!(shown[1], 225, "one delta per topic");
     assert_eq!(shown[2], 2, "both runs listed");
+    // p-values as the CLI prints them: never "0.0000".
+    let ps = browser.script("return [...document.querySelectorAll('#compare-table-all tbody tr td:nth-child(5)')].map(td => td.textContent)");
+    assert!(ps.as_array().unwrap().iter().all(|p| p != "0.0000"), "{ps}");
+    assert_eq!(browser.script("return [fmtP(0.00002), fmtP(0.01234)]"), json!(["<0.0001", "0.0123"]));
+    // The runs table names each run's collection and date; the compare menus start on two different runs,
+    // and each run used the topic field chosen.
+    browser.goto(&server.url("/?view=batch"));
+    browser.wait_for("#jobs tbody tr");
+    let table = browser.script(
+        "return [[...document.querySelectorAll('#jobs tbody tr td:nth-child(3)')].map(td => td.textContent), \
+         [...document.querySelectorAll('#jobs tbody tr td:nth-child(4) time')].length, \
+         document.getElementById('compare-a').value, document.getElementById('compare-b').value]",
+    );
+    assert_eq!(table[0], json!(["cranfield", "cranfield"]), "{table}");
+    assert_eq!(table[1], 2, "{table}");
+    assert!(table[2] != table[3] && runs.contains(&table[2].as_str().unwrap().to_string()), "{table}");
+    for run in &runs {
+        let job = crate::common::request("GET", &server.url(&format!("/batch/{run}")), &[], None).json();
+        assert_eq!(job["params"]["field"], "title+desc", "{job}");
+    }
 }
 
 /// A server with keys: the page asks for one, then searches, follows a job (its warnings shown) and downloads its
@@ -344,7 +507,7 @@ fn the_page_works_with_keys_downloads_included() {
     browser.goto(&server.url(&format!("/?view=batch&job={id}")));
     let field = browser.wait_for("#key-form:not([hidden]) #key")[0].clone();
     browser.type_into(&field, &format!("{key}\u{E007}"));
-    browser.wait_for("#job-download:not([hidden])");
+    browser.wait_for("#job:not([hidden]) #job-download:not([hidden])");
     // The job's warnings are shown as the server words them.
     assert_eq!(browser.find_all("#job-warnings li").len(), 1);
     let warning = browser.text(&browser.find_all("#job-warnings li")[0]);

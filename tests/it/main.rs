@@ -2,6 +2,7 @@
 
 mod batch;
 mod browser;
+mod clients;
 mod common;
 mod corpus;
 mod eval;

@@ -26,6 +26,25 @@ fn post_search_ranks_with_bm25() {
     assert!(v["took_ms"].as_f64().unwrap() >= 0.0);
 }
 
+/// `bm25+rm3` answers with the query RM3 searched with: the original terms and up to `fb_terms` feedback terms,
+/// weights summing to one, heaviest first; other pipelines have no `expansion`.
+#[test]
+fn rm3_returns_its_expanded_query() {
+    let s = &fixture().server;
+    let body =
+        r#"{"query": "wing flutter", "collection": "cranfield", "pipeline": "bm25+rm3", "rm3": {"fb_terms": 5}}"#;
+    let v = post_json(&s.url("/search"), body).json();
+    let terms = v["expansion"].as_array().unwrap();
+    let weights: Vec<f64> = terms.iter().map(|t| t["weight"].as_f64().unwrap()).collect();
+    assert!((5..=7).contains(&terms.len()), "{terms:?}");
+    assert!(weights.windows(2).all(|w| w[0] >= w[1]), "{weights:?}");
+    assert!((weights.iter().sum::<f64>() - 1.0).abs() < 1e-5, "{weights:?}");
+    let words: Vec<&str> = terms.iter().map(|t| t["term"].as_str().unwrap()).collect();
+    assert!(words.contains(&"wing") && words.contains(&"flutter"), "{words:?}");
+    let plain = post_json(&s.url("/search"), r#"{"query": "wing flutter", "collection": "cranfield"}"#).json();
+    assert!(plain.get("expansion").is_none(), "{plain}");
+}
+
 #[test]
 fn get_search_and_query_syntax_is_plain_text() {
     let s = &fixture().server;
