@@ -58,13 +58,35 @@ impl Config {
         self.data_dir.join("longrank.db")
     }
 
-    /// The configuration with its secrets replaced, for what is stored or shown (a job's provenance).
-    pub fn redacted(&self) -> Config {
+    /// The configuration as a run records it (a job's provenance, `OUT.provenance.json`): secrets replaced,
+    /// paths absolute.
+    pub fn recorded(&self) -> Config {
         let mut config = self.clone();
         let hide = |keys: &mut Vec<String>| keys.iter_mut().for_each(|k| *k = REDACTED.into());
         hide(&mut config.server.admin_keys);
         hide(&mut config.server.search_keys);
+        // Relative paths made absolute: a provenance read from another directory still names the same files.
+        config.data_dir = absolute(&config.data_dir);
+        config.model.path = local_absolute(&config.model.path);
+        for model in config.model.named.values_mut() {
+            match model {
+                NamedModel::Source(path) | NamedModel::With(ModelSource { path, .. }) => *path = local_absolute(path),
+            }
+        }
         config
+    }
+}
+
+/// `path` from the working directory (as it is when that cannot be known).
+pub fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// A model source made absolute when it is a local directory (a hub id stays as it is).
+pub fn local_absolute(source: &str) -> String {
+    match Path::new(source).exists() {
+        true => absolute(Path::new(source)).to_string_lossy().into_owned(),
+        false => source.to_string(),
     }
 }
 
@@ -448,8 +470,23 @@ mod tests {
             (c.server.admin_keys.clone(), c.server.search_keys.clone()),
             (vec!["a1".into(), "a2".into()], vec!["s1".into()])
         );
-        let shown = serde_json::to_string(&c.redacted()).unwrap();
+        let shown = serde_json::to_string(&c.recorded()).unwrap();
         assert!(!shown.contains("a1") && !shown.contains("s1") && shown.contains(REDACTED), "{shown}");
+    }
+
+    /// Recorded paths are absolute: local model directories too, hub ids as they are.
+    #[test]
+    fn recorded_paths_are_absolute() {
+        let mut c = Config { data_dir: "data".into(), ..Default::default() };
+        c.model.path = "src".into(); // a directory of the crate, the tests' working directory
+        c.model.named.insert("local".into(), NamedModel::Source("src".into()));
+        c.model.named.insert("hub".into(), NamedModel::Source("org/model".into()));
+        let recorded = c.recorded();
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(recorded.data_dir, cwd.join("data"));
+        assert_eq!(recorded.model.path, cwd.join("src").to_string_lossy());
+        assert_eq!(recorded.model.named["local"].source(), cwd.join("src").to_string_lossy());
+        assert_eq!(recorded.model.named["hub"].source(), "org/model");
     }
 
     #[test]

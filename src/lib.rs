@@ -16,12 +16,14 @@
 //! | `train` | fine-tuning: FirstP, all segments, BeST, Co-BERT |
 //! | `progress` | how long jobs report progress |
 //! | `hooks` | test hooks that hold the process at named points |
+//! | `histogram` | Prometheus histograms for the server's and the model's metrics |
 //! | `rng` | seeded random streams |
 //! | `timestamp` | RFC 3339 timestamps |
 
 pub mod config;
 pub mod corpus;
 pub mod eval;
+pub mod histogram;
 pub mod hooks;
 pub mod index;
 pub mod model;

@@ -22,6 +22,8 @@ enum Command {
     Serve(cli::serve::ServeArgs),
     /// Index documents into a collection (adds to it, replacing documents with the same docid).
     Index(cli::index::IndexArgs),
+    /// List the collections, or delete one (`collections delete NAME`).
+    Collections(cli::collections::CollectionsArgs),
     /// Search a collection and print a ranking table.
     Search(cli::search::SearchArgs),
     /// Run every topic of a topic file through a pipeline and write a TREC run (metrics when qrels are given).
@@ -47,21 +49,58 @@ enum Command {
     },
 }
 
-fn main() -> anyhow::Result<()> {
+/// A failure is one line, `error: ` and the causes joined (never a backtrace, whatever `RUST_BACKTRACE` says:
+/// these are the user's errors, a file or a value to fix), and exit status 1.
+fn main() -> std::process::ExitCode {
     cli::init_process();
-    let Cli { global, command } = Cli::parse();
-    let (config, model) = global.config()?;
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(Cli { global: before, command }: Cli) -> anyhow::Result<()> {
+    // The configuration with a subcommand's flags, those given before the subcommand filling in.
+    let setup = |flags: &cli::Global| flags.clone().or(&before).config();
     match command {
-        Command::Serve(args) => cli::serve::run(args, config),
-        Command::Index(args) => cli::index::run(args, config),
-        Command::Search(args) => cli::search::run(args, model, &config),
-        Command::Batch(args) => cli::batch::run(args, model, config),
-        Command::Embed(args) => cli::embed::run(args, &config),
-        Command::EvalSegments(args) => cli::eval_segments::run(args, &config),
+        Command::Serve(args) => {
+            let (config, _) = setup(&args.global)?;
+            cli::serve::run(args, config)
+        }
+        Command::Index(args) => {
+            let (config, _) = setup(&args.global)?;
+            cli::index::run(args, config)
+        }
+        Command::Collections(args) => {
+            let (config, _) = setup(&args.global)?;
+            cli::collections::run(args, &config)
+        }
+        Command::Search(args) => {
+            let (config, model) = setup(&args.global)?;
+            cli::search::run(args, model, &config)
+        }
+        Command::Batch(args) => {
+            let (config, model) = setup(&args.global)?;
+            cli::batch::run(args, model, config)
+        }
+        Command::Embed(args) => {
+            let (config, _) = setup(&args.global)?;
+            cli::embed::run(args, &config)
+        }
+        Command::EvalSegments(args) => {
+            let (config, _) = setup(&args.global)?;
+            cli::eval_segments::run(args, &config)
+        }
         Command::Eval(args) => cli::eval::run(args),
         Command::Compare(args) => cli::compare::run(args),
         Command::Folds(args) => cli::folds::run(args),
-        Command::Train(args) => cli::train::run(*args, &config),
-        Command::Bench { what } => cli::bench::run(what, config),
+        Command::Train(args) => {
+            let (config, _) = setup(&args.global)?;
+            cli::train::run(*args, &config)
+        }
+        Command::Bench { what } => cli::bench::run(what, &before),
     }
 }

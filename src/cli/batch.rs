@@ -14,14 +14,17 @@ use super::progress::Bar;
 #[derive(clap::Args)]
 pub struct BatchArgs {
     #[command(flatten)]
+    pub global: super::Global,
+    #[command(flatten)]
     params: BatchParams,
     /// Topic file: TREC `<top>`, web-track XML or `qid<TAB>text`.
     #[arg(long, value_name = "FILE")]
     topics: PathBuf,
-    /// TREC qrels (`qid 0 docid grade`): metrics are printed when given.
+    /// TREC qrels (`qid 0 docid grade`): metrics are printed when given [default: none, no metrics].
     #[arg(long, value_name = "FILE")]
     qrels: Option<PathBuf>,
-    /// A TREC run whose candidates a re-ranking pipeline re-ranks instead of BM25's (an Anserini run, say).
+    /// A TREC run whose candidates a re-ranking pipeline re-ranks instead of BM25's (an Anserini run, say)
+    /// [default: none, the first stage's candidates].
     #[arg(long, value_name = "FILE")]
     rerank: Option<PathBuf>,
     /// Measures printed when qrels are given (trec_eval syntax) [default: trec_eval's default set].
@@ -46,7 +49,7 @@ pub fn run(mut args: BatchArgs, model: Option<String>, mut config: Config) -> an
     let rerank = args.rerank.as_deref().map(super::read_run).transpose()?;
     let plan = engine.plan_batch(&args.params, eval::read_topics(&args.topics)?, rerank)?;
     let out = &args.out;
-    let provenance = serde_json::to_string_pretty(&plan.provenance(&engine, &config.redacted()))?;
+    let provenance = serde_json::to_string_pretty(&plan.provenance(&engine, &config.recorded()))?;
     super::write_file(&provenance_path(out), &(provenance + "\n"))?;
     // An interrupted batch run again with the same command keeps its finished topics.
     let mut partial = eval::PartialRun::open(out, &plan.tag)?;

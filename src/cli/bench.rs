@@ -26,9 +26,13 @@ pub enum BenchCommand {
     Train(TrainBench),
 }
 
-pub fn run(command: BenchCommand, config: Config) -> anyhow::Result<()> {
+/// `before`: the configuration flags given before `bench`.
+pub fn run(command: BenchCommand, before: &super::Global) -> anyhow::Result<()> {
     match command {
-        BenchCommand::Search(b) => search(b, config),
+        BenchCommand::Search(b) => {
+            let (config, _) = b.global.clone().or(before).config()?;
+            search(b, config)
+        }
         BenchCommand::Model(b) => model(b),
         BenchCommand::Train(b) => train(b),
     }
@@ -36,6 +40,9 @@ pub fn run(command: BenchCommand, config: Config) -> anyhow::Result<()> {
 
 #[derive(clap::Args)]
 pub struct SearchBench {
+    #[command(flatten)]
+    pub global: super::Global,
+    /// The collection to query.
     #[arg(long)]
     collection: String,
     /// Queries, `qid<TAB>query` per line (cycled).

@@ -6,6 +6,8 @@ use super::progress::Bar;
 
 #[derive(clap::Args)]
 pub struct EmbedArgs {
+    #[command(flatten)]
+    pub global: super::Global,
     /// The collection [default: the only one, or `default_collection`].
     #[arg(long)]
     collection: Option<String>,

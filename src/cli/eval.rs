@@ -13,7 +13,7 @@ pub struct EvalOptionArgs {
     /// Lowest grade that counts as relevant (TREC DL uses 2).
     #[arg(short = 'l', default_value_t = 1)]
     relevance_level: i32,
-    /// Evaluate only the first N documents of each topic (trec_eval -M).
+    /// Evaluate only the first N documents of each topic (trec_eval -M) [default: every document].
     #[arg(short = 'M')]
     max_docs: Option<usize>,
 }

@@ -7,7 +7,7 @@ use longrank::eval;
 
 #[derive(clap::Args)]
 pub struct FoldsArgs {
-    /// Topic file to split (any topic format).
+    /// Topic file to split (any topic format); either this or --read.
     #[arg(long, conflicts_with = "read", value_name = "FILE")]
     topics: Option<PathBuf>,
     /// Folds.
@@ -19,7 +19,7 @@ pub struct FoldsArgs {
     /// Where to write the split [default: standard output].
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
-    /// An existing `qid<TAB>fold` file to read and summarize.
+    /// An existing `qid<TAB>fold` file to read and summarize; either this or --topics.
     #[arg(long, value_name = "FILE")]
     read: Option<PathBuf>,
 }

@@ -4,12 +4,15 @@ use std::path::PathBuf;
 
 use longrank::config::Config;
 use longrank::corpus::{Corpus, Format};
+use longrank::eval::warnings::counted;
 use longrank::index::{self, OnError};
 
 use super::progress::Bar;
 
 #[derive(clap::Args)]
 pub struct IndexArgs {
+    #[command(flatten)]
+    pub global: super::Global,
     /// The collection to build or add to (letters, digits, '-', '_', '.').
     #[arg(long)]
     collection: String,
@@ -37,11 +40,12 @@ pub fn run(args: IndexArgs, mut config: Config) -> anyhow::Result<()> {
     let report = index::build(&config.data_dir, &args.collection, &corpus, &options, &bar)?;
     bar.finish();
     println!(
-        "collection {}: indexed {} documents, skipped {}, duplicates {}, {} files already indexed; \
+        "collection {}: indexed {}, skipped {} and {}, duplicates {}, {} files already indexed; \
          {} documents in the collection ({:.1} s, {:.0} docs/s, {:.1} MB/s, peak RSS {:.0} MB)",
         report.collection,
-        report.indexed,
-        report.skipped,
+        counted(report.indexed as usize, "document"),
+        counted(report.skipped as usize, "document"),
+        counted(report.skipped_files as usize, "file"),
         report.duplicates,
         report.files_already_indexed,
         report.documents_in_collection,

@@ -3,6 +3,7 @@
 
 pub mod batch;
 pub mod bench;
+pub mod collections;
 pub mod compare;
 pub mod embed;
 pub mod eval;
@@ -23,23 +24,33 @@ use longrank::eval::Run;
 use longrank::index::Catalog;
 use longrank::rank::Engine;
 
-/// Flags every subcommand takes.
-#[derive(clap::Args)]
+/// The flags of the subcommands that read the configuration and the data directory (not `eval`, `compare`,
+/// `folds`), after the subcommand or before it (`longrank --model DIR search …`).
+#[derive(clap::Args, Clone, Default)]
 pub struct Global {
-    /// Configuration file (default: ./config.toml when present).
-    #[arg(long, global = true, env = "LONGRANK_CONFIG")]
+    /// Configuration file [default: ./config.toml when present].
+    #[arg(long, env = "LONGRANK_CONFIG")]
     pub config: Option<PathBuf>,
     /// Data directory [default: `data_dir` of the configuration].
-    #[arg(long, global = true)]
+    #[arg(long)]
     pub data_dir: Option<PathBuf>,
     /// The re-ranking model: a configured name (`default`, or one of `[model.named]`: `model` of the ranking
     /// parameters), or a Hugging Face directory or hub id, which becomes the default model ("" for none)
     /// [default: `model.path` of the configuration].
-    #[arg(long, global = true)]
+    #[arg(long)]
     pub model: Option<String>,
 }
 
 impl Global {
+    /// These flags, then those given before the subcommand for the ones not given here.
+    pub fn or(self, before: &Global) -> Global {
+        Global {
+            config: self.config.or_else(|| before.config.clone()),
+            data_dir: self.data_dir.or_else(|| before.data_dir.clone()),
+            model: self.model.or_else(|| before.model.clone()),
+        }
+    }
+
     /// The configuration (defaults < file < environment), then these flags; and the model `--model` names when
     /// it names a configured one.
     pub fn config(&self) -> anyhow::Result<(Config, Option<String>)> {
@@ -74,6 +85,8 @@ pub fn init_process() {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,tantivy=warn".into()),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: logs piped to a file or another program stay plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 

@@ -9,6 +9,8 @@ use longrank::rank::{RankParams, SearchRequest};
 #[derive(clap::Args)]
 pub struct SearchArgs {
     #[command(flatten)]
+    pub global: super::Global,
+    #[command(flatten)]
     params: RankParams,
     /// Print the response as JSON (as `/search` answers) instead of a table.
     #[arg(long)]
@@ -31,10 +33,18 @@ pub fn run(mut args: SearchArgs, model: Option<String>, config: &Config) -> anyh
     if args.json {
         serde_json::to_writer_pretty(&mut out, &response)?;
         writeln!(out)?;
+    } else if response.results.is_empty() {
+        eprintln!("no document of {} matches {:?}", response.collection, response.query);
     } else {
-        writeln!(out, "{:>4}  {:>9}  {:<24}  title", "rank", "score", "docid")?;
+        // Columns as wide as their longest value (docids run long: GOV2's, MS MARCO's).
+        let docid = response.results.iter().map(|h| h.docid.chars().count()).max().unwrap_or(0).max("docid".len());
+        writeln!(out, "{:>4}  {:>9}  {:<docid$}  title", "rank", "score", "docid")?;
         for hit in &response.results {
-            writeln!(out, "{:>4}  {:>9.4}  {:<24}  {}", hit.rank, hit.score, hit.docid, hit.title)?;
+            writeln!(out, "{:>4}  {:>9.4}  {:<docid$}  {}", hit.rank, hit.score, hit.docid, hit.title)?;
+        }
+        if let Some(terms) = &response.expansion {
+            let terms: Vec<String> = terms.iter().map(|t| format!("{} {:.3}", t.term, t.weight)).collect();
+            eprintln!("RM3 searched with: {}", terms.join(" · "));
         }
     }
     Ok(())

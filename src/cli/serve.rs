@@ -13,6 +13,8 @@ use longrank::store::Store;
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
+    #[command(flatten)]
+    pub global: super::Global,
     /// Address to listen on; port 0 picks a free one [default: `server.addr` of the configuration].
     #[arg(long)]
     addr: Option<String>,

@@ -10,6 +10,8 @@ use super::progress::Bar;
 
 #[derive(clap::Args)]
 pub struct TrainArgs {
+    #[command(flatten)]
+    pub global: super::Global,
     /// The collection [default: the only one, or `default_collection`].
     #[arg(long)]
     collection: Option<String>,
@@ -20,10 +22,11 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE")]
     qrels: PathBuf,
     /// `qid<TAB>fold` (from `longrank folds`); with `--dev-fold`, dev comes from that fold and training from
-    /// `--train-folds`.
+    /// `--train-folds` [default: none, a seeded sample of the topics is dev].
     #[arg(long, value_name = "FILE")]
     folds: Option<PathBuf>,
-    /// Gold passages (passages.bytes.tsv), to report how often the document budget covers them.
+    /// Gold passages (passages.bytes.tsv), to report how often the document budget covers them [default:
+    /// none, no report].
     #[arg(long, value_name = "FILE")]
     passages: Option<PathBuf>,
     /// Topic field used as the query.

@@ -50,6 +50,15 @@ pub enum CorpusError {
     Malformed { at: Location, message: String },
     #[error("{}: cannot tell the format from the content (not TREC SGML, GOV2, JSONL or TSV); pass --format", path.display())]
     UnknownFormat { path: PathBuf },
+    #[error("{}: {what}, not documents", path.display())]
+    NotDocuments { path: PathBuf, what: &'static str },
+}
+
+impl CorpusError {
+    /// A whole file that holds no documents (rather than a bad document): the build skips it as a file.
+    pub fn is_not_documents(&self) -> bool {
+        matches!(self, CorpusError::UnknownFormat { .. } | CorpusError::NotDocuments { .. })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
@@ -174,7 +183,12 @@ pub fn read_file(path: &Path, format: Format, counter: Option<Arc<AtomicU64>>) -
         .read_to_end(&mut head)
         .map_err(|source| CorpusError::Io { path: path.to_path_buf(), source })?;
     let format = match format {
-        Format::Auto => detect(&head).ok_or_else(|| CorpusError::UnknownFormat { path: path.to_path_buf() })?,
+        Format::Auto => {
+            if let Some(what) = not_documents(&head) {
+                return Err(CorpusError::NotDocuments { path: path.to_path_buf(), what });
+            }
+            detect(&head).ok_or_else(|| CorpusError::UnknownFormat { path: path.to_path_buf() })?
+        }
         f => f,
     };
     let reader: Box<dyn BufRead + Send> = Box::new(BufReader::new(io::Cursor::new(head).chain(reader)));
@@ -210,6 +224,27 @@ pub fn detect(head: &[u8]) -> Option<Format> {
     } else {
         None
     }
+}
+
+/// What an experiment's other files look like, found beside the documents in a walked directory: topics,
+/// qrels, a run.
+pub fn not_documents(head: &[u8]) -> Option<&'static str> {
+    let text = String::from_utf8_lossy(head);
+    let lower = text.to_ascii_lowercase();
+    if !lower.contains("<doc>") && (lower.contains("<top>") || lower.contains("<topics") || lower.contains("<topic ")) {
+        return Some("a topic file");
+    }
+    let lines: Vec<Vec<&str>> =
+        text.lines().filter(|l| !l.trim().is_empty()).take(5).map(|l| l.split_whitespace().collect()).collect();
+    let int = |t: &str| t.parse::<i64>().is_ok();
+    let all = |f: &dyn Fn(&[&str]) -> bool| !lines.is_empty() && lines.iter().all(|l| f(l));
+    if all(&|l| l.len() == 4 && (int(l[1]) || l[1] == "Q0") && int(l[3])) {
+        return Some("qrels");
+    }
+    if all(&|l| l.len() == 6 && l[1] == "Q0" && int(l[3]) && l[4].parse::<f64>().is_ok()) {
+        return Some("a TREC run");
+    }
+    None
 }
 
 /// Non-empty lines with their location.

@@ -1,10 +1,11 @@
 //! Building a collection's index from a corpus, streaming: one document in memory at a time (plus
 //! tantivy's bounded indexing buffer).
 //!
-//! Crash safety: a new collection is built in place with a commit every `commit_every` documents, and each
-//! commit records (in tantivy's commit payload) which input files are completely indexed, so a re-run after a
-//! crash skips them and re-reads the rest (same docids replace, so nothing is doubled). `--replace` builds
-//! into a hidden staging directory and swaps it in at the end, so the old index serves until then.
+//! Crash safety: every build commits every `commit_every` documents, and each commit records (in tantivy's
+//! commit payload) which input files are completely indexed, so a re-run after a crash skips them and re-reads
+//! the rest (same docids replace, so nothing is doubled). A collection's first build and `--replace` build
+//! into a hidden staging directory moved into place at the end: the old index serves until then, and a first
+//! build that fails leaves no (empty or partial) collection behind. Adding to a collection commits in place.
 
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
@@ -59,7 +60,11 @@ impl Default for BuildOptions {
 pub struct BuildReport {
     pub collection: String,
     pub indexed: u64,
+    /// Documents skipped as malformed.
     pub skipped: u64,
+    /// Input files skipped because they hold no documents (topics, qrels or runs beside the documents, or a
+    /// format not recognized).
+    pub skipped_files: u64,
     pub duplicates: u64,
     /// Input files left alone because an earlier (interrupted) run had indexed them completely.
     pub files_already_indexed: usize,
@@ -105,13 +110,17 @@ pub fn build(
     let started = Instant::now();
     let root = data_dir.join("collections");
     let final_dir = root.join(name);
-    let staging = opts.replace && final_dir.exists();
+    // A rebuild, and a collection's first build, happen in `.NAME.building`, moved into place when done: the
+    // old index serves until then, and a first build that fails leaves no collection behind (run again, it
+    // resumes from its last commit there). Adding to a collection commits in place.
+    let exists = final_dir.exists();
+    let staging = opts.replace || !exists;
     let work_dir = if staging { root.join(format!(".{name}.building")) } else { final_dir.clone() };
     let io_err = |path: &Path| {
         let path = path.to_path_buf();
         move |source| IndexError::Io { path, source }
     };
-    if staging && work_dir.exists() {
+    if opts.replace && work_dir.exists() {
         std::fs::remove_dir_all(&work_dir).map_err(io_err(&work_dir))?;
     }
     std::fs::create_dir_all(&work_dir).map_err(io_err(&work_dir))?;
@@ -143,9 +152,6 @@ pub fn build(
     // tantivy wants at least 15 MB per thread.
     let budget = (opts.memory_budget_mb << 20).max(threads * (16 << 20));
     let mut writer: IndexWriter = index.writer_with_num_threads(threads, budget).map_err(tantivy_err)?;
-    if opts.replace && !staging {
-        writer.delete_all_documents().map_err(tantivy_err)?;
-    }
 
     progress.phase(&format!("indexing {name}"), corpus.total_bytes(), Unit::Bytes);
     let bytes_read = corpus.bytes_read();
@@ -164,6 +170,11 @@ pub fn build(
         }
         let docs = match corpus.read_file(file) {
             Ok(docs) => docs,
+            Err(e) if e.is_not_documents() => {
+                report.skipped_files += 1;
+                report.note(format!("skipped file {e}"));
+                continue;
+            }
             Err(e) => {
                 report.problem(&e, opts.on_error)?;
                 continue;
@@ -203,8 +214,10 @@ pub fn build(
     commit(&mut writer, &payload).map_err(tantivy_err)?;
     writer.wait_merging_threads().map_err(tantivy_err)?;
 
-    if staging {
+    if staging && exists {
         swap_in(&root, name, &work_dir)?;
+    } else if staging {
+        std::fs::rename(&work_dir, &final_dir).map_err(io_err(&work_dir))?;
     }
     let reader = Index::open_in_dir(&final_dir).and_then(|i| i.reader()).map_err(tantivy_err)?;
     report.documents_in_collection = reader.searcher().num_docs();

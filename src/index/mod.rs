@@ -296,6 +296,11 @@ impl Catalog {
         for entry in entries.filter_map(|e| e.ok()) {
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().to_string();
+            if name.starts_with('.') && name.ends_with(".deleting") {
+                // A deletion cut short: finish it.
+                std::fs::remove_dir_all(&path).map_err(|source| IndexError::Io { path: path.clone(), source })?;
+                continue;
+            }
             if name.starts_with('.') || !path.is_dir() {
                 continue;
             }
@@ -334,6 +339,25 @@ impl Catalog {
         let collection = Arc::new(Collection::open(&self.collection_dir(name))?);
         self.collections.write().insert(name.to_string(), collection.clone());
         Ok(collection)
+    }
+
+    /// Deletes a collection: out of the catalog, then its directory renamed aside (the collection disappears
+    /// at once, for every process) and removed. A deletion cut short leaves `.NAME.deleting`, removed at the
+    /// next open. Searches holding the collection finish on what they hold.
+    pub fn delete(&self, name: &str) -> Result<(), IndexError> {
+        validate_name(name)?;
+        let dir = self.collection_dir(name);
+        if !dir.is_dir() {
+            return Err(IndexError::UnknownCollection(name.to_string()));
+        }
+        self.collections.write().remove(name);
+        let aside = self.root.join(format!(".{name}.deleting"));
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| IndexError::Io { path, source }
+        };
+        std::fs::rename(&dir, &aside).map_err(io(&dir))?;
+        std::fs::remove_dir_all(&aside).map_err(io(&aside))
     }
 
     fn read(&self) -> parking_lot::RwLockReadGuard<'_, BTreeMap<String, Arc<Collection>>> {

@@ -175,7 +175,7 @@ pub struct BatchParams {
     #[command(flatten)]
     pub params: RankParams,
     /// Topic field used as the query: title, desc or title+desc. Default: title.
-    #[arg(long, value_enum, default_value_t)]
+    #[arg(long, value_enum, default_value_t, hide_default_value = true)]
     #[serde(default)]
     pub field: TopicField,
     /// Run tag, the run file's last column (one word). Default: `longrank-PIPELINE`.

@@ -167,8 +167,8 @@ impl BatchPlan {
             },
             model: model.as_deref().map(|m| ModelProvenance {
                 name: m.name.clone(),
-                source: m.source.clone(),
-                dir: m.dir.clone(),
+                source: crate::config::local_absolute(&m.source),
+                dir: crate::config::absolute(&m.dir),
                 kind: m.kind(),
                 weights_fnv1a64: m.weights_hash.clone(),
             }),

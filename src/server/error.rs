@@ -76,6 +76,7 @@ codes! {
     UnknownJob = "unknown_job", 404, "No batch job with that id.";
     MethodNotAllowed = "method_not_allowed", 405, "The route does not take this method.";
     AmbiguousDocument = "ambiguous_document", 409, "The docid exists in several collections; name one.";
+    CollectionInUse = "collection_in_use", 409, "The collection is read by a queued or running batch job.";
     JobConflict = "job_conflict", 409, "The job is not in a state that allows this (the run of an unfinished job, cancelling a finished one).";
     BodyTooLarge = "body_too_large", 413, "The body is larger than `server.max_body_bytes`.";
     UnsupportedMediaType = "unsupported_media_type", 415, "The body is not JSON (or multipart where taken).";
@@ -214,6 +215,7 @@ impl From<JobError> for ApiError {
             JobError::Input(e) => ApiError::new(ErrorCode::MalformedFile, e.to_string()),
             JobError::UnknownJob(_) => ApiError::new(ErrorCode::UnknownJob, e.to_string()),
             JobError::Conflict { .. } => ApiError::new(ErrorCode::JobConflict, e.to_string()),
+            JobError::CollectionInUse { .. } => ApiError::new(ErrorCode::CollectionInUse, e.to_string()),
             JobError::Store(_) | JobError::Worker(_) => ApiError::internal(e.to_string()),
         }
     }

@@ -13,6 +13,7 @@ use utoipa::ToSchema;
 
 use crate::config::Config;
 use crate::eval::{self, Comparison, EvalError, EvalOptions, Measure, Qrels, Run, Warning};
+use crate::index::Catalog;
 use crate::model::Cancel;
 use crate::rank::{BatchParams, BatchPlan, Engine, RankError};
 use crate::store::{JobRow, JobStatus, NewJob, Store, StoreError};
@@ -31,6 +32,18 @@ pub enum JobError {
     Conflict { id: String, status: &'static str, message: String },
     #[error("batch worker failed: {0}")]
     Worker(String),
+    #[error("collection {collection} is in use by batch jobs {} (queued or running): cancel them or let them finish", jobs.join(", "))]
+    CollectionInUse { collection: String, jobs: Vec<String> },
+}
+
+/// Deletes a collection, refused while a queued or running job reads it (`longrank collections delete`).
+pub async fn delete_collection(catalog: &Catalog, store: &Store, name: &str) -> Result<(), JobError> {
+    let jobs = store.unfinished_jobs_on(name).await?;
+    if !jobs.is_empty() {
+        return Err(JobError::CollectionInUse { collection: name.to_string(), jobs });
+    }
+    catalog.delete(name).map_err(RankError::from)?;
+    Ok(())
 }
 
 /// A batch submission: the parameters and the files' contents.
@@ -125,7 +138,7 @@ impl Jobs {
         let id = new_job_id();
         let params = serde_json::to_string(&submission.params).unwrap_or_default();
         let provenance =
-            serde_json::to_string(&plan.provenance(&self.engine, &self.config.redacted())).unwrap_or_default();
+            serde_json::to_string(&plan.provenance(&self.engine, &self.config.recorded())).unwrap_or_default();
         let job = NewJob {
             id: &id,
             params: &params,

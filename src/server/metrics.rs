@@ -1,79 +1,52 @@
-//! Prometheus metrics: request counts and latency histograms per route, method and status, and the size
-//! of every collection. Kept small and dependency-free; rendered on `GET /metrics`.
+//! Prometheus metrics: request counts and latency histograms per route, method and status, the size of
+//! every collection, and the model side as text-embeddings-inference exposes it (queue, batch sizes and
+//! tokens, inference and queue times, cache hits and misses, pairs computed). Rendered on `GET /metrics`.
 
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::time::Duration;
 
+use crate::histogram::{self, Histogram};
 use crate::index::Catalog;
 use crate::model::BatchStats;
 use crate::rank::ModelStatus;
 
-/// Latency bucket bounds, seconds.
-const BUCKETS: [f64; 14] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
-
-#[derive(Default)]
-struct Series {
-    buckets: [u64; BUCKETS.len()],
-    count: u64,
-    sum: f64,
-}
-
 #[derive(Default)]
 pub struct Metrics {
-    series: Mutex<BTreeMap<(String, String, u16), Series>>,
+    series: Mutex<BTreeMap<(String, String, u16), Histogram>>,
 }
 
 impl Metrics {
     pub fn observe(&self, route: &str, method: &str, status: u16, latency: Duration) {
-        let secs = latency.as_secs_f64();
         let mut series = self.series.lock();
-        let s = series.entry((route.to_string(), method.to_string(), status)).or_default();
-        s.count += 1;
-        s.sum += secs;
-        for (bucket, bound) in s.buckets.iter_mut().zip(BUCKETS) {
-            if secs <= bound {
-                *bucket += 1;
-            }
-        }
+        let key = (route.to_string(), method.to_string(), status);
+        series.entry(key).or_insert_with(|| Histogram::new(histogram::SECONDS)).observe(latency.as_secs_f64());
     }
 
     /// The Prometheus text exposition.
     pub fn render(&self, catalog: &Catalog, models: &[ModelStatus]) -> String {
         let mut out = String::new();
         let series = self.series.lock();
-        out.push_str("# HELP longrank_http_requests_total HTTP requests served.\n");
-        out.push_str("# TYPE longrank_http_requests_total counter\n");
-        for ((route, method, status), s) in series.iter() {
-            let _ = writeln!(
-                out,
-                "longrank_http_requests_total{{route=\"{}\",method=\"{method}\",status=\"{status}\"}} {}",
-                escape(route),
-                s.count
-            );
+        let labels = |(route, method, status): &(String, String, u16)| {
+            format!("route=\"{}\",method=\"{method}\",status=\"{status}\"", escape(route))
+        };
+        header(&mut out, "longrank_http_requests_total", "HTTP requests served.", "counter");
+        for (key, h) in series.iter() {
+            let _ = writeln!(out, "longrank_http_requests_total{{{}}} {}", labels(key), h.count());
         }
-        out.push_str("# HELP longrank_http_request_duration_seconds Time to serve a request.\n");
-        out.push_str("# TYPE longrank_http_request_duration_seconds histogram\n");
-        for ((route, method, status), s) in series.iter() {
-            let labels = format!("route=\"{}\",method=\"{method}\",status=\"{status}\"", escape(route));
-            for (bound, n) in BUCKETS.iter().zip(s.buckets) {
-                let _ = writeln!(out, "longrank_http_request_duration_seconds_bucket{{{labels},le=\"{bound}\"}} {n}");
-            }
-            let _ = writeln!(out, "longrank_http_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}", s.count);
-            let _ = writeln!(out, "longrank_http_request_duration_seconds_sum{{{labels}}} {}", s.sum);
-            let _ = writeln!(out, "longrank_http_request_duration_seconds_count{{{labels}}} {}", s.count);
+        header(&mut out, "longrank_http_request_duration_seconds", "Time to serve a request.", "histogram");
+        for (key, h) in series.iter() {
+            h.render(&mut out, "longrank_http_request_duration_seconds", &labels(key));
         }
         drop(series);
-        out.push_str("# HELP longrank_collection_documents Live documents per collection.\n");
-        out.push_str("# TYPE longrank_collection_documents gauge\n");
         let collections = catalog.all();
+        header(&mut out, "longrank_collection_documents", "Live documents per collection.", "gauge");
         for c in &collections {
             let _ =
                 writeln!(out, "longrank_collection_documents{{collection=\"{}\"}} {}", escape(c.name()), c.num_docs());
         }
-        out.push_str("# HELP longrank_collection_size_bytes Index size on disk per collection.\n");
-        out.push_str("# TYPE longrank_collection_size_bytes gauge\n");
+        header(&mut out, "longrank_collection_size_bytes", "Index size on disk per collection.", "gauge");
         for c in &collections {
             let _ = writeln!(
                 out,
@@ -82,21 +55,46 @@ impl Metrics {
                 c.size_bytes()
             );
         }
-        let counters: [Counter; 3] = [
-            ("longrank_model_batches_total", "Forward passes per model.", |b| b.batches),
-            ("longrank_model_batch_inputs_total", "Inputs the forward passes carried.", |b| b.inputs),
-            (
-                "longrank_model_shared_batches_total",
-                "Forward passes that carried the inputs of several requests.",
-                |b| b.shared,
-            ),
+
+        // The model side, per configured model (loaded ones; the queue of every one).
+        let name = "longrank_model_queue_inputs";
+        header(&mut out, name, "Inputs waiting for the model.", "gauge");
+        for m in models {
+            let _ = writeln!(out, "{name}{{model=\"{}\"}} {}", escape(&m.name), m.queued);
+        }
+        let loaded: Vec<(String, &BatchStats)> = models
+            .iter()
+            .filter_map(|m| Some((format!("model=\"{}\"", escape(&m.name)), m.batches.as_ref()?)))
+            .collect();
+        let counters: [Counter; 5] = [
+            ("longrank_model_batches_total", "Forward passes.", |b| b.batches),
+            ("longrank_model_shared_batches_total", "Forward passes that carried several requests' inputs.", |b| {
+                b.shared
+            }),
+            ("longrank_model_pairs_total", "Pairs (or texts) the model computed.", |b| b.inputs),
+            ("longrank_model_cache_hits_total", "Inputs answered without the model (caches, stored outputs).", |b| {
+                b.cache_hits
+            }),
+            ("longrank_model_cache_misses_total", "Inputs the model had to compute.", |b| b.cache_misses),
         ];
         for (name, help, value) in counters {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-            for m in models {
-                if let Some(stats) = &m.batches {
-                    let _ = writeln!(out, "{name}{{model=\"{}\"}} {}", escape(&m.name), value(stats));
-                }
+            header(&mut out, name, help, "counter");
+            for (labels, stats) in &loaded {
+                let _ = writeln!(out, "{name}{{{labels}}} {}", value(stats));
+            }
+        }
+        let histograms: [Histo; 4] = [
+            ("longrank_model_batch_size", "Inputs per forward pass.", |b| &b.batch_size),
+            ("longrank_model_batch_tokens", "Padded tokens per forward pass.", |b| &b.batch_tokens),
+            ("longrank_model_inference_seconds", "Time of a forward pass.", |b| &b.inference_seconds),
+            ("longrank_model_queue_seconds", "Time a request's inputs waited for their first pass.", |b| {
+                &b.queue_seconds
+            }),
+        ];
+        for (name, help, histogram) in histograms {
+            header(&mut out, name, help, "histogram");
+            for (labels, stats) in &loaded {
+                histogram(stats).render(&mut out, name, labels);
             }
         }
         out
@@ -105,6 +103,12 @@ impl Metrics {
 
 /// A counter of the model side: its name, help text, and value.
 type Counter = (&'static str, &'static str, fn(&BatchStats) -> u64);
+/// A histogram of the model side.
+type Histo = (&'static str, &'static str, fn(&BatchStats) -> &Histogram);
+
+fn header(out: &mut String, name: &str, help: &str, kind: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
 
 fn escape(label: &str) -> String {
     label.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")

@@ -237,6 +237,18 @@ impl Store {
         rows.iter().map(job_row).collect()
     }
 
+    /// The ids of the jobs queued or running on `collection` (as their provenance records it).
+    pub async fn unfinished_jobs_on(&self, collection: &str) -> Result<Vec<String>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id FROM jobs WHERE status IN ('queued', 'running') \
+             AND json_extract(provenance, '$.collection.name') = ? ORDER BY created_at, id",
+        )
+        .bind(collection)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(|r| r.get::<String, _>("id")).collect())
+    }
+
     /// The job's TREC run, topics in topic-file order.
     pub async fn run_text(&self, id: &str) -> Result<String, StoreError> {
         let rows = sqlx::query("SELECT run FROM job_topics WHERE job_id = ? ORDER BY seq")

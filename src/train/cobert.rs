@@ -209,6 +209,14 @@ pub fn train(
         let s = Tensor::from_vec(f.first_round[start..start + len].to_vec(), len, device)?;
         Ok((r, s))
     };
+    let fresh = cobert.end_to_end.then_some(&queries);
+    if tracker.state.step == 0 && tracker.state.best_dev.is_none() {
+        // The initial heads' dev score (step 0): the mark training has to beat.
+        progress.phase("scoring dev with the initial model (step 0)", 0, Unit::Items);
+        let evaluation = evaluate(&model, &dev, qrels, options, hidden, fresh)?;
+        tracker.evaluated(evaluation, &model, options)?;
+        tracker.checkpoint(&model, &optimizer)?;
+    }
     progress.phase("training cobert", options.steps as u64, Unit::Items);
     let warmup = (options.warmup * options.steps as f64).round() as usize;
     while tracker.state.step < options.steps && !tracker.state.done {
@@ -270,7 +278,6 @@ pub fn train(
         tracker.stepped(step, loss, lr, None)?;
         progress.set(step as u64, &format!("loss {loss:.4}"));
         if step % options.eval_every == 0 || step == options.steps {
-            let fresh = cobert.end_to_end.then_some(&queries);
             let evaluation = evaluate(&model, &dev, qrels, options, hidden, fresh)?;
             tracker.evaluated(evaluation, &model, options)?;
         }

@@ -8,6 +8,9 @@ use super::{DevMeasure, Method, TrainError, TrainOptions};
 use crate::eval::{self, EvalOptions, Measure, Qrels, Run};
 use crate::index::{Snapshot, StoredDoc};
 use crate::progress::Progress;
+
+/// A dev evaluation: the dev measure, every measure computed, and the run.
+pub type Evaluation = (f64, BTreeMap<String, f64>, Run);
 use crate::rank::rerank::Candidate;
 use crate::rank::Pipeline;
 
@@ -55,7 +58,7 @@ impl DevSet {
         scorer: &Scorer,
         options: &TrainOptions,
         progress: &dyn Progress,
-    ) -> Result<(f64, BTreeMap<String, f64>, Run), TrainError> {
+    ) -> Result<Evaluation, TrainError> {
         let pipeline = if options.method == Method::Firstp { Pipeline::FirstP } else { Pipeline::MaxP };
         let mut run = Run { tag: "dev".into(), ..Default::default() };
         for (done, query) in self.queries.iter().enumerate() {

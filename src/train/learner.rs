@@ -275,6 +275,27 @@ impl Learner {
         );
         let scorer = Scorer::of(&self.model, run.options)?;
         let evaluation = run.dev.evaluate(&scorer, run.options, run.progress)?;
+        self.record(evaluation, run)
+    }
+
+    /// The dev score of the weights training starts from (step 0), scored once per run for every learner,
+    /// then a checkpoint (so that a resumed run does not score it again).
+    pub fn evaluate_initial(&mut self, run: &Run) -> Result<(), TrainError> {
+        let evaluation = match run.initial_dev.get() {
+            Some(evaluation) => evaluation.clone(),
+            None => {
+                run.progress.phase("scoring dev with the initial model (step 0)", run.dev.len() as u64, Unit::Items);
+                let scorer = Scorer::of(&self.model, run.options)?;
+                let evaluation = run.dev.evaluate(&scorer, run.options, run.progress)?;
+                run.initial_dev.get_or_init(|| evaluation.clone());
+                evaluation
+            }
+        };
+        self.record(evaluation, run)?;
+        self.checkpoint()
+    }
+
+    fn record(&mut self, evaluation: super::dev::Evaluation, run: &Run) -> Result<(), TrainError> {
         self.tracker.evaluated(evaluation, &self.model, run.options)?;
         let selected = self.tracker.dir().join("model/model.safetensors");
         if self.done() && selected.exists() {

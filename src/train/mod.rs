@@ -190,7 +190,7 @@ pub struct TrainOptions {
     /// Folds that train (with `--folds` and `--dev-fold`) [default: every fold but the dev fold].
     #[arg(long, value_delimiter = ',')]
     pub train_folds: Vec<usize>,
-    /// The fold dev questions come from (with `--folds`).
+    /// The fold dev questions come from (with `--folds`) [default: none, a seeded sample of `--dev-queries`].
     #[arg(long)]
     pub dev_fold: Option<usize>,
     /// Padded tokens per inference pass (selection and dev scoring): `model.max_batch_tokens`.
@@ -322,7 +322,9 @@ pub fn train(
     // The initial model's tokenizer cuts training segments (it may lack the classifier a `CrossEncoder` needs).
     let tokenizer = TrainableCrossEncoder::init(init, device, dtype, options.seed)?;
     let docs = Documents::new(&snapshot, options, &tokenizer);
-    let run = Run { queries: &queries, dev: &dev, docs: &docs, options, init, out, device, dtype, progress };
+    let initial_dev = std::cell::OnceCell::new();
+    let run =
+        Run { queries: &queries, dev: &dev, docs: &docs, options, init, out, device, dtype, progress, initial_dev };
     let budget_covers_gold = data.passages.as_ref().map(|passages| run.coverage(passages)).transpose()?;
     let models = match options.method {
         Method::Firstp => vec![run.train_one("firstp", Selector::First)?],
@@ -386,6 +388,8 @@ struct Run<'a> {
     device: &'a Device,
     dtype: candle_core::DType,
     progress: &'a dyn Progress,
+    /// The initial model's dev evaluation, computed once: every learner starts from the same weights.
+    initial_dev: std::cell::OnceCell<dev::Evaluation>,
 }
 
 impl Run<'_> {
@@ -423,6 +427,12 @@ impl Run<'_> {
         let start = learners.iter().map(|l| l.step()).min().unwrap_or(0);
         let names: Vec<&str> = learners.iter().map(|l| l.name()).collect();
         let phase = format!("training {}", names.join(" + "));
+        if start == 0 {
+            // The initial model's dev score (step 0): the mark training has to beat, in the log and the curves.
+            for learner in learners.iter_mut() {
+                learner.evaluate_initial(self)?;
+            }
+        }
         self.progress.phase(&phase, self.options.steps as u64, Unit::Items);
         let started = std::time::Instant::now();
         for step in start + 1..=self.options.steps {

@@ -46,7 +46,8 @@ fn many_topics(n: usize) -> String {
     (0..n).map(|i| format!("x{i}\t{}\n", base[i % base.len()])).collect()
 }
 
-fn wait_for(server: &TestServer, id: &str, what: impl Fn(&Value) -> bool) -> Value {
+/// Polls a job until `what` holds (two minutes at most).
+pub fn wait_for(server: &TestServer, id: &str, what: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let (status, body) = get(&server.url(&format!("/batch/{id}")));

@@ -28,9 +28,36 @@ fn malformed_documents_are_reported_with_file_and_offset_then_skipped_or_abort()
     let stderr = String::from_utf8_lossy(&out.stderr);
     let at = format!("{path} at byte {}: no <DOCNO>", good.len());
     assert!(stderr.contains(&at), "{stderr}");
+    // A first build that aborts leaves no collection behind, empty or partial.
+    let (catalog, _) = Catalog::open(dir.path()).unwrap();
+    assert!(catalog.names().is_empty(), "{:?}", catalog.names());
+    assert!(!dir.path().join("collections/c").exists());
 
     let out = cli_ok(dir.path(), &["index", "--collection", "c", path]);
-    assert!(out.contains("indexed 2 documents, skipped 1, duplicates 0"), "{out}");
+    assert!(out.contains("indexed 2 documents, skipped 1 document and 0 files, duplicates 0"), "{out}");
+    assert_eq!(count(dir.path(), "c"), 2);
+}
+
+/// A directory walked for documents that also holds the experiment's topics and qrels: those are reported as
+/// skipped files (not documents), counted apart from skipped documents, under `--on-error abort` too.
+#[test]
+fn topics_and_qrels_beside_the_documents_are_skipped_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("robust");
+    std::fs::create_dir(&input).unwrap();
+    std::fs::write(input.join("docs.trec"), format!("{}{}", trec_doc("D1", "apples"), trec_doc("D2", "pears")))
+        .unwrap();
+    std::fs::write(input.join("topics.txt"), "<top>\n<num> Number: 301\n<title> apples\n</top>\n").unwrap();
+    std::fs::write(input.join("qrels.txt"), "301 0 D1 1\n301 0 D2 0\n").unwrap();
+    std::fs::write(input.join("bm25.run"), "301 Q0 D1 1 3.5 bm25\n301 Q0 D2 2 1.25 bm25\n").unwrap();
+    let out = cli(dir.path(), &["index", "--collection", "c", "--on-error", "abort", input.to_str().unwrap()]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("indexed 2 documents, skipped 0 documents and 3 files"), "{stdout}");
+    for (file, what) in [("topics.txt", "a topic file"), ("qrels.txt", "qrels"), ("bm25.run", "a TREC run")] {
+        let line = format!("skipped file {}: {what}, not documents", input.join(file).display());
+        assert!(stderr.contains(&line), "{line} in {stderr}");
+    }
     assert_eq!(count(dir.path(), "c"), 2);
 }
 
@@ -41,7 +68,7 @@ fn duplicates_are_reported_and_reruns_add_and_replace() {
     std::fs::write(&a, format!("{}{}{}", trec_doc("D1", "apples"), trec_doc("D2", "pears"), trec_doc("D1", "plums")))
         .unwrap();
     let out = cli_ok(dir.path(), &["index", "--collection", "c", a.to_str().unwrap()]);
-    assert!(out.contains("indexed 3 documents, skipped 0, duplicates 1"), "{out}");
+    assert!(out.contains("indexed 3 documents, skipped 0 documents and 0 files, duplicates 1"), "{out}");
     assert!(out.contains("2 documents in the collection"), "{out}");
     // The later D1 won.
     let search = cli_ok(dir.path(), &["search", "--collection", "c", "plums"]);

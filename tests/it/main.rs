@@ -2,6 +2,7 @@
 
 mod batch;
 mod browser;
+mod cli;
 mod clients;
 mod common;
 mod corpus;

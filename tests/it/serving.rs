@@ -66,11 +66,16 @@ fn hub_models_are_fetched_once_then_served_from_the_cache_offline() {
     );
     let mut env = offline_empty.to_vec();
     env.push(("LONGRANK_MODEL_PATH", "acme/tiny-ce"));
-    let server = TestServer::start(dir.path(), &env).wait_ready();
+    let log = dir.path().join("offline.log");
+    let server = TestServer::start_logging(dir.path(), &env, &log).wait_ready();
     let pipelines = crate::common::get(&server.url("/pipelines")).1;
     let pipelines: Value = serde_json::from_str(&pipelines).unwrap();
     assert_eq!(pipelines["models"][0]["state"], "unavailable", "{pipelines}");
-    assert!(pipelines["models"][0]["reason"].as_str().unwrap().contains("not in the hub cache"));
+    // The reason says how to fix it, in the API (the page shows it) and in the log.
+    let reason = pipelines["models"][0]["reason"].as_str().unwrap();
+    let fixes = ["not in the hub cache", "HF_HUB_OFFLINE unset", "HF_ENDPOINT", "point --model"];
+    assert!(fixes.iter().all(|f| reason.contains(f)), "{reason}");
+    server.wait_log(&log, "point --model");
     let maxp = pipelines["pipelines"].as_array().unwrap().iter().find(|p| p["name"] == "maxp").unwrap();
     assert_eq!(maxp["available"], false);
     assert!(maxp["reason"].as_str().unwrap().contains("not in the hub cache"), "{maxp}");
@@ -150,7 +155,7 @@ fn concurrent_requests_are_batched_together_and_score_as_alone() {
     loop {
         let (_, status) = crate::common::get(&server.url("/pipelines"));
         let queued = serde_json::from_str::<Value>(&status).unwrap()["models"][0]["queued"].as_u64().unwrap();
-        let held = model_metric("longrank_model_batch_inputs_total");
+        let held = model_metric("longrank_model_pairs_total");
         if queued + held == 6 * inputs {
             break;
         }
@@ -167,6 +172,19 @@ fn concurrent_requests_are_batched_together_and_score_as_alone() {
     }
     let shared = model_metric("longrank_model_shared_batches_total");
     assert!(shared >= 1, "no forward pass carried several requests' inputs");
+    // The model side of /metrics: one observation per forward pass, one queue wait per request, every miss
+    // computed, nothing left queued.
+    let batches = model_metric("longrank_model_batches_total");
+    for histogram in ["longrank_model_batch_size", "longrank_model_batch_tokens", "longrank_model_inference_seconds"] {
+        assert_eq!(model_metric(&format!("{histogram}_count")), batches, "{histogram}");
+    }
+    assert_eq!(model_metric("longrank_model_queue_seconds_count"), 6);
+    assert_eq!(model_metric("longrank_model_batch_size_sum"), 6 * inputs);
+    assert_eq!(model_metric("longrank_model_cache_misses_total"), model_metric("longrank_model_pairs_total"));
+    let pairs: u64 = alone[0]["timing"]["pairs"].as_u64().unwrap();
+    assert!(inputs <= pairs, "computed {inputs} of {pairs} pairs");
+    assert_eq!(model_metric("longrank_model_cache_hits_total"), 6 * (pairs - inputs));
+    assert_eq!(model_metric("longrank_model_queue_inputs"), 0);
 }
 
 fn docids(dir: &Path) -> Vec<String> {

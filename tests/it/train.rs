@@ -226,10 +226,18 @@ fn a_killed_run_resumes_from_its_last_checkpoint_and_trains_as_if_never_stopped(
     let whole: Vec<&str> = train_args(model, "whole", "allp", "60").into_iter().chain(extra).collect();
     cli_ok(d, &whole);
     assert!(best_dev(&summary(&d.join("whole")), "allp") >= 0.9, "learned with the softmax loss");
+    // The log starts with the initial model's dev score (step 0), once even in a resumed run (below).
+    let initial_evaluations = |log: &Path| {
+        let text = std::fs::read_to_string(log).unwrap();
+        let entries: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!((entries[0]["step"].as_u64(), entries[0]["dev"].is_object()), (Some(0), true), "{}", entries[0]);
+        entries.iter().filter(|e| e["step"] == 0 && e["dev"].is_object()).count()
+    };
+    assert_eq!(initial_evaluations(&d.join("whole/allp/log.jsonl")), 1);
 
     let args: Vec<&str> = train_args(model, "killed", "allp", "60").into_iter().chain(extra).collect();
-    // Held by a test hook after its third checkpoint (step 15): the kill lands mid-run.
-    let mut child = crate::common::spawn_cli(d, &args, &[("LONGRANK_TEST_HOLD", "train.checkpoint:3")]);
+    // Held by a test hook after its fourth checkpoint (steps 0, 5, 10, 15): the kill lands mid-run.
+    let mut child = crate::common::spawn_cli(d, &args, &[("LONGRANK_TEST_HOLD", "train.checkpoint:4")]);
     let progress = d.join("killed/allp/state/progress.json");
     let deadline = Instant::now() + Duration::from_secs(120);
     let step = || -> Option<u64> {
@@ -245,6 +253,7 @@ fn a_killed_run_resumes_from_its_last_checkpoint_and_trains_as_if_never_stopped(
     assert!(!child.wait().unwrap().success());
 
     cli_ok(d, &args);
+    assert_eq!(initial_evaluations(&d.join("killed/allp/log.jsonl")), 1);
     let (whole, resumed) = (losses(&d.join("whole/allp/log.jsonl")), losses(&d.join("killed/allp/log.jsonl")));
     assert_eq!(resumed.iter().map(|(s, _)| *s).collect::<Vec<_>>(), (1..=60).collect::<Vec<_>>(), "each step once");
     for ((step, a), (_, b)) in whole.iter().zip(&resumed) {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::histogram::{self, Histogram};
 use crate::model::{Encoded, ModelError};
 
 /// Set when the work's requester is gone (client disconnected, request timed out, batch job cancelled).
@@ -59,15 +60,58 @@ struct State {
     stats: BatchStats,
 }
 
-/// What the inference thread has run, for metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What a model's inference threads have run and its caches answered, for metrics (as
+/// text-embeddings-inference exposes them).
+#[derive(Debug, Clone, PartialEq)]
 pub struct BatchStats {
     /// Forward passes.
     pub batches: u64,
-    /// Inputs they carried.
+    /// Inputs they carried: the pairs (or texts) the model computed.
     pub inputs: u64,
     /// Passes that carried the inputs of more than one request (concurrent requests batched together).
     pub shared: u64,
+    /// Inputs per pass.
+    pub batch_size: Histogram,
+    /// Padded tokens per pass.
+    pub batch_tokens: Histogram,
+    /// Seconds per forward pass.
+    pub inference_seconds: Histogram,
+    /// Seconds a request's inputs waited before their first pass.
+    pub queue_seconds: Histogram,
+    /// Inputs the model's caches (memory, then the collection's stored outputs) answered, and those they did not.
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+}
+
+impl Default for BatchStats {
+    fn default() -> BatchStats {
+        BatchStats {
+            batches: 0,
+            inputs: 0,
+            shared: 0,
+            batch_size: Histogram::new(histogram::COUNTS),
+            batch_tokens: Histogram::new(histogram::TOKENS),
+            inference_seconds: Histogram::new(histogram::SECONDS),
+            queue_seconds: Histogram::new(histogram::SECONDS),
+            cache_hits: 0,
+            cache_misses: 0,
+        }
+    }
+}
+
+impl BatchStats {
+    /// Adds another queue's (a Co-BERT model's second one).
+    pub fn merge(&mut self, other: &BatchStats) {
+        self.batches += other.batches;
+        self.inputs += other.inputs;
+        self.shared += other.shared;
+        self.batch_size.merge(&other.batch_size);
+        self.batch_tokens.merge(&other.batch_tokens);
+        self.inference_seconds.merge(&other.inference_seconds);
+        self.queue_seconds.merge(&other.queue_seconds);
+        self.cache_hits += other.cache_hits;
+        self.cache_misses += other.cache_misses;
+    }
 }
 
 struct Item {
@@ -147,6 +191,7 @@ impl Queue {
                     queue: progress.started.map(|s| s - job.submitted).unwrap_or_default(),
                     inference: progress.inference,
                 };
+                self.shared.state.lock().stats.queue_seconds.observe(timing.queue.as_secs_f64());
                 let outputs = progress.outputs.drain(..).map(|o| o.expect("every output delivered")).collect();
                 return Ok((outputs, timing));
             }
@@ -164,7 +209,7 @@ impl Queue {
     }
 
     pub fn stats(&self) -> BatchStats {
-        self.shared.state.lock().stats
+        self.shared.state.lock().stats.clone()
     }
 }
 
@@ -195,6 +240,9 @@ impl Shared {
                 stats.batches += 1;
                 stats.inputs += batch.len() as u64;
                 stats.shared += batch.iter().any(|item| !Arc::ptr_eq(&item.job, &batch[0].job)) as u64;
+                stats.batch_size.observe(batch.len() as f64);
+                let longest = batch.iter().map(|item| item.input.ids.len()).max().unwrap_or(0);
+                stats.batch_tokens.observe((longest * batch.len()) as f64);
                 batch
             };
             crate::hooks::point("model.batch");
@@ -204,6 +252,7 @@ impl Shared {
             let inputs: Vec<Encoded> = batch.iter().map(|item| item.input.clone()).collect();
             let result = forward(&inputs);
             let elapsed = started.elapsed();
+            self.state.lock().stats.inference_seconds.observe(elapsed.as_secs_f64());
             if let Ok(outputs) = &result {
                 let mut state = self.state.lock();
                 let rate = outputs.len() as f64 / elapsed.as_secs_f64().max(1e-6);

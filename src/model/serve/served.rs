@@ -5,6 +5,7 @@
 //! on-disk store when one is given (a collection's embedding file; its pair outputs with `store_scores`).
 
 use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -52,6 +53,10 @@ pub struct Served {
     /// Co-BERT's own backbone, when it is not the first round's (trained end to end).
     second: Option<Queue>,
     cache: Mutex<LruCache<u64, Output>>,
+    /// Inputs answered without the model (memory cache, stored outputs, or the same input twice in a
+    /// request), and inputs the model computed.
+    hits: AtomicU64,
+    misses: AtomicU64,
     options: ServeOptions,
 }
 
@@ -72,7 +77,8 @@ impl Served {
             Queue::start(&format!("{name}/cobert"), forward, options.max_batch_tokens, options.max_queued_inputs)
         });
         let entries = NonZeroUsize::new(options.cache_entries).unwrap_or(NonZeroUsize::MIN);
-        Served { model, queue, second, cache: Mutex::new(LruCache::new(entries)), options }
+        let (hits, misses) = (AtomicU64::new(0), AtomicU64::new(0));
+        Served { model, queue, second, cache: Mutex::new(LruCache::new(entries)), hits, misses, options }
     }
 
     pub fn model(&self) -> &Reranker {
@@ -117,7 +123,9 @@ impl Served {
                 self.remember(&keys, &missing, outputs, &mut found);
                 let q = found.pop().flatten().expect("the query embedded");
                 let scores = found.iter().map(|e| cosine(&q, e.as_ref().expect("every text embedded"))).collect();
-                Ok(Scores { scores, timing, computed: missing.len(), flops: None })
+                // A pair is computed when its text's embedding was (the query's is not a pair).
+                let computed = missing.iter().filter(|&&i| i < texts.len()).count();
+                Ok(Scores { scores, timing, computed, flops: None })
             }
         }
     }
@@ -200,6 +208,8 @@ impl Served {
 
     /// Caches the computed outputs and fills them in, for the missing indices and their duplicates.
     fn remember(&self, keys: &[u64], missing: &[usize], outputs: Vec<Vec<f32>>, found: &mut [Option<Output>]) {
+        self.hits.fetch_add((keys.len() - missing.len()) as u64, Ordering::Relaxed);
+        self.misses.fetch_add(missing.len() as u64, Ordering::Relaxed);
         let mut cache = self.cache.lock();
         for (&i, output) in missing.iter().zip(outputs) {
             let output: Output = output.into();
@@ -226,8 +236,13 @@ impl Served {
 
     /// What the model's inference threads have run.
     pub fn stats(&self) -> BatchStats {
-        let (a, b) = (self.queue.stats(), self.second.as_ref().map(Queue::stats).unwrap_or_default());
-        BatchStats { batches: a.batches + b.batches, inputs: a.inputs + b.inputs, shared: a.shared + b.shared }
+        let mut stats = self.queue.stats();
+        if let Some(second) = &self.second {
+            stats.merge(&second.stats());
+        }
+        stats.cache_hits = self.hits.load(Ordering::Relaxed);
+        stats.cache_misses = self.misses.load(Ordering::Relaxed);
+        stats
     }
 }
 

@@ -1,0 +1,60 @@
+//! `longrank collections`: the data directory's collections, and deleting one.
+
+use anyhow::Context;
+use longrank::config::Config;
+use longrank::index::Catalog;
+use longrank::store::Store;
+
+#[derive(clap::Args)]
+pub struct CollectionsArgs {
+    #[command(flatten)]
+    pub global: super::Global,
+    #[command(subcommand)]
+    action: Option<Action>,
+}
+
+#[derive(clap::Subcommand)]
+enum Action {
+    /// List the collections: documents, mean length, size on disk (what no subcommand does too).
+    List,
+    /// Delete a collection and its index; refused while a queued or running batch job of the server reads it.
+    Delete {
+        /// The collection to delete.
+        name: String,
+    },
+}
+
+pub fn run(args: CollectionsArgs, config: &Config) -> anyhow::Result<()> {
+    match args.action.unwrap_or(Action::List) {
+        Action::List => list(config),
+        Action::Delete { name } => delete(config, &name),
+    }
+}
+
+fn list(config: &Config) -> anyhow::Result<()> {
+    let collections = super::open_engine(config)?.collections()?;
+    if collections.is_empty() {
+        eprintln!("no collections in {}", config.data_dir.display());
+        return Ok(());
+    }
+    let width = collections.iter().map(|c| c.name.chars().count()).max().unwrap_or(0).max("collection".len());
+    println!("{:<width$}  {:>12}  {:>11}  {:>10}", "collection", "documents", "mean length", "size (MB)");
+    for c in &collections {
+        let mb = c.size_bytes as f64 / 1e6;
+        println!("{:<width$}  {:>12}  {:>11.1}  {:>10.1}", c.name, c.documents, c.average_length, mb);
+    }
+    Ok(())
+}
+
+fn delete(config: &Config, name: &str) -> anyhow::Result<()> {
+    let (catalog, _) = Catalog::open(&config.data_dir)?;
+    let database = config.database_path();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let store = Store::open(&database).await.with_context(|| format!("opening {}", database.display()))?;
+        longrank::server::jobs::delete_collection(&catalog, &store, name).await?;
+        anyhow::Ok(())
+    })?;
+    println!("deleted collection {name}");
+    Ok(())
+}
