@@ -263,11 +263,25 @@ pub struct Limits {
     pub max_k: usize,
     pub default_depth: usize,
     pub max_depth: usize,
+    /// RM3's feedback documents and terms (each feedback document is read and analyzed whole).
+    pub max_fb_docs: usize,
+    pub max_fb_terms: usize,
+    /// Topics in one batch (a job's, or `longrank batch`'s).
+    pub max_topics: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_query_chars: 4096, default_k: 10, max_k: 10_000, default_depth: 100, max_depth: 10_000 }
+        Limits {
+            max_query_chars: 4096,
+            default_k: 10,
+            max_k: 10_000,
+            default_depth: 100,
+            max_depth: 10_000,
+            max_fb_docs: 100,
+            max_fb_terms: 200,
+            max_topics: 20_000,
+        }
     }
 }
 

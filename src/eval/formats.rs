@@ -82,6 +82,10 @@ pub fn parse_topics(text: &str, path: &Path) -> Result<Vec<Topic>, EvalError> {
     }
     let mut seen = std::collections::HashSet::new();
     for (qid, line) in topics.iter().map(|(t, l)| (&t.qid, *l)) {
+        // A run file's columns are split by whitespace: a qid holding some would break every line of it.
+        if qid.is_empty() || qid.contains(char::is_whitespace) {
+            return Err(EvalError::parse(path, line, &format!("topic id {qid:?} is empty or holds whitespace")));
+        }
         if !seen.insert(qid.clone()) {
             return Err(EvalError::parse(path, line, &format!("duplicate topic {qid}")));
         }
@@ -466,6 +470,11 @@ mod tests {
         assert_eq!(t.len(), 2);
         let err = parse_topics("1\thello\nbroken line\n", &p()).unwrap_err();
         assert_eq!(err.to_string(), "t:2: expected qid<TAB>query text");
+        // A qid with whitespace would break the run file's columns.
+        let err = parse_topics("1\thello\n2 b\tbye\n", &p()).unwrap_err();
+        assert_eq!(err.to_string(), "t:2: topic id \"2 b\" is empty or holds whitespace");
+        let err = parse_topics(&xml.replace("number=\"1\"", "number=\"1 2\""), &p()).unwrap_err();
+        assert!(err.to_string().contains("\"1 2\" is empty or holds whitespace"), "{err}");
     }
 
     #[test]

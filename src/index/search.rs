@@ -106,10 +106,12 @@ impl Snapshot<'_> {
                 }
             }
         }
+        // The k best and every tie with the k-th: which of those make the cut is decided by docid, not by
+        // where the documents sit in the index (which differs between two builds of one collection).
         prune(&mut top, k);
-        top.truncate(k);
         let mut hits = self.resolve_docids(top)?;
         hits.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.docid.cmp(&b.docid)));
+        hits.truncate(k);
         Ok(hits)
     }
 

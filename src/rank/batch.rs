@@ -34,6 +34,11 @@ impl Engine {
         rerank: Option<Run>,
     ) -> Result<BatchPlan, RankError> {
         let options = self.options(&params.params, Usage::Batch)?;
+        let max = self.limits.max_topics;
+        if topics.len() > max {
+            let value = topics.len() as f64;
+            return Err(RankError::OutOfRange { field: "topics", value, min: 1.0, max: max as f64 });
+        }
         // An unavailable pipeline is refused now, as /search refuses it, not at the job's first topic.
         self.model_for(&options)?;
         if rerank.is_some() && !options.pipeline.needs_model() {

@@ -86,18 +86,19 @@ impl Engine {
             return Err(RankError::RerankingPipelineRequired { what: "/rerank", pipeline: pipeline.name() });
         }
         let bm25 = params.bm25.unwrap_or(self.bm25);
-        at_least("bm25.k1", bm25.k1 as f64, 0.0)?;
+        within("bm25.k1", bm25.k1 as f64, 0.0, MAX_K1)?;
         unit("bm25.b", bm25.b)?;
         let rm3 = params.rm3.unwrap_or_default();
-        at_least("rm3.fb_docs", rm3.fb_docs as f64, 1.0)?;
-        at_least("rm3.fb_terms", rm3.fb_terms as f64, 1.0)?;
+        within("rm3.fb_docs", rm3.fb_docs as f64, 1.0, limits.max_fb_docs as f64)?;
+        within("rm3.fb_terms", rm3.fb_terms as f64, 1.0, limits.max_fb_terms as f64)?;
         unit("rm3.original_query_weight", rm3.original_query_weight)?;
         Ok(RankOptions { k, pipeline, bm25, rm3, rerank })
     }
 
     /// A query's text, trimmed, checked against the limits.
     pub fn check_query<'q>(&self, query: &'q str) -> Result<&'q str, RankError> {
-        let query = query.trim();
+        // Control characters (NUL say) are no more a query than spaces are.
+        let query = query.trim_matches(|c: char| c.is_whitespace() || c.is_control());
         if query.is_empty() {
             return Err(RankError::EmptyQuery);
         }
@@ -131,12 +132,15 @@ fn unit(field: &'static str, value: f32) -> Result<(), RankError> {
     Err(RankError::OutOfRange { field, value: value as f64, min: 0.0, max: 1.0 })
 }
 
-/// A parameter with a lower bound only (NaN is refused).
-fn at_least(field: &'static str, value: f64, min: f64) -> Result<(), RankError> {
-    if value >= min && value.is_finite() {
+/// BM25's k1 past which term frequency no longer saturates in any useful way (tuned values run 0.5 to 3).
+const MAX_K1: f64 = 100.0;
+
+/// A parameter between `min` and `max` (NaN and infinities are refused).
+fn within(field: &'static str, value: f64, min: f64, max: f64) -> Result<(), RankError> {
+    if (min..=max).contains(&value) {
         return Ok(());
     }
-    Err(RankError::OutOfRange { field, value, min, max: f64::INFINITY })
+    Err(RankError::OutOfRange { field, value, min, max })
 }
 
 #[cfg(test)]
@@ -151,8 +155,9 @@ mod tests {
         assert!(in_range("k", Some(101), 10, 100).is_err());
         assert!(in_range("k", Some(-5), 10, 100).is_err());
         assert!(unit("interpolate", 1.5).is_err() && unit("interpolate", 0.0).is_ok());
-        assert!(at_least("bm25.k1", f64::NAN, 0.0).is_err());
-        let err = at_least("bm25.k1", -1.0, 0.0).unwrap_err();
-        assert_eq!(err.to_string(), "bm25.k1 must be at least 0, got -1");
+        assert!(within("bm25.k1", f64::NAN, 0.0, MAX_K1).is_err());
+        assert!(within("bm25.k1", f32::INFINITY as f64, 0.0, MAX_K1).is_err());
+        let err = within("bm25.k1", -1.0, 0.0, MAX_K1).unwrap_err();
+        assert_eq!(err.to_string(), "bm25.k1 must be between 0 and 100, got -1");
     }
 }

@@ -88,7 +88,7 @@ codes! {
     MalformedFile = "malformed_file", 422, "A topic, qrels or run file does not parse (the message names the line).";
     Overloaded = "overloaded", 429, "The model's queue is full; retry after `Retry-After` seconds.";
     Cancelled = "cancelled", 499, "The client went away before the answer (logged only).";
-    Internal = "internal", 500, "A failure of the server (the message says which).";
+    Internal = "internal", 500, "A failure of the server: the message gives an incident id, the server log has the details.";
     ModelError = "model_error", 500, "The model failed on this input.";
     IndexError = "index_error", 500, "The index failed to answer.";
     NotReady = "not_ready", 503, "The server is still opening its indexes; retry after `Retry-After` seconds.";
@@ -153,16 +153,31 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.code.status();
-        if status.is_server_error() && self.code != ErrorCode::NotReady && self.code != ErrorCode::Timeout {
-            tracing::error!(code = self.code.as_str(), "{}", self.message);
+        let mut message = self.message;
+        if self.code == ErrorCode::Internal {
+            // What failed inside (a panic's message, a path of the data directory) goes to the log only; the
+            // client gets an id to quote.
+            let id = incident_id();
+            tracing::error!(code = self.code.as_str(), incident = %id, "{message}");
+            message = format!("internal error {id}: the server's log has the details");
+        } else if status.is_server_error() && self.code != ErrorCode::NotReady && self.code != ErrorCode::Timeout {
+            tracing::error!(code = self.code.as_str(), "{message}");
         }
-        let body = ErrorBody { error: ErrorDetail { code: self.code, message: self.message } };
+        let body = ErrorBody { error: ErrorDetail { code: self.code, message } };
         let mut response = (status, axum::Json(body)).into_response();
         if matches!(status, StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS) {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(self.retry_after_s));
         }
         response
     }
+}
+
+/// A short id, unique within the process and unlikely across restarts, naming one internal error in the log.
+fn incident_id() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    format!("{:08x}-{n}", (nanos >> 16) as u32)
 }
 
 impl RankError {
@@ -359,6 +374,21 @@ mod tests {
             .map(|c| format!("| `{}` | {} | {} |", c.as_str(), c.status().as_u16(), c.description()))
             .collect();
         assert_eq!(table, codes, "README's table of error codes: ErrorCode::ALL in order, statuses and descriptions");
+    }
+
+    /// An internal error's body names an incident, never what failed inside (a panic, a path).
+    #[test]
+    fn internal_errors_answer_an_id_and_keep_the_details_for_the_log() {
+        let response =
+            ApiError::internal("worker panicked at /srv/data/collections/x: index out of bounds").into_response();
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let body = runtime.block_on(axum::body::to_bytes(response.into_body(), 1 << 16)).unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with("internal error ") && message.ends_with("the server's log has the details"));
+        assert!(!message.contains("/srv") && !message.contains("panicked"), "{message}");
+        assert_eq!(body["error"]["code"], "internal");
     }
 
     #[test]

@@ -581,4 +581,14 @@ fn cli_batch_summarizes_warnings_one_line_per_kind() {
     assert_eq!(warnings.len(), 2, "{stderr}");
     assert!(warnings[0].contains("2 topics retrieved nothing") && warnings[0].contains("998, 999"), "{stderr}");
     assert!(warnings[1].contains("222 topics of the qrels not in the topic file"), "{stderr}");
+
+    // Topics per batch are bounded (`limits.max_topics`).
+    let out = crate::common::cli_env(
+        f.dir.path(),
+        &[&args[..], &["--out", out.to_str().unwrap()]].concat(),
+        &[("LONGRANK_LIMITS_MAX_TOPICS", "3")],
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("topics must be between 1 and 3, got 5"), "{stderr}");
 }

@@ -61,6 +61,25 @@ fn topics_and_qrels_beside_the_documents_are_skipped_files() {
     assert_eq!(count(dir.path(), "c"), 2);
 }
 
+/// Documents tied at rank k make the cut by docid, so two builds of one collection (documents added in another
+/// order) rank alike.
+#[test]
+fn ties_at_rank_k_go_to_the_smaller_docid_whatever_the_build_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rankings = Vec::new();
+    for (name, order) in [("a", ["d3", "d1", "d5", "d2", "d4"]), ("b", ["d4", "d5", "d2", "d1", "d3"])] {
+        let file = dir.path().join(format!("{name}.trec"));
+        std::fs::write(&file, order.iter().map(|id| trec_doc(id, "apples and pears")).collect::<String>()).unwrap();
+        cli_ok(dir.path(), &["index", "--collection", name, file.to_str().unwrap()]);
+        let out = cli_ok(dir.path(), &["search", "--collection", name, "-k", "2", "apples"]);
+        let docids: Vec<String> =
+            out.lines().skip(1).map(|l| l.split_whitespace().nth(2).unwrap().to_string()).collect();
+        rankings.push(docids);
+    }
+    assert_eq!(rankings[0], ["d1", "d2"]);
+    assert_eq!(rankings[1], ["d1", "d2"]);
+}
+
 #[test]
 fn duplicates_are_reported_and_reruns_add_and_replace() {
     let dir = tempfile::tempdir().unwrap();

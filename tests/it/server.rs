@@ -155,6 +155,12 @@ fn every_bad_request_gets_the_json_error_shape() {
     post_json(&search, r#"{"query": "x", "k": "ten"}"#).assert_error(400, "invalid_body");
     post_json(&search, r#"{"query": "x", "surprise": 1}"#).assert_error(400, "invalid_body");
     post_json(&search, r#"{"query": "   ", "collection": "cranfield"}"#).assert_error(400, "empty_query");
+    post_json(&search, r#"{"query": "\u0000\u0000", "collection": "cranfield"}"#).assert_error(400, "empty_query");
+    // Size-like parameters are bounded, infinities included (1e39 is an f32 infinity).
+    for bad in [r#""bm25": {"k1": 1e39, "b": 0.4}"#, r#""rm3": {"fb_docs": 100000}"#, r#""rm3": {"fb_terms": 5000}"#] {
+        let body = format!(r#"{{"query": "wing", "collection": "cranfield", "pipeline": "bm25+rm3", {bad}}}"#);
+        post_json(&search, &body).assert_error(400, "out_of_range");
+    }
     post_json(&search, r#"{"query": "wing", "collection": "cranfield", "k": 0}"#).assert_error(400, "out_of_range");
     post_json(&search, r#"{"query": "wing", "collection": "cranfield", "k": 100000}"#)
         .assert_error(400, "out_of_range");
