@@ -207,11 +207,13 @@ pub struct BatchConfig {
     /// At start, resume the jobs a crash or restart cut off from their last finished topic (false: mark
     /// them interrupted).
     pub resume_interrupted: bool,
+    /// Finished jobs kept (with their runs), the newest; older ones are deleted as new ones finish. 0 keeps all.
+    pub keep_finished_jobs: usize,
 }
 
 impl Default for BatchConfig {
     fn default() -> Self {
-        BatchConfig { max_concurrent_jobs: 1, resume_interrupted: true }
+        BatchConfig { max_concurrent_jobs: 1, resume_interrupted: true, keep_finished_jobs: 1000 }
     }
 }
 
@@ -236,6 +238,8 @@ pub struct ServerConfig {
     pub cors_origins: Vec<String>,
     /// Host names the server answers to besides the loopback ones (localhost, 127.0.0.1, [::1]).
     pub allowed_hosts: Vec<String>,
+    /// Searches kept in the query log, the newest (0: no query log).
+    pub query_log_entries: usize,
 }
 
 impl Default for ServerConfig {
@@ -250,6 +254,7 @@ impl Default for ServerConfig {
             public_metrics: false,
             cors_origins: Vec::new(),
             allowed_hosts: Vec::new(),
+            query_log_entries: 100_000,
         }
     }
 }

@@ -311,8 +311,10 @@ route_errors! {
         ModelRequired, UnknownModel, MalformedFile, ModelUnavailable, InvalidQueryString, IndexError];
     /// Reading a job by id.
     JobErrors(Read): [InvalidPath, UnknownJob, JobConflict];
-    /// Cancelling a job.
-    CancelErrors(Admin): [InvalidPath, ForbiddenOrigin, UnknownJob, JobConflict];
+    /// The list of jobs.
+    ListErrors(Read): [InvalidQueryString, OutOfRange];
+    /// Cancelling or deleting a job.
+    CancelErrors(Admin): [InvalidPath, ForbiddenOrigin, UnknownJob];
     /// Two jobs compared.
     CompareErrors(Read): [InvalidQueryString, UnknownJob, JobConflict, MalformedFile];
     /// `/documents/{docid}`.

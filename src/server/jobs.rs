@@ -97,7 +97,9 @@ pub struct Flops {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Metrics {
     pub all: BTreeMap<String, f64>,
-    pub per_topic: BTreeMap<String, BTreeMap<String, f64>>,
+    /// Per topic, in one job's view (a list of jobs leaves it out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_topic: Option<BTreeMap<String, BTreeMap<String, f64>>>,
 }
 
 /// The job queue and its workers.
@@ -196,6 +198,12 @@ impl Jobs {
                 tracing::error!(job = %id, "batch job failed: {e}");
                 let _ = jobs.store.set_status(&id, JobStatus::Failed, Some(&e.to_string())).await;
             }
+            // Retention: the newest finished jobs stay, older ones go with their runs.
+            match jobs.store.keep_finished(jobs.config.batch.keep_finished_jobs).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!("deleted {n} finished jobs beyond batch.keep_finished_jobs"),
+                Err(e) => tracing::warn!("job retention: {e}"),
+            }
             jobs.live_map().remove(&id);
             let _ = done_tx.send(true);
         });
@@ -261,7 +269,7 @@ impl Jobs {
         let Some(qrels) = qrels else { return Ok((None, warnings)) };
         let evaluation = eval::evaluate(&run, &qrels, &Measure::all(), EvalOptions::default());
         let per_topic = evaluation.per_topic.iter().map(|(q, v)| (q.clone(), v.iter().cloned().collect())).collect();
-        Ok((Some(Metrics { all: evaluation.all_map(), per_topic }), warnings))
+        Ok((Some(Metrics { all: evaluation.all_map(), per_topic: Some(per_topic) }), warnings))
     }
 
     pub async fn get(&self, id: &str) -> Result<JobView, JobError> {
@@ -270,8 +278,10 @@ impl Jobs {
     }
 
     /// Every job, newest first.
-    pub async fn list(&self) -> Result<Vec<JobView>, JobError> {
-        Ok(self.store.jobs().await?.into_iter().map(view).collect())
+    /// A page of jobs, newest first, without per-topic metrics, and how many jobs there are.
+    pub async fn list(&self, offset: usize, limit: usize) -> Result<(Vec<JobView>, i64), JobError> {
+        let (rows, total) = self.store.jobs(offset, limit).await?;
+        Ok((rows.into_iter().map(view).collect(), total))
     }
 
     /// Waits until a job of this process finishes (immediately for others).
@@ -296,21 +306,18 @@ impl Jobs {
         Ok(self.store.run_text(id).await?)
     }
 
-    /// Cancels a queued or running job.
-    pub async fn cancel(&self, id: &str) -> Result<JobView, JobError> {
+    /// Cancels a queued or running job (its view), or deletes a finished one with its run (`None`).
+    pub async fn cancel_or_delete(&self, id: &str) -> Result<Option<JobView>, JobError> {
         let row = self.store.job(id).await?.ok_or_else(|| JobError::UnknownJob(id.to_string()))?;
         if row.status.is_finished() {
-            return Err(JobError::Conflict {
-                id: row.id,
-                status: row.status.as_str(),
-                message: "only queued or running jobs can be cancelled".into(),
-            });
+            self.store.delete_job(id).await?;
+            return Ok(None);
         }
         if let Some(live) = self.live_map().get(id) {
             live.cancel.cancel();
         }
         self.store.set_status(id, JobStatus::Cancelled, None).await?;
-        self.get(id).await
+        self.get(id).await.map(Some)
     }
 
     /// What `longrank compare` gives for two finished jobs with qrels (the first job's qrels judge both).

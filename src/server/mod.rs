@@ -66,12 +66,13 @@ impl AppState {
     async fn search(&self, request: SearchRequest) -> Result<SearchResponse, ApiError> {
         let response = self.run(move |engine, cancel| engine.search(request, cancel)).await?;
         let store = self.jobs().store().clone();
+        let keep = self.config().server.query_log_entries;
         let (query, collection, pipeline) =
             (response.query.clone(), response.collection.clone(), response.pipeline.name());
         let (latency_ms, results) = (response.took_ms, response.results.len() as i64);
         tokio::spawn(async move {
             let entry = QueryLogEntry { query: &query, collection: Some(&collection), pipeline, latency_ms, results };
-            if let Err(e) = store.log_query(entry).await {
+            if let Err(e) = store.log_query(entry, keep).await {
                 tracing::warn!("query log: {e}");
             }
         });

@@ -103,6 +103,13 @@ pub struct Store {
     pool: SqlitePool,
 }
 
+/// `JOB_COLUMNS` without the files and with `metrics` cut to the means (`{all}`), for lists.
+const SUMMARY_COLUMNS: &str =
+    "id, status, created_at, updated_at, params, '' AS topics, NULL AS qrels, NULL AS rerank, provenance, total, \
+    warnings, CASE WHEN metrics IS NULL THEN NULL ELSE json_object('all', json(json_extract(metrics, '$.all'))) END \
+    AS metrics, error, (SELECT COUNT(*) FROM job_topics t WHERE t.job_id = jobs.id) AS done, \
+    (SELECT SUM(flops) FROM job_topics t WHERE t.job_id = jobs.id) AS flops";
+
 const JOB_COLUMNS: &str =
     "id, status, created_at, updated_at, params, topics, qrels, rerank, provenance, total, warnings, \
     metrics, error, (SELECT COUNT(*) FROM job_topics t WHERE t.job_id = jobs.id) AS done, \
@@ -219,12 +226,39 @@ impl Store {
         row.map(|r| job_row(&r)).transpose()
     }
 
-    /// Every job, newest first.
-    pub async fn jobs(&self) -> Result<Vec<JobRow>, StoreError> {
-        let rows = sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs ORDER BY created_at DESC, id DESC"))
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(job_row).collect()
+    /// A page of jobs, newest first, without what only one job's view needs (the topic, qrels and rerank
+    /// files, per-topic metrics), and how many jobs there are.
+    pub async fn jobs(&self, offset: usize, limit: usize) -> Result<(Vec<JobRow>, i64), StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {SUMMARY_COLUMNS} FROM jobs ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?"
+        ))
+        .bind(limit as i64)
+        .bind(offset as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        let total: i64 = sqlx::query("SELECT COUNT(*) FROM jobs").fetch_one(&self.pool).await?.try_get(0)?;
+        Ok((rows.iter().map(job_row).collect::<Result<_, _>>()?, total))
+    }
+
+    /// Deletes a job with its run.
+    pub async fn delete_job(&self, id: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM jobs WHERE id = ?").bind(id).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Deletes the finished jobs (with their runs) beyond the newest `keep`; 0 keeps every one.
+    pub async fn keep_finished(&self, keep: usize) -> Result<u64, StoreError> {
+        if keep == 0 {
+            return Ok(0);
+        }
+        let deleted = sqlx::query(
+            "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE status IN ('done', 'failed', 'cancelled', \
+             'interrupted') ORDER BY created_at DESC, id DESC LIMIT -1 OFFSET ?)",
+        )
+        .bind(keep as i64)
+        .execute(&self.pool)
+        .await?;
+        Ok(deleted.rows_affected())
     }
 
     /// Jobs a crash or restart cut off.
@@ -262,8 +296,12 @@ impl Store {
         Ok(text)
     }
 
-    pub async fn log_query(&self, entry: QueryLogEntry<'_>) -> Result<(), StoreError> {
-        sqlx::query(
+    /// Logs a search, keeping the newest `keep` entries (0: logs nothing).
+    pub async fn log_query(&self, entry: QueryLogEntry<'_>, keep: usize) -> Result<(), StoreError> {
+        if keep == 0 {
+            return Ok(());
+        }
+        let id = sqlx::query(
             "INSERT INTO query_log (at, query, collection, pipeline, latency_ms, results) VALUES (?, ?, ?, ?, ?, ?)",
         )
         .bind(now_rfc3339())
@@ -273,8 +311,21 @@ impl Store {
         .bind(entry.latency_ms)
         .bind(entry.results)
         .execute(&self.pool)
-        .await?;
+        .await?
+        .last_insert_rowid();
+        // Ids grow by one per entry: everything `keep` behind the newest goes (a range on the primary key).
+        sqlx::query("DELETE FROM query_log WHERE id <= ?").bind(id - keep as i64).execute(&self.pool).await?;
         Ok(())
+    }
+
+    /// Entries in the query log.
+    pub async fn query_log_len(&self) -> Result<i64, StoreError> {
+        Ok(sqlx::query("SELECT COUNT(*) FROM query_log").fetch_one(&self.pool).await?.try_get(0)?)
+    }
+
+    /// Searches logged since the database was made (the newest entry's id).
+    pub async fn queries_logged(&self) -> Result<i64, StoreError> {
+        Ok(sqlx::query("SELECT COALESCE(MAX(id), 0) FROM query_log").fetch_one(&self.pool).await?.try_get(0)?)
     }
 
     /// `PRAGMA integrity_check`: "ok" when the database is sound.

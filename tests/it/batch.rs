@@ -242,9 +242,57 @@ fn qrels_topics_missing_from_the_run_are_warnings_and_queued_jobs_cancel() {
     let r = request("DELETE", &f.server.url(&format!("/batch/{first_id}")), &[], None);
     assert_eq!(r.json()["status"], "cancelled");
     request("GET", &f.server.url(&format!("/batch/{first_id}/run")), &[], None).assert_error(409, "job_conflict");
-    // A finished job cannot be cancelled.
+    // A finished job is deleted, with its run.
     let done = job["id"].as_str().unwrap();
-    request("DELETE", &f.server.url(&format!("/batch/{done}")), &[], None).assert_error(409, "job_conflict");
+    assert_eq!(request("DELETE", &f.server.url(&format!("/batch/{done}")), &[], None).status, 204);
+    request("GET", &f.server.url(&format!("/batch/{done}")), &[], None).assert_error(404, "unknown_job");
+    request("GET", &f.server.url(&format!("/batch/{done}/run")), &[], None).assert_error(404, "unknown_job");
+}
+
+/// What is stored stays bounded: the newest finished jobs and searches are kept, the list of jobs comes a page
+/// at a time without per-topic metrics.
+#[test]
+fn finished_jobs_and_the_query_log_are_kept_within_their_limits_and_jobs_list_by_pages() {
+    let dir = crate::fixtures::cranfield_data_dir();
+    let env = [("LONGRANK_BATCH_KEEP_FINISHED_JOBS", "2"), ("LONGRANK_SERVER_QUERY_LOG_ENTRIES", "3")];
+    let server = TestServer::start(dir.path(), &env).wait_ready();
+    let body = json!({"topics": "1\twing flutter\n2\theat transfer\n", "qrels": read("cranfield/qrels.txt")});
+    let ids: Vec<String> = (0..3)
+        .map(|_| {
+            post_json(&server.url("/batch?wait=true"), &body.to_string()).json()["id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    // The oldest finished job went with the third.
+    request("GET", &server.url(&format!("/batch/{}", ids[0])), &[], None).assert_error(404, "unknown_job");
+    let page = request("GET", &server.url("/batch?limit=1"), &[], None);
+    assert_eq!(page.header("x-total-count"), Some("2"));
+    let listed = page.json();
+    assert_eq!(listed.as_array().unwrap().len(), 1);
+    assert_eq!(listed[0]["id"], ids[2].as_str(), "newest first");
+    assert!(listed[0]["metrics"]["all"]["map"].is_number() && listed[0]["metrics"].get("per_topic").is_none());
+    let next = request("GET", &server.url("/batch?limit=1&offset=1"), &[], None).json();
+    assert_eq!(next[0]["id"], ids[1].as_str());
+    let full = request("GET", &server.url(&format!("/batch/{}", ids[2])), &[], None).json();
+    assert!(full["metrics"]["per_topic"]["1"]["map"].is_number(), "one job's view keeps per-topic metrics");
+    request("GET", &server.url("/batch?limit=0"), &[], None).assert_error(400, "out_of_range");
+    request("GET", &server.url("/batch?limit=many"), &[], None).assert_error(400, "invalid_query_string");
+
+    // Five searches, three kept in the query log (logged in the background: wait for all five).
+    for q in ["wing", "flutter", "heat", "transfer", "boundary"] {
+        assert_eq!(post_json(&server.url("/search"), &json!({"query": q}).to_string()).status, 200);
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let store = runtime.block_on(longrank::store::Store::open(&dir.path().join("longrank.db"))).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (len, logged) =
+            runtime.block_on(async { (store.query_log_len().await.unwrap(), store.queries_logged().await.unwrap()) });
+        if logged == 5 && len == 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the query log kept {len} of {logged} searches, not 3 of 5");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]

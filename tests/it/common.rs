@@ -175,13 +175,15 @@ impl Drop for TestServer {
 pub struct Reply {
     pub status: u16,
     pub body: String,
-    pub request_id: Option<String>,
-    pub content_type: Option<String>,
-    pub retry_after: Option<String>,
-    pub allow_origin: Option<String>,
+    /// Header names lower-cased.
+    pub headers: Vec<(String, String)>,
 }
 
 impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
     }
@@ -202,14 +204,15 @@ fn reply(result: Result<ureq::Response, ureq::Error>) -> Reply {
         Err(e) => panic!("request failed: {e}"),
     };
     let status = response.status();
-    let request_id = response.header("x-request-id").map(String::from);
-    let content_type = response.header("content-type").map(String::from);
-    let retry_after = response.header("retry-after").map(String::from);
-    let allow_origin = response.header("access-control-allow-origin").map(String::from);
+    let headers = response
+        .headers_names()
+        .into_iter()
+        .filter_map(|n| Some((n.to_ascii_lowercase(), response.header(&n)?.to_string())))
+        .collect();
     // Not into_string(): it stops at 10 MB, and runs are larger.
     let mut body = String::new();
     std::io::Read::read_to_string(&mut response.into_reader(), &mut body).expect("read the body");
-    Reply { status, body, request_id, content_type, retry_after, allow_origin }
+    Reply { status, body, headers }
 }
 
 fn agent() -> ureq::Agent {

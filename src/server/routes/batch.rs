@@ -8,10 +8,10 @@ use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::eval::Comparison;
-use crate::rank::BatchParams;
+use crate::rank::{BatchParams, RankError};
 use crate::server::decode::{self, ApiJson, Fields};
 use crate::server::error::{
-    ApiError, ApiPath, ApiQuery, CancelErrors, CompareErrors, ErrorCode, JobErrors, PlainErrors, SubmitErrors,
+    ApiError, ApiPath, ApiQuery, CancelErrors, CompareErrors, ErrorCode, JobErrors, ListErrors, SubmitErrors,
 };
 use crate::server::jobs::{JobView, Submission};
 use crate::server::AppState;
@@ -98,10 +98,31 @@ pub async fn submit(
     Ok((StatusCode::ACCEPTED, Json(state.jobs().get(&id).await?)).into_response())
 }
 
-/// Every job, newest first.
-#[utoipa::path(get, path = "/batch", tag = "batch", responses((status = 200, body = Vec<JobView>), PlainErrors))]
-pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<JobView>>, ApiError> {
-    Ok(Json(state.jobs().list().await?))
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListParams {
+    /// Jobs skipped, newest first (default 0).
+    offset: Option<usize>,
+    /// Jobs answered, at most 1000 (default 100).
+    limit: Option<usize>,
+}
+
+/// Jobs a page answers at most.
+const MAX_PAGE: usize = 1000;
+
+/// The jobs, newest first, a page at a time (`offset`, `limit`; `X-Total-Count` says how many there are),
+/// without per-topic metrics (`GET /batch/{id}` has them).
+#[utoipa::path(get, path = "/batch", tag = "batch", params(ListParams),
+    responses((status = 200, body = Vec<JobView>, headers(("x-total-count" = i64, description = "Jobs in all"))),
+    ListErrors))]
+pub async fn list(State(state): State<AppState>, ApiQuery(page): ApiQuery<ListParams>) -> Result<Response, ApiError> {
+    let limit = page.limit.unwrap_or(100);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        let value = limit as f64;
+        return Err(RankError::OutOfRange { field: "limit", value, min: 1.0, max: MAX_PAGE as f64 }.into());
+    }
+    let (jobs, total) = state.jobs().list(page.offset.unwrap_or(0), limit).await?;
+    Ok(([("x-total-count", total.to_string())], Json(jobs)).into_response())
 }
 
 /// A job: status, progress, metrics (when qrels were given), warnings, parameters and provenance.
@@ -124,11 +145,15 @@ pub async fn run_file(State(state): State<AppState>, ApiPath(id): ApiPath<String
         .into_response())
 }
 
-/// Cancel a queued or running job.
+/// Cancel a queued or running job (its view answers), or delete a finished one with its run (204).
 #[utoipa::path(delete, path = "/batch/{id}", tag = "batch", params(("id" = String, Path)),
-    responses((status = 200, body = JobView), CancelErrors))]
-pub async fn cancel(State(state): State<AppState>, ApiPath(id): ApiPath<String>) -> Result<Json<JobView>, ApiError> {
-    Ok(Json(state.jobs().cancel(&id).await?))
+    responses((status = 200, description = "cancelled", body = JobView), (status = 204, description = "deleted"),
+    CancelErrors))]
+pub async fn cancel(State(state): State<AppState>, ApiPath(id): ApiPath<String>) -> Result<Response, ApiError> {
+    Ok(match state.jobs().cancel_or_delete(&id).await? {
+        Some(view) => Json(view).into_response(),
+        None => StatusCode::NO_CONTENT.into_response(),
+    })
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
