@@ -15,11 +15,13 @@
 //! | `server` | HTTP: routes, decoding, errors, middleware, metrics, OpenAPI, batch jobs |
 //! | `train` | fine-tuning: FirstP, all segments, BeST, Co-BERT |
 //! | `progress` | how long jobs report progress |
+//! | `cancel` | cancelling work whose requester is gone or whose deadline passed |
 //! | `hooks` | test hooks that hold the process at named points |
 //! | `histogram` | Prometheus histograms for the server's and the model's metrics |
 //! | `rng` | seeded random streams |
 //! | `timestamp` | RFC 3339 timestamps |
 
+pub mod cancel;
 pub mod config;
 pub mod corpus;
 pub mod eval;

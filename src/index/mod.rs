@@ -8,6 +8,7 @@ mod porter;
 mod rm3;
 mod search;
 
+use crate::cancel::Cancel;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -41,6 +42,8 @@ pub enum IndexError {
     Corpus(#[from] crate::corpus::CorpusError),
     #[error("indexing aborted: {0}")]
     Aborted(String),
+    #[error("cancelled: the request is gone or past its deadline")]
+    Cancelled,
 }
 
 /// Names the analysis so that an index built with another one is refused instead of silently mis-scored.
@@ -148,12 +151,12 @@ impl Collection {
 
     /// A consistent view of the collection as of its last commit, for every read of one request.
     pub fn snapshot(&self) -> Snapshot<'_> {
-        Snapshot { collection: self, searcher: self.reader.searcher() }
+        Snapshot { collection: self, searcher: self.reader.searcher(), cancel: Cancel::default() }
     }
 
     /// The view a snapshot had, taken again (a batch job keeps its `Point` across topics).
     pub fn at(&self, point: &Point) -> Snapshot<'_> {
-        Snapshot { collection: self, searcher: point.0.clone() }
+        Snapshot { collection: self, searcher: point.0.clone(), cancel: Cancel::default() }
     }
 
     fn tantivy_err(&self, source: tantivy::TantivyError) -> IndexError {
@@ -184,6 +187,8 @@ impl Collection {
 pub struct Snapshot<'c> {
     collection: &'c Collection,
     searcher: Searcher,
+    /// The request's: its reads stop when it is cancelled or past its deadline.
+    cancel: Cancel,
 }
 
 /// A snapshot's point in the collection's history, kept beyond a borrow (`Collection::at`).
@@ -191,6 +196,19 @@ pub struct Snapshot<'c> {
 pub struct Point(Searcher);
 
 impl<'c> Snapshot<'c> {
+    /// The snapshot for work that stops when `cancel` says so (`IndexError::Cancelled`).
+    pub fn cancellable(self, cancel: &Cancel) -> Snapshot<'c> {
+        Snapshot { cancel: cancel.clone(), ..self }
+    }
+
+    /// `Err(Cancelled)` once the work's requester is gone or its deadline passed.
+    fn go_on(&self) -> Result<(), IndexError> {
+        if self.cancel.is_cancelled() {
+            return Err(IndexError::Cancelled);
+        }
+        Ok(())
+    }
+
     pub fn collection(&self) -> &'c Collection {
         self.collection
     }

@@ -51,6 +51,7 @@ impl Snapshot<'_> {
         let mut df_cache: HashMap<String, bool> = HashMap::new();
         let mut vectors: Vec<(BTreeMap<String, f32>, f32)> = Vec::new();
         for hit in feedback.iter().take(rm3.fb_docs) {
+            self.go_on()?;
             let stored = self.document(hit.address)?;
             let doc = Document { id: stored.docid, title: stored.title, text: stored.text };
             let mut tf: BTreeMap<String, f32> = BTreeMap::new();

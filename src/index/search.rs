@@ -72,12 +72,14 @@ impl Snapshot<'_> {
         let mut top: Vec<(f32, DocAddress)> = Vec::new();
         let mut floor = f32::NEG_INFINITY;
         for (ord, segment) in searcher.segment_readers().iter().enumerate() {
+            self.go_on()?;
             let norms = self.norms(segment, params, stats.avg_len)?;
             let inverted =
                 segment.inverted_index(self.collection.fields.contents).map_err(|e| self.collection.tantivy_err(e))?;
             let mut acc = vec![0f32; segment.max_doc() as usize];
             let mut touched = Vec::new();
             for (term, weight_idf) in &term_weights {
+                self.go_on()?;
                 let io_err = |source| IndexError::Io { path: self.collection.path.clone(), source };
                 let Some(mut postings) = inverted.read_postings(term, IndexRecordOption::WithFreqs).map_err(io_err)?
                 else {

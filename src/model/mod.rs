@@ -19,13 +19,14 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device};
 use serde::Deserialize;
 
+pub use crate::cancel::Cancel;
 use encoder::Inputs;
 pub use encoder::{encoder_flops, BiEncoder, CrossEncoder, Pooling};
 pub use hub::resolve;
 pub(crate) use load::Fnv;
 pub use load::{device, dtype, pairs_hash, weights_hash};
 use load::{load_err, read_config, read_json, weights};
-pub use serve::queue::{BatchStats, Cancel, JobTiming};
+pub use serve::queue::{BatchStats, JobTiming};
 pub use serve::served::{Output, Scores, ServeOptions, Served};
 pub use serve::vectors::VectorFile;
 pub use tokenize::Encoded;

@@ -81,9 +81,9 @@ impl BatchPlan {
         let ranked = match &self.rerank {
             Some(run) => {
                 let given = run.topics.get(&topic.qid).map_or(&[][..], |docs| &docs[..]);
-                engine.rerank_run(&self.snapshot(), query, &self.options, given, cancel)?
+                engine.rerank_run(&self.snapshot().cancellable(cancel), query, &self.options, given, cancel)?
             }
-            None => engine.rank(&self.snapshot(), query, &self.options, cancel)?,
+            None => engine.rank(&self.snapshot().cancellable(cancel), query, &self.options, cancel)?,
         };
         let scored =
             ranked.ranked.into_iter().take(self.options.k).map(|r| Scored { docid: r.docid, score: r.score as f64 });

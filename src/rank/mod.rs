@@ -165,7 +165,7 @@ impl Engine {
         // The model first: an unavailable one fails before any work.
         let model = self.model_for(&options)?;
         // Every read of the request through one view of the collection.
-        let snapshot = collection.snapshot();
+        let snapshot = collection.snapshot().cancellable(cancel);
         let (hits, expansion) = self.retrieve(&snapshot, query, &options)?;
         let retrieve_ms = ms(started);
         let (ranked, model_timing) = match &model {

@@ -14,6 +14,7 @@ use utoipa::ToSchema;
 
 use super::jobs::JobError;
 use super::middleware::Access;
+use crate::index::IndexError;
 use crate::model::ModelError;
 use crate::rank::RankError;
 
@@ -86,7 +87,7 @@ codes! {
     UnknownModel = "unknown_model", 422, "No model of that name.";
     NotABiEncoder = "not_a_bi_encoder", 422, "Only a bi-encoder's embeddings can be computed ahead.";
     MalformedFile = "malformed_file", 422, "A topic, qrels or run file does not parse (the message names the line).";
-    Overloaded = "overloaded", 429, "The model's queue is full; retry after `Retry-After` seconds.";
+    Overloaded = "overloaded", 429, "The model's queue is full, or its wait would pass the request's timeout; retry after `Retry-After` seconds.";
     Cancelled = "cancelled", 499, "The client went away before the answer (logged only).";
     Internal = "internal", 500, "A failure of the server: the message gives an incident id, the server log has the details.";
     ModelError = "model_error", 500, "The model failed on this input.";
@@ -206,7 +207,7 @@ impl RankError {
             RankError::NotABiEncoder { .. } => C::NotABiEncoder,
             RankError::Unresumable(_) => C::JobConflict,
             RankError::Model(ModelError::Overloaded { .. }) => C::Overloaded,
-            RankError::Model(ModelError::Cancelled) => C::Cancelled,
+            RankError::Model(ModelError::Cancelled) | RankError::Index(IndexError::Cancelled) => C::Cancelled,
             RankError::Model(_) => C::ModelError,
             RankError::Index(_) => C::IndexError,
         }

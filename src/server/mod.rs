@@ -12,6 +12,7 @@ mod routes;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::routing::{delete, get, post};
 use axum::Router;
@@ -118,7 +119,9 @@ impl AppState {
             }
         }
         let state = self.clone();
-        let guard = CancelOnDrop(Cancel::default());
+        // The request's deadline travels with its work: the model's queue refuses what would time out in it.
+        let timeout = Duration::from_millis(self.config().server.request_timeout_ms);
+        let guard = CancelOnDrop(Cancel::until(Instant::now() + timeout));
         let cancel = guard.0.clone();
         let result = tokio::task::spawn_blocking(move || work(state.engine(), &cancel)).await;
         drop(guard);

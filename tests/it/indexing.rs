@@ -61,6 +61,29 @@ fn topics_and_qrels_beside_the_documents_are_skipped_files() {
     assert_eq!(count(dir.path(), "c"), 2);
 }
 
+/// Work on a snapshot stops once its request is gone or past its deadline: BM25 and RM3 answer `Cancelled`
+/// instead of running on (a request's timeout stops its first stage too).
+#[test]
+fn cancelled_searches_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a.trec");
+    std::fs::write(&file, (0..50).map(|i| trec_doc(&format!("d{i}"), "apples and pears")).collect::<String>()).unwrap();
+    cli_ok(dir.path(), &["index", "--collection", "c", file.to_str().unwrap()]);
+    let (catalog, _) = Catalog::open(dir.path()).unwrap();
+    let collection = catalog.get("c").unwrap();
+    let params = longrank::index::Bm25Params::default();
+    assert_eq!(collection.snapshot().search("apples", 5, params).unwrap().len(), 5);
+    let gone = longrank::cancel::Cancel::default();
+    gone.cancel();
+    let past = longrank::cancel::Cancel::until(Instant::now() - Duration::from_millis(1));
+    for cancel in [gone, past] {
+        let snapshot = collection.snapshot().cancellable(&cancel);
+        let stopped = |e: longrank::index::IndexError| matches!(e, longrank::index::IndexError::Cancelled);
+        assert!(stopped(snapshot.search("apples", 5, params).unwrap_err()));
+        assert!(stopped(snapshot.search_rm3("apples", 5, params, Default::default()).map(|e| e.hits).unwrap_err()));
+    }
+}
+
 /// Documents tied at rank k make the cut by docid, so two builds of one collection (documents added in another
 /// order) rank alike.
 #[test]

@@ -5,28 +5,14 @@
 //! threads). A full queue refuses new work with a retry estimate; a cancelled job's queued inputs are dropped.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::cancel::Cancel;
 use crate::histogram::{self, Histogram};
 use crate::model::{Encoded, ModelError};
-
-/// Set when the work's requester is gone (client disconnected, request timed out, batch job cancelled).
-#[derive(Debug, Clone, Default)]
-pub struct Cancel(Arc<AtomicBool>);
-
-impl Cancel {
-    pub fn cancel(&self) {
-        self.0.store(true, Ordering::Release);
-    }
-
-    pub fn is_cancelled(&self) -> bool {
-        self.0.load(Ordering::Acquire)
-    }
-}
 
 /// Where a job's time went.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -167,14 +153,22 @@ impl Queue {
         });
         {
             let mut state = self.shared.state.lock();
+            // Ahead of this job: the inputs of requests still waiting (a gone one's are dropped unrun), drained
+            // at the model's recent rate.
+            let ahead = state.pending.iter().filter(|item| !item.job.cancel.is_cancelled()).count();
+            let wait = (state.rate > 0.0).then(|| ahead as f64 / state.rate);
+            let overloaded =
+                || ModelError::Overloaded { queued: ahead, retry_after_s: wait.map_or(1, |w| w.ceil() as u64).max(1) };
             // A job larger than the whole queue still runs when it would wait behind nothing.
-            if !state.pending.is_empty() && state.pending.len() + n > self.shared.max_queued {
-                let waiting = state.pending.len() as f64;
-                let retry_after_s = if state.rate > 0.0 { (waiting / state.rate).ceil() as u64 } else { 1 };
-                return Err(ModelError::Overloaded {
-                    queued: state.pending.len(),
-                    retry_after_s: retry_after_s.max(1),
-                });
+            if ahead > 0 && ahead + n > self.shared.max_queued {
+                return Err(overloaded());
+            }
+            // Refused now rather than timed out later: the wait ahead would pass the request's deadline. Its own
+            // work is admitted whatever its size.
+            if let (Some(wait), Some(deadline)) = (wait, cancel.deadline()) {
+                if ahead > 0 && Instant::now() + Duration::from_secs_f64(wait) > deadline {
+                    return Err(overloaded());
+                }
             }
             let mut order: Vec<(usize, Encoded)> = inputs.into_iter().enumerate().collect();
             order.sort_by_key(|(_, e)| e.ids.len());
@@ -356,6 +350,47 @@ mod tests {
             assert_eq!(h.join().unwrap(), (0..10).map(|i| t as u32 * 100 + i).collect::<Vec<_>>());
         }
         assert!(batches.lock().iter().any(|&(n, _)| n > 10), "jobs were never batched together");
+    }
+
+    /// A request whose wait ahead would pass its deadline is refused at once, with the drain time as Retry-After;
+    /// one with time enough is admitted; inputs of a gone request do not count as ahead.
+    #[test]
+    fn a_request_that_would_time_out_queued_is_refused_at_once() {
+        // Batches of 4 inputs, 40 ms each: about 100 inputs/s.
+        let forward: Box<Forward> = Box::new(|batch: &[Encoded]| {
+            std::thread::sleep(Duration::from_millis(40));
+            Ok(batch.iter().map(|_| vec![0.0]).collect())
+        });
+        let queue = Arc::new(Queue::start("test", forward, 8, 10_000));
+        queue.run(vec![input(2, 0); 4], &Cancel::default()).unwrap(); // the rate is known from here on
+        let cancel = Cancel::default();
+        let long = {
+            let (queue, cancel) = (queue.clone(), cancel.clone());
+            std::thread::spawn(move || queue.run(vec![input(2, 1); 200], &cancel))
+        };
+        while queue.queued() < 150 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // About 1.5 s or more ahead: a request with 200 ms left is refused, one with a minute admitted.
+        let soon = Cancel::until(Instant::now() + Duration::from_millis(200));
+        match queue.run(vec![input(2, 2)], &soon) {
+            Err(ModelError::Overloaded { queued, retry_after_s }) => {
+                assert!(queued >= 100 && retry_after_s >= 1, "{queued} queued, retry after {retry_after_s} s")
+            }
+            other => panic!("not refused: {other:?}"),
+        }
+        let later = {
+            let queue = queue.clone();
+            std::thread::spawn(move || {
+                queue.run(vec![input(2, 3)], &Cancel::until(Instant::now() + Duration::from_secs(60)))
+            })
+        };
+        // The long request goes away: what it queued no longer counts, and a short deadline is admitted.
+        cancel.cancel();
+        assert!(matches!(long.join().unwrap(), Err(ModelError::Cancelled)));
+        assert_eq!(later.join().unwrap().unwrap().0.len(), 1);
+        let soon = Cancel::until(Instant::now() + Duration::from_millis(200));
+        assert_eq!(queue.run(vec![input(2, 4)], &soon).unwrap().0.len(), 1);
     }
 
     #[test]

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use lru::LruCache;
 
-use super::queue::{BatchStats, Cancel, JobTiming, Queue};
+use super::queue::{BatchStats, JobTiming, Queue};
 use super::vectors::VectorFile;
+use crate::cancel::Cancel;
 use crate::model::{cosine, Encoded, Fnv, ModelError, Reranker};
 
 /// How pairs are built, batched and queued.
