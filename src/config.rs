@@ -240,6 +240,11 @@ pub struct ServerConfig {
     pub allowed_hosts: Vec<String>,
     /// Searches kept in the query log, the newest (0: no query log).
     pub query_log_entries: usize,
+    /// Connections open at once; beyond them new clients wait to be accepted.
+    pub max_connections: usize,
+    /// A client that has not sent a request's headers this long after connecting, or after its previous
+    /// answer (an idle keep-alive connection), is disconnected.
+    pub header_read_timeout_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -255,6 +260,8 @@ impl Default for ServerConfig {
             cors_origins: Vec::new(),
             allowed_hosts: Vec::new(),
             query_log_entries: 100_000,
+            max_connections: 1024,
+            header_read_timeout_ms: 10_000,
         }
     }
 }

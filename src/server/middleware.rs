@@ -81,6 +81,14 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
             return ApiError::new(ErrorCode::ForbiddenOrigin, message).into_response();
         }
     }
+    // A body announced larger than the limit is refused before it is sent (the limit on reading would
+    // otherwise wait for the bytes, however slowly they come).
+    let limit = server.max_body_bytes as u64;
+    let announced = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if let Some(len) = announced.filter(|&len| len > limit) {
+        let message = format!("the body is announced at {len} bytes; the limit is {limit}");
+        return ApiError::new(ErrorCode::BodyTooLarge, message).into_response();
+    }
     next.run(request).await
 }
 

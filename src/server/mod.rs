@@ -22,7 +22,7 @@ use utoipa_swagger_ui::SwaggerUi;
 pub use error::{ApiError, ErrorBody};
 pub use openapi::ApiDoc;
 
-use crate::config::Config;
+use crate::config::{Config, ServerConfig};
 use crate::index::Catalog;
 use crate::model::Cancel;
 use crate::rank::{Engine, RankError, SearchRequest, SearchResponse};
@@ -185,7 +185,49 @@ pub async fn serve(
             Err(e) => tracing::error!("start-up panicked, staying unready: {e}"),
         }
     });
-    axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await?;
+    accept(listener, app, &state.config().server).await
+}
+
+/// Serves connections until SIGINT or SIGTERM, then lets those open finish. hyper directly, for what
+/// `axum::serve` does not set: each connection holds one of `max_connections` permits (beyond them clients wait
+/// in the listen backlog, not holding file descriptors), and one that sends no request headers within
+/// `header_read_timeout_ms` (idle keep-alive ones included) is closed, so slow clients cannot hold sockets.
+async fn accept(listener: tokio::net::TcpListener, app: Router, config: &ServerConfig) -> anyhow::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let permits = Arc::new(tokio::sync::Semaphore::new(config.max_connections.max(1)));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(Duration::from_millis(config.header_read_timeout_ms.max(1)));
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            permit = permits.clone().acquire_owned() => permit?,
+            _ = &mut shutdown => break,
+        };
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors, say: wait a moment rather than spin.
+                    tracing::warn!("accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!("connection: {e}");
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
     Ok(())
 }
 

@@ -45,6 +45,44 @@ fn rm3_returns_its_expanded_query() {
     assert!(plain.get("expansion").is_none(), "{plain}");
 }
 
+/// Slow and idle clients cannot hold the server: a connection that sends no request headers within
+/// `header_read_timeout_ms` is closed, at most `max_connections` are open (a client beyond them is served once
+/// one frees), and a body announced larger than the limit is refused before it is sent.
+#[test]
+fn slow_clients_are_cut_off_and_connections_are_bounded() {
+    use std::io::{Read, Write};
+    let dir = crate::fixtures::cranfield_data_dir();
+    let env = [("LONGRANK_SERVER_MAX_CONNECTIONS", "4"), ("LONGRANK_SERVER_HEADER_READ_TIMEOUT_MS", "500")];
+    let server = TestServer::start(dir.path(), &env).wait_ready();
+    let addr = server.base.trim_start_matches("http://").to_string();
+    // Four clients send half a request line and stop: every connection the server allows.
+    let slow: Vec<std::net::TcpStream> = (0..4)
+        .map(|_| {
+            let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+            stream.write_all(b"GET /health HTTP/1.1\r\nHost: 127").unwrap();
+            stream
+        })
+        .collect();
+    // A fifth client is served once the server has cut the slow ones off.
+    let (status, _) = get(&server.url("/health"));
+    assert_eq!(status, 200);
+    for mut stream in slow {
+        stream.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+        let mut rest = Vec::new();
+        assert!(stream.read_to_end(&mut rest).is_ok(), "a slow connection was left open");
+    }
+    // A body announced at 1 GB: 413 at once, before any of it is sent.
+    let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    let head = format!(
+        "POST /search HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut answer = [0u8; 12];
+    stream.read_exact(&mut answer).unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 413");
+}
+
 #[test]
 fn get_search_and_query_syntax_is_plain_text() {
     let s = &fixture().server;
