@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::index::{Bm25Params, BuildOptions, OnError};
 use crate::model::{Kind, Quantize};
+use crate::preselect::Preselect;
 use crate::segment::SegmentOptions;
 
 #[derive(Debug, thiserror::Error)]
@@ -132,6 +133,8 @@ pub struct ModelConfig {
     pub store_scores: bool,
     /// How documents are cut into segments, unless a request says otherwise.
     pub segments: SegmentOptions,
+    /// Which segments the model reads, unless a request says otherwise (`preselect`).
+    pub preselect: Preselect,
 }
 
 /// A `[model.named]` entry: a source alone, or a source with its kind.
@@ -195,6 +198,7 @@ impl Default for ModelConfig {
             cache_entries: 100_000,
             store_scores: false,
             segments: SegmentOptions::default(),
+            preselect: Preselect::default(),
         }
     }
 }
@@ -242,9 +246,25 @@ pub struct ServerConfig {
     pub query_log_entries: usize,
     /// Connections open at once; beyond them new clients wait to be accepted.
     pub max_connections: usize,
+    /// Requests whose engine work (search, re-ranking, documents) runs at once; 0: four per core (re-ranking
+    /// requests spend part of their time waiting on the model's queue, which batches several requests'
+    /// pairs). The others wait for their turn, and beyond `max_waiting_requests` waiting are answered 429
+    /// `overloaded`.
+    pub max_concurrent_work: usize,
+    pub max_waiting_requests: usize,
     /// A client that has not sent a request's headers this long after connecting, or after its previous
     /// answer (an idle keep-alive connection), is disconnected.
     pub header_read_timeout_ms: u64,
+}
+
+impl ServerConfig {
+    /// `max_concurrent_work`, with 0 meaning four per core.
+    pub fn concurrent_work(&self) -> usize {
+        match self.max_concurrent_work {
+            0 => 4 * std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -261,6 +281,8 @@ impl Default for ServerConfig {
             allowed_hosts: Vec::new(),
             query_log_entries: 100_000,
             max_connections: 1024,
+            max_concurrent_work: 0,
+            max_waiting_requests: 1000,
             header_read_timeout_ms: 10_000,
         }
     }
@@ -336,6 +358,12 @@ const ENV_PREFIX: &str = "LONGRANK_";
 const NOT_SETTINGS: [&str; 3] = ["CONFIG", "BLAS", "TEST_HOLD"];
 
 impl Config {
+    /// Parses a configuration file's text (`path` names it in errors): unknown keys and wrong types are
+    /// reported by name.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse { path: path.to_path_buf(), message: e.to_string() })
+    }
+
     /// Loads `path` if given (it must exist), else `./config.toml` if present, else the defaults; then
     /// applies the environment (a `LONGRANK_*` name that is no setting is reported and ignored).
     pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
@@ -345,11 +373,7 @@ impl Config {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
                     .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
-                let parse_err =
-                    |e: toml::de::Error| ConfigError::Parse { path: path.to_path_buf(), message: e.to_string() };
-                // Parse into the typed struct first so unknown keys and wrong types are reported by name.
-                let typed: Config = toml::from_str(&text).map_err(parse_err)?;
-                toml::Value::try_from(typed).expect("config serializes")
+                toml::Value::try_from(Config::parse(&text, path)?).expect("config serializes")
             }
             None => toml::Value::try_from(Config::default()).expect("config serializes"),
         };

@@ -8,6 +8,7 @@
 //! | `corpus` | collections on disk: streaming readers of TREC SGML, GOV2 web bundles, JSONL, TSV |
 //! | `index` | the first stage: tantivy indexes analyzed as Anserini does, BM25 and RM3 |
 //! | `segment` | cutting documents into segments a model reads |
+//! | `preselect` | which segments the model reads: a cheap selector's choice per candidate and per query |
 //! | `model` | BERT-class models: loading, encoders, Co-BERT's heads, CPU kernels, serving queues |
 //! | `rank` | the pipeline: parameters, validation, retrieval, re-ranking, batch runs |
 //! | `eval` | topics, qrels, runs, trec_eval's measures, comparisons |
@@ -29,6 +30,7 @@ pub mod histogram;
 pub mod hooks;
 pub mod index;
 pub mod model;
+pub mod preselect;
 pub mod progress;
 pub mod rank;
 pub mod rng;

@@ -62,26 +62,31 @@ const STRIP_BUTTONS = 40;
 
 function renderEvidence(hit, pattern, passage) {
   const segments = hit.segments;
-  const scores = segments.map((s) => s.score);
+  // A preselection sends the model only some segments: the others show hatched, with the selector's score.
+  const scores = segments.filter((s) => s.scored).map((s) => s.score);
   const lo = Math.min(...scores);
   const hi = Math.max(...scores);
+  const rank = (s) => (s.scored ? s.score : -Infinity);
+  const described = (s) => (s.scored ? `score ${fmt(s.score)}` : `not read by the model${s.selector_score === undefined ? "" : ` · selector ${fmt(s.selector_score)}`}`);
+  const bestIndex = hit.best_segment ? hit.best_segment.index : -1;
   const strip = (label, className) => {
     const node = el("div", { className, role: "group" });
     node.setAttribute("aria-label", label);
     return node;
   };
   const button = (className, title, start, end, score) => {
-    const node = el("button", { type: "button", className, title });
+    const scored = score !== -Infinity;
+    const node = el("button", { type: "button", className: scored ? className : `${className} unscored`, title });
     node.style.flexGrow = String(Math.max(1, end - start));
-    node.style.background = segmentColor(score, lo, hi);
+    if (scored) node.style.background = segmentColor(score, lo, hi);
     node.setAttribute("aria-label", title);
     return node;
   };
   const show = (segment, pressed, within) => {
     within.querySelectorAll(".seg").forEach((b) => b.setAttribute("aria-pressed", String(b === pressed)));
-    const label = segment.index === hit.best_segment.index ? "Best segment" : "Segment";
+    const label = segment.index === bestIndex ? "Best segment" : "Segment";
     passage.replaceChildren(
-      el("span", { className: "passage-label", textContent: `${label} ${segment.index + 1} of ${segments.length} · score ${fmt(segment.score)}` }),
+      el("span", { className: "passage-label", textContent: `${label} ${segment.index + 1} of ${segments.length} · ${described(segment)}` }),
       el("span", {}, ...highlighted(segment.text, pattern)),
     );
   };
@@ -89,15 +94,15 @@ function renderEvidence(hit, pattern, passage) {
   const fill = (container, part, first) => {
     container.replaceChildren();
     for (const segment of part) {
-      const node = button("seg", `Segment ${segment.index + 1}: ${fmt(segment.score)}`, segment.start, segment.end, segment.score);
+      const node = button("seg", `Segment ${segment.index + 1}: ${described(segment)}`, segment.start, segment.end, rank(segment));
       node.dataset.index = segment.index;
       node.addEventListener("click", () => show(segment, node, container));
       container.append(node);
     }
-    const chosen = first || part.reduce((a, b) => (b.score > a.score ? b : a));
+    const chosen = first || part.reduce((a, b) => (rank(b) > rank(a) ? b : a));
     show(chosen, container.children[part.indexOf(chosen)], container);
   };
-  const best = segments.find((s) => s.index === hit.best_segment.index);
+  const best = segments.find((s) => s.index === bestIndex);
   if (segments.length <= STRIP_BUTTONS) {
     const flat = strip(`Scores of ${segments.length} segments across the document`, "strip");
     fill(flat, segments, best);
@@ -113,13 +118,14 @@ function renderEvidence(hit, pattern, passage) {
     fill(zoom, group, first);
   };
   groups.forEach((group) => {
-    const top = Math.max(...group.map((s) => s.score));
+    const top = Math.max(...group.map(rank));
     const last = group[group.length - 1];
-    const node = button("group", `Segments ${group[0].index + 1}–${last.index + 1}: best ${fmt(top)}`, group[0].start, last.end, top);
+    const what = top === -Infinity ? "none read by the model" : `best ${fmt(top)}`;
+    const node = button("group", `Segments ${group[0].index + 1}–${last.index + 1}: ${what}`, group[0].start, last.end, top);
     node.addEventListener("click", () => open(group, node));
     overview.append(node);
   });
-  const home = groups.findIndex((g) => g.includes(best));
+  const home = Math.max(0, groups.findIndex((g) => g.includes(best)));
   open(groups[home], overview.children[home], best);
   return el("div", { className: "strips" }, overview, zoom);
 }

@@ -66,32 +66,125 @@ pub struct SearchBench {
     /// First-stage candidates re-ranked per HTTP request.
     #[arg(long, default_value_t = 10)]
     depth: usize,
+    /// A running server to load instead (`http://HOST:PORT`): no in-process runs, no server of its own
+    /// [default: none].
+    #[arg(long)]
+    url: Option<String>,
+    /// The process id of the `--url` server: its resident memory is sampled during each run (the peak) and
+    /// `--settle` seconds after the last [default: none].
+    #[arg(long)]
+    pid: Option<u32>,
+    /// Seconds after the last run before the settled memory sample (with `--pid`).
+    #[arg(long, default_value_t = 60.0)]
+    settle: f64,
 }
 
 fn search(b: SearchBench, config: Config) -> anyhow::Result<()> {
     let queries: Vec<String> = longrank::eval::read_topics(&b.topics)?.into_iter().map(|t| t.title).collect();
-    let (catalog, _) = Catalog::open(&config.data_dir)?;
-    let catalog = Arc::new(catalog);
-    let collection = catalog.get(&b.collection)?;
-    let params = config.bm25;
+    let base = match &b.url {
+        Some(url) => url.trim_end_matches('/').to_string(),
+        None => {
+            in_process(&b, &config, &queries)?;
+            format!("http://{}", start_server(&b, config)?)
+        }
+    };
+    let url = format!("{base}/search");
+    let (pipeline, depth) = (b.pipeline.to_string(), b.depth);
+    // Resident memory, and of it the heap (the rest is mapped index files: page cache).
+    let memory = |pid: u32| format!("rss_mb={:.0} heap_mb={:.0}", rss_mb(pid, "VmRSS:"), rss_mb(pid, "RssAnon:"));
+    if let Some(pid) = b.pid {
+        println!("RESULT server pid={pid} before_load {}", memory(pid));
+    }
+    for &clients in &b.clients {
+        let deadline = Instant::now() + Duration::from_secs_f64(b.seconds);
+        let sampler = b.pid.map(|pid| std::thread::spawn(move || peak_rss_until(pid, deadline)));
+        let started = Instant::now();
+        let mut handles = Vec::new();
+        for c in 0..clients {
+            let (url, queries, collection, k) = (url.clone(), queries.clone(), b.collection.clone(), b.http_k);
+            let pipeline = pipeline.clone();
+            handles.push(std::thread::spawn(move || -> anyhow::Result<(Vec<Duration>, usize)> {
+                let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(60)).build();
+                let (mut lat, mut refused) = (Vec::new(), 0);
+                let mut i = c * 7919;
+                while Instant::now() < deadline {
+                    let body = serde_json::json!({"query": queries[i % queries.len()], "k": k, "collection": collection,
+                        "pipeline": pipeline, "depth": depth.max(k)});
+                    let t = Instant::now();
+                    match agent.post(&url).send_json(body) {
+                        Ok(answer) => {
+                            answer.into_string()?;
+                            lat.push(t.elapsed());
+                        }
+                        // Refused at capacity: counted, and the client backs off as Retry-After asks.
+                        Err(ureq::Error::Status(429 | 503, answer)) => {
+                            refused += 1;
+                            let wait = answer.header("retry-after").and_then(|s| s.parse().ok()).unwrap_or(1);
+                            std::thread::sleep(Duration::from_secs(wait).min(deadline - Instant::now().min(deadline)));
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                    i += 1;
+                }
+                Ok((lat, refused))
+            }));
+        }
+        let (mut latencies, mut refused) = (Vec::new(), 0);
+        for h in handles {
+            let (lat, r) = h.join().map_err(|_| anyhow::anyhow!("client panicked"))??;
+            latencies.extend(lat);
+            refused += r;
+        }
+        let what = format!(
+            "longrank-http collection={} pipeline={} k={} depth={} clients={clients} refused={refused}",
+            b.collection,
+            b.pipeline,
+            b.http_k,
+            b.depth.max(b.http_k)
+        );
+        report(&what, &mut latencies, started.elapsed());
+        if let Some(sampler) = sampler {
+            let peak = sampler.join().map_err(|_| anyhow::anyhow!("sampler panicked"))?;
+            println!("RESULT server pid={} clients={clients} peak_rss_mb={peak:.0}", b.pid.unwrap_or_default());
+        }
+    }
+    match b.pid {
+        Some(pid) => {
+            std::thread::sleep(Duration::from_secs_f64(b.settle));
+            println!("RESULT server pid={pid} settled_after_s={} {}", b.settle, memory(pid));
+        }
+        None if b.url.is_none() => {
+            println!("RESULT longrank-http peak_rss_mb={:.0} (server and clients)", peak_rss_mb())
+        }
+        None => {}
+    }
+    Ok(())
+}
 
-    // In process, one thread: warm up once, then time every topic.
-    for q in &queries {
-        collection.snapshot().search(q, b.k, params)?;
+/// In process, one thread: warm up once, then time every topic.
+fn in_process(b: &SearchBench, config: &Config, queries: &[String]) -> anyhow::Result<()> {
+    let (catalog, _) = Catalog::open(&config.data_dir)?;
+    let collection = catalog.get(&b.collection)?;
+    for q in queries {
+        collection.snapshot().search(q, b.k, config.bm25)?;
     }
     let mut latencies = Vec::with_capacity(queries.len());
     let started = Instant::now();
-    for q in &queries {
+    for q in queries {
         let t = Instant::now();
-        collection.snapshot().search(q, b.k, params)?;
+        collection.snapshot().search(q, b.k, config.bm25)?;
         latencies.push(t.elapsed());
     }
     report(&format!("longrank-index collection={} k={}", b.collection, b.k), &mut latencies, started.elapsed());
     // Before the HTTP runs, whose client threads live in this process too.
     println!("RESULT longrank-index peak_rss_mb={:.0}", peak_rss_mb());
+    Ok(())
+}
 
-    // Over HTTP, against a server in this process.
-    let mut config = config;
+/// A server in this process, ready; its address.
+fn start_server(b: &SearchBench, mut config: Config) -> anyhow::Result<std::net::SocketAddr> {
+    let (catalog, _) = Catalog::open(&config.data_dir)?;
+    let catalog = Arc::new(catalog);
     config.server.addr = "127.0.0.1:0".into();
     config.limits.max_k = config.limits.max_k.max(b.http_k);
     let (tx, rx) = std::sync::mpsc::channel();
@@ -121,48 +214,25 @@ fn search(b: SearchBench, config: Config) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let url = format!("http://{addr}/search");
-    let (pipeline, depth) = (b.pipeline.to_string(), b.depth);
-    for &clients in &b.clients {
-        let deadline = Instant::now() + Duration::from_secs_f64(b.seconds);
-        let started = Instant::now();
-        let mut handles = Vec::new();
-        for c in 0..clients {
-            let (url, queries, collection, k) = (url.clone(), queries.clone(), b.collection.clone(), b.http_k);
-            let pipeline = pipeline.clone();
-            handles.push(std::thread::spawn(move || -> anyhow::Result<Vec<Duration>> {
-                let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(60)).build();
-                let mut lat = Vec::new();
-                let mut i = c * 7919;
-                while Instant::now() < deadline {
-                    let body = serde_json::json!({"query": queries[i % queries.len()], "k": k, "collection": collection,
-                        "pipeline": pipeline, "depth": depth.max(k)});
-                    let t = Instant::now();
-                    agent.post(&url).send_json(body)?.into_string()?;
-                    lat.push(t.elapsed());
-                    i += 1;
-                }
-                Ok(lat)
-            }));
-        }
-        let mut latencies = Vec::new();
-        for h in handles {
-            latencies.extend(h.join().map_err(|_| anyhow::anyhow!("client panicked"))??);
-        }
-        report(
-            &format!(
-                "longrank-http collection={} pipeline={} k={} depth={} clients={clients}",
-                b.collection,
-                b.pipeline,
-                b.http_k,
-                b.depth.max(b.http_k)
-            ),
-            &mut latencies,
-            started.elapsed(),
-        );
+    Ok(addr)
+}
+
+/// A process's resident memory, sampled every 20 ms until `deadline`: the highest seen, MB.
+fn peak_rss_until(pid: u32, deadline: Instant) -> f64 {
+    let mut peak: f64 = 0.0;
+    while Instant::now() < deadline {
+        peak = peak.max(rss_mb(pid, "VmRSS:"));
+        std::thread::sleep(Duration::from_millis(20));
     }
-    println!("RESULT longrank-http peak_rss_mb={:.0} (server and clients)", peak_rss_mb());
-    Ok(())
+    peak
+}
+
+/// A `/proc/PID/status` memory line (`VmRSS:`, `VmHWM:`), MB.
+fn rss_mb(pid: u32, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with(field)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .map_or(0.0, |kb: f64| kb / 1024.0)
 }
 
 /// The peers' workload (../shared/bench/peers_common.py): one query, passages long enough that every pair
@@ -344,10 +414,5 @@ fn report(what: &str, latencies: &mut [Duration], wall: Duration) {
 
 /// The process's peak resident set size (VmHWM), in MB.
 pub fn peak_rss_mb() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        })
-        .map_or(0.0, |kb| kb / 1024.0)
+    rss_mb(std::process::id(), "VmHWM:")
 }

@@ -175,7 +175,11 @@ pub fn open_maybe_gz(path: &Path, counter: Option<Arc<AtomicU64>>) -> Result<Box
 
 /// Reads the documents of one file in the given format (detected from the content for `Auto`).
 pub fn read_file(path: &Path, format: Format, counter: Option<Arc<AtomicU64>>) -> Result<Documents, CorpusError> {
-    let mut reader = open_maybe_gz(path, counter)?;
+    read(open_maybe_gz(path, counter)?, path, format)
+}
+
+/// Reads the documents of one (decompressed) stream; `path` names it in errors.
+pub fn read(mut reader: Box<dyn BufRead + Send>, path: &Path, format: Format) -> Result<Documents, CorpusError> {
     // Peek at the start of the decompressed content, then read it again through a chain.
     let mut head = Vec::with_capacity(1 << 16);
     (&mut reader)

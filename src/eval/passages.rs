@@ -17,8 +17,13 @@ pub struct Passage {
 
 /// Gold passages by qid (a question may have several).
 pub fn read_passages(path: &Path) -> Result<BTreeMap<String, Vec<Passage>>, EvalError> {
+    parse_passages(&read_text(path)?, path)
+}
+
+/// Parses gold passages; `path` names the source in errors.
+pub fn parse_passages(text: &str, path: &Path) -> Result<BTreeMap<String, Vec<Passage>>, EvalError> {
     let mut out: BTreeMap<String, Vec<Passage>> = BTreeMap::new();
-    for (i, line) in read_text(path)?.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let fields: Vec<&str> = line.split('\t').collect();
         let [qid, docid, start, end] = fields[..] else {
             return Err(EvalError::parse(path, i + 1, "expected qid<TAB>docid<TAB>start<TAB>end"));

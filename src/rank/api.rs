@@ -8,6 +8,7 @@ use utoipa::ToSchema;
 use super::rerank::ScoredSegment;
 use crate::eval::TopicField;
 use crate::index::{Bm25Params, Rm3Params};
+use crate::preselect::Preselect;
 use crate::segment::SegmentOptions;
 
 /// The pipelines a request can name.
@@ -147,10 +148,16 @@ pub struct RankParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(example = 0.25)]
     pub interpolate: Option<f32>,
+    /// Which segments the model reads (maxp, sump, avgp, cobert's first round; FirstP reads one): a cheap
+    /// selector's best per candidate and/or a budget of pairs per query, as JSON on the command line.
+    /// `{"selector": "none"}` reads every segment. Default: `[model.preselect]` (configuration).
+    #[arg(long, value_parser = json_arg::<Preselect>, value_name = "JSON")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preselect: Option<Preselect>,
 }
 
 /// Parses an object-valued flag's JSON text (`--bm25 '{"k1": 1.2}'`).
-fn json_arg<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
+pub fn json_arg<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
     serde_json::from_str(text).map_err(|e| format!("not valid JSON for this option: {e}"))
 }
 
@@ -234,7 +241,10 @@ pub struct ModelTiming {
     /// Forward passes that carried this request's pairs.
     #[schema(required = false)]
     pub inference_ms: f64,
-    /// (query, segment) pairs the request needed.
+    /// Segments of the candidates seen.
+    #[schema(required = false)]
+    pub segments: usize,
+    /// (query, segment) pairs sent to the model: every segment seen, or those a preselection picked.
     #[schema(required = false)]
     pub pairs: usize,
     /// Of those, pairs the model computed (the rest came from caches).

@@ -28,12 +28,14 @@ use std::time::Instant;
 use crate::config::{Config, Limits};
 use crate::index::{analyzer, Bm25Params, Catalog, Collection, Hit, IndexError, Snapshot, StoredDoc};
 use crate::model::Cancel;
+use crate::preselect::Selector;
 use crate::progress::Progress;
 use crate::segment::SegmentOptions;
 
 pub use api::{
-    BatchParams, BestSegment, CollectionInfo, DocumentResponse, ExpansionTerm, ModelTiming, Pipeline, PipelineInfo,
-    RankParams, RerankDocument, RerankRequest, RerankResponse, SearchHit, SearchRequest, SearchResponse, Timing,
+    json_arg, BatchParams, BestSegment, CollectionInfo, DocumentResponse, ExpansionTerm, ModelTiming, Pipeline,
+    PipelineInfo, RankParams, RerankDocument, RerankRequest, RerankResponse, SearchHit, SearchRequest, SearchResponse,
+    Timing,
 };
 pub use batch::{BatchPlan, TopicRun};
 pub use error::RankError;
@@ -70,6 +72,7 @@ impl ModelTiming {
         ModelTiming {
             queue_ms: reranked.scores.queue_ms(),
             inference_ms: reranked.scores.inference_ms(),
+            segments: reranked.segments,
             pairs: reranked.pairs,
             computed: reranked.scores.computed,
             flops: reranked.scores.flops,
@@ -85,6 +88,7 @@ pub struct Engine {
     default_collection: Option<String>,
     models: Models,
     default_segments: SegmentOptions,
+    default_preselect: crate::preselect::Preselect,
     segments: rerank::SegmentCache,
 }
 
@@ -98,6 +102,7 @@ impl Engine {
             default_collection,
             models: Models::new(&config.model),
             default_segments: config.model.segments,
+            default_preselect: config.model.preselect.clone(),
             segments: rerank::SegmentCache::default(),
         }
     }
@@ -126,6 +131,13 @@ impl Engine {
                 crate::model::cobert::CONFIG_FILE,
                 model.kind()
             )));
+        }
+        let preselect = &rerank.preselect;
+        if let (Selector::BiEncoder(name), true) = (&preselect.selector, preselect.active()) {
+            let selector = self.models.get(name, "preselect")?;
+            if !matches!(selector.served.model(), crate::model::Reranker::Bi(_)) {
+                return Err(RankError::NotABiEncoder { name: name.clone(), kind: selector.kind() });
+            }
         }
         Ok(Some(model))
     }
@@ -203,9 +215,13 @@ impl Engine {
         let query = self.check_query(&request.query)?;
         let options = self.options(&request.params, Usage::Rerank)?;
         let model = self.model_for(&options)?.expect("re-ranking pipelines have a model");
-        let mut store = None;
-        let candidates: Vec<rerank::Candidate> = match (request.documents, request.docids) {
-            (Some(documents), None) => documents
+        // Docids name documents of a collection, read through one view of it.
+        let collection = request.docids.is_some().then(|| self.collection(request.params.collection.as_deref()));
+        let collection = collection.transpose()?;
+        let snapshot = collection.as_ref().map(|c| c.snapshot().cancellable(cancel));
+        let store = collection.as_ref().map(|c| self.models.store(c, &model)).transpose()?.flatten();
+        let candidates: Vec<rerank::Candidate> = match (request.documents, request.docids, &snapshot) {
+            (Some(documents), None, _) => documents
                 .into_iter()
                 .enumerate()
                 .map(|(i, d)| rerank::Candidate {
@@ -217,20 +233,16 @@ impl Engine {
                     },
                 })
                 .collect(),
-            (None, Some(docids)) => {
-                let collection = self.collection(request.params.collection.as_deref())?;
-                store = self.models.store(&collection, &model)?;
-                let snapshot = collection.snapshot();
-                docids
-                    .into_iter()
-                    .map(|docid| match snapshot.get(&docid)? {
-                        Some(doc) => Ok(rerank::Candidate { first_stage_score: None, doc }),
-                        None => {
-                            Err(RankError::UnknownDocument { docid, collection: Some(collection.name().to_string()) })
-                        }
-                    })
-                    .collect::<Result<_, RankError>>()?
-            }
+            (None, Some(docids), Some(snapshot)) => docids
+                .into_iter()
+                .map(|docid| match snapshot.get(&docid)? {
+                    Some(doc) => Ok(rerank::Candidate { first_stage_score: None, doc }),
+                    None => Err(RankError::UnknownDocument {
+                        docid,
+                        collection: Some(snapshot.collection().name().to_string()),
+                    }),
+                })
+                .collect::<Result<_, RankError>>()?,
             _ => return Err(RankError::DocumentsOrDocids),
         };
         let count = candidates.len();
@@ -239,7 +251,8 @@ impl Engine {
             return Err(RankError::OutOfRange { field: "documents", value: count as f64, min: 1.0, max });
         }
         let k = options::in_range("k", request.params.k, count, self.limits.max_k)?;
-        let reranked = self.rerank_with(&model, store.as_deref(), query, &options, candidates, cancel)?;
+        let reranked =
+            self.rerank_with(&model, store.as_deref(), snapshot.as_ref(), query, &options, candidates, cancel)?;
         let timing = ModelTiming::of(&reranked);
         let query_terms = analyzer::terms(query);
         let results = reranked
@@ -294,7 +307,8 @@ impl Engine {
             })
             .collect::<Result<Vec<_>, RankError>>()?;
         let store = self.models.store(snapshot.collection(), &model)?;
-        let mut reranked = self.rerank_with(&model, store.as_deref(), query, options, candidates, cancel)?;
+        let mut reranked =
+            self.rerank_with(&model, store.as_deref(), Some(snapshot), query, options, candidates, cancel)?;
         continue_below(&mut reranked.ranked, tail);
         Ok(reranked.into())
     }
@@ -375,21 +389,41 @@ impl Engine {
             })
             .collect::<Result<Vec<_>, IndexError>>()?;
         let store = self.models.store(snapshot.collection(), model)?;
-        let mut reranked = self.rerank_with(model, store.as_deref(), query, options, candidates, cancel)?;
+        let mut reranked =
+            self.rerank_with(model, store.as_deref(), Some(snapshot), query, options, candidates, cancel)?;
         continue_below(&mut reranked.ranked, first_stage(hits.take(options.k.saturating_sub(depth)).collect()));
         Ok(reranked)
     }
 
+    /// Re-ranks candidates with the model (and its preselection); `snapshot` is the candidates' collection,
+    /// when they come from one (the `bm25` selector's statistics, a selector model's stored outputs).
+    #[allow(clippy::too_many_arguments)]
     fn rerank_with(
         &self,
         model: &LoadedModel,
         store: Option<&crate::model::VectorFile>,
+        snapshot: Option<&Snapshot>,
         query: &str,
         options: &RankOptions,
         candidates: Vec<rerank::Candidate>,
         cancel: &Cancel,
     ) -> Result<rerank::Reranked, RankError> {
         let rerank_options = options.rerank.as_ref().expect("a re-ranking pipeline has re-ranking options");
+        let preselect = &rerank_options.preselect;
+        let selector_model = match preselect.selector.model().filter(|_| preselect.active()) {
+            Some(name) => {
+                let selector = self.models.get(name, "preselect")?;
+                let store = snapshot.map(|s| self.models.store(s.collection(), &selector)).transpose()?.flatten();
+                Some((selector, store))
+            }
+            None => None,
+        };
+        let scorer = match &selector_model {
+            Some((selector, store)) => {
+                rerank::SelectorScorer::Model { served: &selector.served, store: store.as_deref() }
+            }
+            None => rerank::SelectorScorer::Bm25 { snapshot, params: options.bm25 },
+        };
         let job = rerank::Reranking {
             name: &model.name,
             served: &model.served,
@@ -399,6 +433,7 @@ impl Engine {
             options: rerank_options,
             query,
             cancel,
+            preselect: preselect.active().then_some(rerank::Selecting { options: preselect, scorer }),
         };
         rerank::rerank(&job, candidates)
     }
@@ -433,7 +468,7 @@ impl Engine {
             index: b.index,
             start: b.start,
             end: b.end,
-            score: b.score,
+            score: b.score.expect("the best segment is a scored one"),
             text: evidence.doc.text[b.start..b.end].to_string(),
         });
         let mut segments = evidence.segments;
@@ -448,7 +483,7 @@ impl Engine {
             docid,
             score,
             first_stage_score,
-            model_score: Some(evidence.model_score),
+            model_score: evidence.model_score,
             title: evidence.doc.title,
             best_segment: best,
             segments: Some(segments),

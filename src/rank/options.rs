@@ -6,6 +6,7 @@ use utoipa::ToSchema;
 
 use super::{Engine, Pipeline, RankError, RankParams};
 use crate::index::{Bm25Params, Rm3Params};
+use crate::preselect::Preselect;
 use crate::segment::SegmentOptions;
 
 /// Results per topic when a batch names no k (trec_eval's customary depth).
@@ -31,6 +32,8 @@ pub struct RerankOptions {
     pub segments: SegmentOptions,
     /// Weight of the normalized first-stage score, if mixed in.
     pub interpolate: Option<f32>,
+    /// Which segments the model reads.
+    pub preselect: Preselect,
 }
 
 /// What the parameters are for: each use has its defaults, and `/rerank` has no first stage.
@@ -75,7 +78,9 @@ impl Engine {
                 unit("interpolate", weight)?;
             }
             let model = self.models.check(params.model.as_deref())?;
-            Some(RerankOptions { model, depth, segments, interpolate: params.interpolate })
+            let preselect = params.preselect.clone().unwrap_or_else(|| self.default_preselect.clone());
+            self.check_preselect(&preselect)?;
+            Some(RerankOptions { model, depth, segments, interpolate: params.interpolate, preselect })
         } else {
             if let Some(model) = &params.model {
                 self.models.check(Some(model))?;
@@ -93,6 +98,19 @@ impl Engine {
         within("rm3.fb_terms", rm3.fb_terms as f64, 1.0, limits.max_fb_terms as f64)?;
         unit("rm3.original_query_weight", rm3.original_query_weight)?;
         Ok(RankOptions { k, pipeline, bm25, rm3, rerank })
+    }
+
+    /// A preselection's counts (1 and up: they only ever cut work) and its selector's model (served).
+    fn check_preselect(&self, preselect: &Preselect) -> Result<(), RankError> {
+        for (field, value) in [("preselect.per_doc", preselect.per_doc), ("preselect.budget", preselect.budget)] {
+            if value == Some(0) {
+                return Err(RankError::OutOfRange { field, value: 0.0, min: 1.0, max: usize::MAX as f64 });
+            }
+        }
+        if let Some(name) = preselect.selector.model() {
+            self.models.check(Some(name))?;
+        }
+        Ok(())
     }
 
     /// A query's text, trimmed, checked against the limits.

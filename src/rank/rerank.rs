@@ -11,35 +11,49 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::{Pipeline, RankError, Ranked, RerankOptions};
-use crate::index::StoredDoc;
+use crate::index::{analyzer, bm25, Bm25Params, IndexError, Snapshot, StoredDoc};
 use crate::model::{Cancel, Output, Reranker, Scores, Served, VectorFile};
+use crate::preselect::Preselect;
 use crate::segment::{self, Segment, SegmentOptions, Strategy};
 
-/// One segment with the model's score.
+/// One segment with the model's score, and the selector's when a preselection ran.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ScoredSegment {
     pub index: usize,
     /// UTF-8 byte offsets into the document's text.
     pub start: usize,
     pub end: usize,
-    pub score: f32,
+    /// Whether the model read the segment: a preselection sends it only some.
+    pub scored: bool,
+    /// The model's score; absent when the model did not read the segment (`scored: false`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub score: Option<f32>,
+    /// The preselection's score, for every segment it saw.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub selector_score: Option<f32>,
     /// The segment's text, when the request asks for it (`segment_text`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
 }
 
 /// Why a re-ranked document scored what it did: its text, every segment's score, and the aggregated
-/// model score (before any interpolation with the first stage).
+/// model score (before any interpolation with the first stage; none when the model read no segment of it).
 pub struct Evidence {
     pub doc: StoredDoc,
     pub segments: Vec<ScoredSegment>,
-    pub model_score: f32,
+    pub model_score: Option<f32>,
 }
 
 impl Evidence {
-    /// The highest-scoring segment (the first of equals).
+    /// The highest-scoring segment the model read (the first of equals).
     pub fn best(&self) -> Option<&ScoredSegment> {
-        best(&self.segments.iter().map(|s| s.score).collect::<Vec<_>>()).map(|i| &self.segments[i])
+        let scored: Vec<&ScoredSegment> = self.segments.iter().filter(|s| s.scored).collect();
+        best(&scored.iter().filter_map(|s| s.score).collect::<Vec<_>>()).map(|i| scored[i])
+    }
+
+    /// The model's scores of the segments it read, in document order.
+    fn scores(segments: &[ScoredSegment]) -> Vec<f32> {
+        segments.iter().filter_map(|s| s.score).collect()
     }
 }
 
@@ -131,6 +145,68 @@ impl SegmentCache {
     }
 }
 
+/// A preselection to run: its options and the selector, ready to score.
+pub struct Selecting<'a> {
+    pub options: &'a Preselect,
+    pub scorer: SelectorScorer<'a>,
+}
+
+pub enum SelectorScorer<'a> {
+    /// BM25 with the collection's IDF when there is a collection, else the candidates' segments' own.
+    Bm25 { snapshot: Option<&'a Snapshot<'a>>, params: Bm25Params },
+    /// A served model's scores (a bi-encoder's cosine, a cross-encoder's logit).
+    Model { served: &'a Served, store: Option<&'a VectorFile> },
+}
+
+impl Selecting<'_> {
+    /// The selector's score of every segment of every candidate.
+    fn score(
+        &self,
+        query: &str,
+        docs: &[Candidate],
+        inputs: &[Vec<(Segment, Cow<'_, str>)>],
+        cancel: &Cancel,
+    ) -> Result<Vec<Vec<f32>>, RankError> {
+        let flat: Vec<f32> = match &self.scorer {
+            SelectorScorer::Bm25 { snapshot, params } => {
+                // The segment's own text: the selector scores segments, whatever the model reads around them.
+                let passages: Vec<Vec<String>> = docs
+                    .iter()
+                    .zip(inputs)
+                    .flat_map(|(c, segments)| {
+                        segments.iter().map(|(s, _)| analyzer::terms(&c.doc.text[s.start..s.end]))
+                    })
+                    .collect();
+                let query = analyzer::terms(query);
+                let idf: HashMap<&str, f32> = match snapshot {
+                    Some(snapshot) => {
+                        let n = snapshot.stats()?.num_docs;
+                        query.iter().map(|t| Ok((t.as_str(), bm25::idf(n, snapshot.doc_freq(t)?)))).collect::<Result<
+                            _,
+                            IndexError,
+                        >>(
+                        )?
+                    }
+                    None => query
+                        .iter()
+                        .map(|t| {
+                            let df = passages.iter().filter(|p| p.contains(t)).count();
+                            (t.as_str(), bm25::idf(passages.len() as u64, df as u64))
+                        })
+                        .collect(),
+                };
+                bm25::score_passages(&query, |t| idf[t], &passages, *params)
+            }
+            SelectorScorer::Model { served, store } => {
+                let texts: Vec<&str> = inputs.iter().flatten().map(|(_, text)| text.as_ref()).collect();
+                served.score(query, &texts, *store, cancel).map_err(RankError::Model)?.scores
+            }
+        };
+        let mut flat = flat.into_iter();
+        Ok(inputs.iter().map(|segments| flat.by_ref().take(segments.len()).collect()).collect())
+    }
+}
+
 /// Everything a re-ranking needs besides the candidates.
 pub struct Reranking<'a> {
     /// The model's name (for messages) and the model as served.
@@ -143,14 +219,18 @@ pub struct Reranking<'a> {
     pub options: &'a RerankOptions,
     pub query: &'a str,
     pub cancel: &'a Cancel,
+    /// Which segments the model reads, when a preselection is active (never for FirstP, which reads one).
+    pub preselect: Option<Selecting<'a>>,
 }
 
 /// The re-ranked candidates, best first, and what the model cost.
 pub struct Reranked {
     pub ranked: Vec<Ranked>,
     pub scores: Scores,
-    /// (query, segment) pairs scored, cached ones included.
+    /// (query, segment) pairs sent to the model, cached ones included.
     pub pairs: usize,
+    /// Segments of the candidates seen (a preselection sends the model only some of them).
+    pub segments: usize,
 }
 
 /// Every candidate's segments with the model's scores, and the text the model read for each candidate's best.
@@ -159,33 +239,51 @@ struct Scored<'d> {
     best_text: Vec<Option<Cow<'d, str>>>,
     scores: Scores,
     pairs: usize,
+    segments: usize,
 }
 
-/// Scores the candidates' segments (FirstP: the first only), as the server cuts and batches them.
+/// Scores the candidates' segments (FirstP: the first only; with a preselection, those it picks), as the
+/// server cuts and batches them.
 fn score_segments<'d>(job: &Reranking<'_>, docs: &'d [Candidate]) -> Result<Scored<'d>, RankError> {
     let cap = if job.pipeline == Pipeline::FirstP { 1 } else { usize::MAX };
-    let mut owners: Vec<(usize, Segment)> = Vec::new();
-    let mut texts: Vec<Cow<'d, str>> = Vec::new();
-    for (d, candidate) in docs.iter().enumerate() {
-        for (segment, text) in job.segments.inputs(job.served, &job.options.segments, &candidate.doc, cap) {
-            owners.push((d, segment));
-            texts.push(text);
+    let inputs: Vec<Vec<(Segment, Cow<'d, str>)>> =
+        docs.iter().map(|c| job.segments.inputs(job.served, &job.options.segments, &c.doc, cap)).collect();
+    let preselect = job.preselect.as_ref().filter(|_| job.pipeline != Pipeline::FirstP);
+    let selector_scores = preselect.map(|p| p.score(job.query, docs, &inputs, job.cancel)).transpose()?;
+    let chosen: Vec<Vec<usize>> = match (preselect, &selector_scores) {
+        (Some(p), Some(scores)) => p.options.choose(scores),
+        _ => inputs.iter().map(|segments| (0..segments.len()).collect()).collect(),
+    };
+    let texts: Vec<&str> =
+        chosen.iter().zip(&inputs).flat_map(|(c, segments)| c.iter().map(|&i| segments[i].1.as_ref())).collect();
+    let scores = job.served.score(job.query, &texts, job.store, job.cancel).map_err(RankError::Model)?;
+    let mut model_scores = scores.scores.iter().copied();
+    let mut per_doc: Vec<Vec<ScoredSegment>> = Vec::with_capacity(docs.len());
+    let mut best_text: Vec<Option<Cow<'d, str>>> = Vec::with_capacity(docs.len());
+    for (d, segments) in inputs.iter().enumerate() {
+        let mut evidence: Vec<ScoredSegment> = segments
+            .iter()
+            .enumerate()
+            .map(|(i, (s, _))| ScoredSegment {
+                index: s.index,
+                start: s.start,
+                end: s.end,
+                scored: false,
+                score: None,
+                selector_score: selector_scores.as_ref().map(|scores| scores[d][i]),
+                text: None,
+            })
+            .collect();
+        for &i in &chosen[d] {
+            evidence[i].scored = true;
+            evidence[i].score = model_scores.next();
         }
+        let read: Vec<usize> = chosen[d].clone();
+        best_text.push(best(&Evidence::scores(&evidence)).map(|b| segments[read[b]].1.clone()));
+        per_doc.push(evidence);
     }
-    let borrowed: Vec<&str> = texts.iter().map(|t| t.as_ref()).collect();
-    let scores = job.served.score(job.query, &borrowed, job.store, job.cancel).map_err(RankError::Model)?;
-    let mut per_doc: Vec<Vec<ScoredSegment>> = vec![Vec::new(); docs.len()];
-    for ((d, s), &score) in owners.iter().zip(&scores.scores) {
-        per_doc[*d].push(ScoredSegment { index: s.index, start: s.start, end: s.end, score, text: None });
-    }
-    let mut best_text: Vec<Option<Cow<'d, str>>> = vec![None; docs.len()];
-    let mut start = 0;
-    for (d, segments) in per_doc.iter().enumerate() {
-        let scores: Vec<f32> = segments.iter().map(|s| s.score).collect();
-        best_text[d] = best(&scores).map(|i| texts[start + i].clone());
-        start += segments.len();
-    }
-    Ok(Scored { per_doc, best_text, scores, pairs: owners.len() })
+    let segments = inputs.iter().map(Vec::len).sum();
+    Ok(Scored { per_doc, best_text, scores, pairs: texts.len(), segments })
 }
 
 /// The index of the highest score (the first of equals): MaxP's choice.
@@ -200,42 +298,56 @@ pub fn best(scores: &[f32]) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
-/// Re-scores the candidates with the model; best first (ties keep the given order).
+/// Re-scores the candidates with the model; best first (ties keep the given order). Candidates the model read
+/// no segment of (a preselection's budget did not reach them) follow every scored one, in the given order.
 pub fn rerank(job: &Reranking<'_>, docs: Vec<Candidate>) -> Result<Reranked, RankError> {
-    let Scored { per_doc, best_text, mut scores, pairs } = score_segments(job, &docs)?;
-    let mut model_scores: Vec<f32> = per_doc
+    let Scored { per_doc, best_text, mut scores, pairs, segments } = score_segments(job, &docs)?;
+    // SumP and AvgP aggregate the scored segments only.
+    let mut model_scores: Vec<Option<f32>> = per_doc
         .iter()
-        .map(|segments| aggregate(job.pipeline, &segments.iter().map(|s| s.score).collect::<Vec<_>>()))
+        .map(|segments| Some(Evidence::scores(segments)).filter(|s| !s.is_empty()).map(|s| aggregate(job.pipeline, &s)))
         .collect();
     if job.pipeline == Pipeline::CoBert {
-        let round = cobert_first_round(job, &best_text, &model_scores)?;
+        let maxp: Vec<f32> = model_scores.iter().map(|s| s.unwrap_or(f32::NEG_INFINITY)).collect();
+        let round = cobert_first_round(job, &best_text, &maxp)?;
         let (rescored, flops) = cobert(job, &round, docs.len())?;
-        model_scores = rescored;
+        model_scores = rescored.into_iter().zip(&model_scores).map(|(s, read)| read.map(|_| s)).collect();
         scores.flops = scores.flops.map(|f| f + flops);
     }
+    let (read, unread): (Vec<usize>, Vec<usize>) = (0..docs.len()).partition(|&d| model_scores[d].is_some());
+    let read_scores: Vec<f32> = read.iter().filter_map(|&d| model_scores[d]).collect();
     let finals = match job.options.interpolate {
         Some(weight) => {
-            let first: Option<Vec<f32>> = docs.iter().map(|c| c.first_stage_score).collect();
+            let first: Option<Vec<f32>> = read.iter().map(|&d| docs[d].first_stage_score).collect();
             let first = first.ok_or(RankError::NoFirstStage)?;
-            interpolate(&first, &model_scores, weight)
+            interpolate(&first, &read_scores, weight)
         }
-        None => model_scores.clone(),
+        None => read_scores,
     };
-    let mut ranked: Vec<Ranked> = docs
-        .into_iter()
-        .zip(per_doc)
-        .zip(model_scores.into_iter().zip(finals))
-        .map(|((Candidate { first_stage_score, doc }, segments), (model_score, score))| Ranked {
+    let mut finals = read.iter().copied().zip(finals).collect::<HashMap<usize, f32>>();
+    let mut ranked: Vec<Ranked> = Vec::with_capacity(docs.len());
+    let mut tail: Vec<Ranked> = Vec::with_capacity(unread.len());
+    for (d, ((Candidate { first_stage_score, doc }, segments), model_score)) in
+        docs.into_iter().zip(per_doc).zip(model_scores).enumerate()
+    {
+        let score = finals.remove(&d).unwrap_or(f32::NEG_INFINITY);
+        let doc = Ranked {
             docid: doc.docid.clone(),
             first_stage_score,
             address: None,
             score,
             evidence: Some(Evidence { doc, segments, model_score }),
-        })
-        .collect();
+        };
+        if model_score.is_some() {
+            ranked.push(doc)
+        } else {
+            tail.push(doc)
+        }
+    }
     // A stable sort keeps the first-stage order among equal scores.
     ranked.sort_by(|a, b| b.score.total_cmp(&a.score));
-    Ok(Reranked { ranked, scores, pairs })
+    super::continue_below(&mut ranked, tail);
+    Ok(Reranked { ranked, scores, pairs, segments })
 }
 
 /// A candidate's best passage in Co-BERT's first round.
@@ -256,8 +368,7 @@ pub struct FirstRoundPassage {
 /// Candidates without a segment are left out. Co-BERT's training caches its first round through this.
 pub fn first_round(job: &Reranking<'_>, docs: &[Candidate]) -> Result<Vec<FirstRoundPassage>, RankError> {
     let Scored { per_doc, best_text, .. } = score_segments(job, docs)?;
-    let maxp: Vec<f32> =
-        per_doc.iter().map(|s| aggregate(Pipeline::MaxP, &s.iter().map(|s| s.score).collect::<Vec<_>>())).collect();
+    let maxp: Vec<f32> = per_doc.iter().map(|s| aggregate(Pipeline::MaxP, &Evidence::scores(s))).collect();
     cobert_first_round(job, &best_text, &maxp)
 }
 

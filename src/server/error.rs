@@ -57,7 +57,8 @@ codes! {
     InvalidPath = "invalid_path", 400, "A path parameter is malformed.";
     EmptyQuery = "empty_query", 400, "The query (or a topic's) has no text.";
     QueryTooLong = "query_too_long", 400, "The query is longer than `limits.max_query_chars`.";
-    OutOfRange = "out_of_range", 400, "A number is outside its range (k, depth, bm25, rm3, interpolate, documents).";
+    OutOfRange = "out_of_range", 400, "A number is outside its range (k, depth, bm25, rm3, interpolate, \
+        preselect, documents).";
     InvalidTag = "invalid_tag", 400, "The run tag is not one word.";
     InvalidSegments = "invalid_segments", 400, "The segmenting options are inconsistent.";
     RerankingPipelineRequired = "reranking_pipeline_required", 400, "This needs a re-ranking pipeline, not bm25 or bm25+rm3.";
@@ -85,9 +86,11 @@ codes! {
     PipelineUnavailable = "pipeline_unavailable", 422, "The pipeline cannot run now: its model could not be loaded, or is not what it needs (cobert without a Co-BERT model); the message says why.";
     ModelRequired = "model_required", 422, "A re-ranking pipeline, and no model is configured.";
     UnknownModel = "unknown_model", 422, "No model of that name.";
-    NotABiEncoder = "not_a_bi_encoder", 422, "Only a bi-encoder's embeddings can be computed ahead.";
+    NotABiEncoder = "not_a_bi_encoder", 422, "The model named is not a bi-encoder (embeddings computed ahead, a \
+        `bi-encoder:NAME` selector).";
     MalformedFile = "malformed_file", 422, "A topic, qrels or run file does not parse (the message names the line).";
-    Overloaded = "overloaded", 429, "The model's queue is full, or its wait would pass the request's timeout; retry after `Retry-After` seconds.";
+    Overloaded = "overloaded", 429, "The server is at capacity (`server.max_waiting_requests` waiting, or the \
+        model's queue full or its wait past the request's timeout); retry after `Retry-After` seconds.";
     Cancelled = "cancelled", 499, "The client went away before the answer (logged only).";
     Internal = "internal", 500, "A failure of the server: the message gives an incident id, the server log has the details.";
     ModelError = "model_error", 500, "The model failed on this input.";
@@ -133,6 +136,11 @@ impl ApiError {
 
     pub fn not_ready() -> ApiError {
         ApiError::new(ErrorCode::NotReady, "the server is still opening its indexes")
+    }
+
+    /// 429 `overloaded`, retry after `retry_after_s` seconds.
+    pub fn overloaded(message: impl Into<String>, retry_after_s: u64) -> ApiError {
+        ApiError { retry_after_s, ..ApiError::new(ErrorCode::Overloaded, message) }
     }
 
     pub fn timeout(ms: u64) -> ApiError {
@@ -299,17 +307,18 @@ route_errors! {
     SearchErrors(Read): [MalformedJson, InvalidBody, InvalidQueryString, DuplicateField, BodyTooLarge,
         UnsupportedMediaType, ForbiddenOrigin, EmptyQuery, QueryTooLong, OutOfRange, InvalidSegments,
         CollectionRequired, UnknownCollection, UnknownPipeline, PipelineUnavailable, ModelRequired, UnknownModel,
-        Overloaded, ModelUnavailable, ModelError, IndexError];
+        NotABiEncoder, Overloaded, ModelUnavailable, ModelError, IndexError];
     /// `/rerank`.
     RerankErrors(Read): [MalformedJson, InvalidBody, BodyTooLarge, UnsupportedMediaType, ForbiddenOrigin,
         EmptyQuery, QueryTooLong, OutOfRange, InvalidSegments, RerankingPipelineRequired, NotApplicable,
         DocumentsOrDocids, NoFirstStage, CollectionRequired, UnknownCollection, UnknownDocument, UnknownPipeline,
-        PipelineUnavailable, ModelRequired, UnknownModel, Overloaded, ModelUnavailable, ModelError, IndexError];
+        PipelineUnavailable, ModelRequired, UnknownModel, NotABiEncoder, Overloaded, ModelUnavailable, ModelError,
+        IndexError];
     /// `POST /batch`.
     SubmitErrors(Admin): [MalformedJson, InvalidBody, DuplicateField, BodyTooLarge, UnsupportedMediaType,
         ForbiddenOrigin, EmptyQuery, QueryTooLong, OutOfRange, InvalidTag, InvalidSegments,
         RerankingPipelineRequired, CollectionRequired, UnknownCollection, UnknownPipeline, PipelineUnavailable,
-        ModelRequired, UnknownModel, MalformedFile, ModelUnavailable, InvalidQueryString, IndexError];
+        ModelRequired, UnknownModel, NotABiEncoder, MalformedFile, ModelUnavailable, InvalidQueryString, IndexError];
     /// Reading a job by id.
     JobErrors(Read): [InvalidPath, UnknownJob, JobConflict];
     /// The list of jobs.
@@ -320,9 +329,11 @@ route_errors! {
     CompareErrors(Read): [InvalidQueryString, UnknownJob, JobConflict, MalformedFile];
     /// `/documents/{docid}`.
     DocumentErrors(Read): [InvalidPath, InvalidQueryString, UnknownCollection, UnknownDocument, AmbiguousDocument,
-        IndexError];
+        Overloaded, IndexError];
     /// Read-only routes that take no input.
     PlainErrors(Read): [IndexError];
+    /// Read-only routes that take no input and run on the engine (`server.max_concurrent_work`).
+    EngineErrors(Read): [Overloaded, IndexError];
     /// `/health`: no key, no input.
     HealthErrors(Open): [];
 }

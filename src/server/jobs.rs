@@ -294,7 +294,11 @@ impl Jobs {
     }
 
     /// The TREC run of a finished job.
-    pub async fn run_file(&self, id: &str) -> Result<String, JobError> {
+    /// The run of a finished job as a stream of parts (topics in topic-file order), never whole in memory.
+    pub async fn run_file(
+        &self,
+        id: &str,
+    ) -> Result<impl futures_util::Stream<Item = Result<String, StoreError>> + Send + 'static, JobError> {
         let row = self.store.job(id).await?.ok_or_else(|| JobError::UnknownJob(id.to_string()))?;
         if row.status != JobStatus::Done {
             return Err(JobError::Conflict {
@@ -303,7 +307,17 @@ impl Jobs {
                 message: "the run is complete only when the job is done".into(),
             });
         }
-        Ok(self.store.run_text(id).await?)
+        /// Topics per part: a few MB at most at k = 1000.
+        const PART: i64 = 64;
+        let (store, id) = (self.store.clone(), id.to_string());
+        Ok(futures_util::stream::try_unfold(Some(-1), move |after| {
+            let (store, id) = (store.clone(), id.clone());
+            async move {
+                let Some(after) = after else { return Ok(None) };
+                let (text, last) = store.run_part(&id, after, PART).await?;
+                Ok((!text.is_empty()).then_some((text, last)))
+            }
+        }))
     }
 
     /// Cancels a queued or running job (its view), or deletes a finished one with its run (`None`).

@@ -1,6 +1,7 @@
 //! The HTTP server: axum router, shared state, middleware, OpenAPI. Handlers are thin; the work happens in
 //! `rank::Engine`, on blocking threads so the async runtime never waits on an index.
 
+mod admission;
 mod decode;
 mod error;
 pub mod jobs;
@@ -42,13 +43,16 @@ struct Inner {
     ready: AtomicBool,
     /// The address the server listens on, once bound.
     bound: std::sync::OnceLock<SocketAddr>,
+    admission: admission::Admission,
 }
 
 impl AppState {
     pub fn new(config: Config, catalog: Arc<Catalog>, store: Store) -> AppState {
         let engine = Arc::new(Engine::new(catalog, &config));
         let jobs = Jobs::new(engine.clone(), store, config.clone());
+        let admission = admission::Admission::new(config.server.concurrent_work(), config.server.max_waiting_requests);
         let inner = Inner {
+            admission,
             config,
             engine,
             jobs,
@@ -98,6 +102,11 @@ impl AppState {
         self.inner.bound.get().is_some_and(|addr| addr.ip().is_loopback())
     }
 
+    /// Requests waiting for a turn at the engine.
+    pub fn waiting(&self) -> usize {
+        self.inner.admission.waiting()
+    }
+
     pub fn is_ready(&self) -> bool {
         self.inner.ready.load(Ordering::Acquire)
     }
@@ -118,12 +127,17 @@ impl AppState {
                 self.0.cancel();
             }
         }
+        let permit = self.inner.admission.admit().await?;
         let state = self.clone();
         // The request's deadline travels with its work: the model's queue refuses what would time out in it.
         let timeout = Duration::from_millis(self.config().server.request_timeout_ms);
         let guard = CancelOnDrop(Cancel::until(Instant::now() + timeout));
         let cancel = guard.0.clone();
-        let result = tokio::task::spawn_blocking(move || work(state.engine(), &cancel)).await;
+        let result = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            work(state.engine(), &cancel)
+        })
+        .await;
         drop(guard);
         match result {
             Ok(result) => result.map_err(ApiError::from),

@@ -296,6 +296,24 @@ impl Store {
         Ok(text)
     }
 
+    /// Part of the job's TREC run: up to `topics` topics after position `after`, and the last position read
+    /// (`None` past the end). A run streams in parts, so its size never sits in memory whole.
+    pub async fn run_part(&self, id: &str, after: i64, topics: i64) -> Result<(String, Option<i64>), StoreError> {
+        let rows = sqlx::query("SELECT seq, run FROM job_topics WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?")
+            .bind(id)
+            .bind(after)
+            .bind(topics)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut text = String::new();
+        let mut last = None;
+        for row in rows {
+            text.push_str(row.try_get::<&str, _>("run")?);
+            last = Some(row.try_get::<i64, _>("seq")?);
+        }
+        Ok((text, last))
+    }
+
     /// Logs a search, keeping the newest `keep` entries (0: logs nothing).
     pub async fn log_query(&self, entry: QueryLogEntry<'_>, keep: usize) -> Result<(), StoreError> {
         if keep == 0 {

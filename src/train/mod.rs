@@ -30,6 +30,7 @@ use crate::eval::passages::{overlaps, Passage};
 use crate::eval::Qrels;
 use crate::index::{Bm25Params, Collection, IndexError};
 use crate::model::{CrossEncoder, ModelError, TrainableCrossEncoder};
+use crate::preselect::Preselect;
 use crate::progress::{Progress, Unit};
 
 pub use cobert::CoBertTraining;
@@ -184,6 +185,12 @@ pub struct TrainOptions {
     /// BM25 candidates each dev query re-ranks.
     #[arg(long, default_value_t = 5)]
     pub dev_depth: usize,
+    /// Which segments the model reads in dev evaluation, as JSON (`'{"selector": "bm25", "per_doc": 2}'`: a
+    /// cheaper dev run; the `bm25` selector's statistics are the dev candidates' own) [default: every segment].
+    /// Left out of `train.json` when none, so runs from before the option resume.
+    #[arg(long, value_parser = crate::rank::json_arg::<Preselect>, value_name = "JSON")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dev_preselect: Option<Preselect>,
     /// BeST iterations at most.
     #[arg(long, default_value_t = 3)]
     pub iterations: usize,

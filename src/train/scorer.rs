@@ -5,8 +5,9 @@
 use super::data::TrainingDoc;
 use super::{TrainError, TrainOptions};
 use crate::eval::Scored;
+use crate::index::Bm25Params;
 use crate::model::{Cancel, CrossEncoder, Output, Reranker, ServeOptions, Served, TrainableCrossEncoder};
-use crate::rank::rerank::{self, Candidate, FirstRoundPassage, Reranking, SegmentCache};
+use crate::rank::rerank::{self, Candidate, FirstRoundPassage, Reranking, SegmentCache, Selecting, SelectorScorer};
 use crate::rank::{Pipeline, RankError, RerankOptions};
 use crate::segment::SegmentOptions;
 
@@ -17,6 +18,8 @@ pub struct Scorer {
     served: Served,
     segments: SegmentCache,
     options: RerankOptions,
+    /// The `bm25` selector's parameters in dev evaluation: training's first stage's.
+    bm25: Bm25Params,
 }
 
 impl Scorer {
@@ -46,12 +49,18 @@ impl Scorer {
         };
         // Segments as the server cuts them at the model's full budget, the title repeated as in training.
         let segments = SegmentOptions { repeat_title: options.repeat_title, ..SegmentOptions::default() };
-        let options = RerankOptions { model: NAME.into(), depth: usize::MAX, segments, interpolate: None };
-        Scorer { served: Served::start(NAME, model, serve), segments: SegmentCache::default(), options }
+        let (preselect, bm25) = (options.dev_preselect.clone().unwrap_or_default(), options.bm25);
+        let options = RerankOptions { model: NAME.into(), depth: usize::MAX, segments, interpolate: None, preselect };
+        Scorer { served: Served::start(NAME, model, serve), segments: SegmentCache::default(), options, bm25 }
     }
 
-    fn job<'a>(&'a self, query: &'a str, pipeline: Pipeline, cancel: &'a Cancel) -> Reranking<'a> {
+    /// A re-ranking as the server runs it; with the dev preselection for `rank`, every segment otherwise
+    /// (Co-BERT's training reads every candidate's best).
+    fn job<'a>(&'a self, query: &'a str, pipeline: Pipeline, cancel: &'a Cancel, dev: bool) -> Reranking<'a> {
+        let preselect = &self.options.preselect;
+        let scorer = SelectorScorer::Bm25 { snapshot: None, params: self.bm25 };
         Reranking {
+            preselect: (dev && preselect.active()).then_some(Selecting { options: preselect, scorer }),
             name: NAME,
             served: &self.served,
             store: None,
@@ -65,13 +74,15 @@ impl Scorer {
 
     /// The candidates re-ranked as the `pipeline` of the server ranks them.
     pub fn rank(&self, query: &str, pipeline: Pipeline, candidates: Vec<Candidate>) -> Result<Vec<Scored>, TrainError> {
-        let ranked = rerank::rerank(&self.job(query, pipeline, &Cancel::default()), candidates).map_err(rank_error)?;
+        let ranked =
+            rerank::rerank(&self.job(query, pipeline, &Cancel::default(), true), candidates).map_err(rank_error)?;
         Ok(ranked.ranked.into_iter().map(|r| Scored { docid: r.docid, score: r.score as f64 }).collect())
     }
 
     /// Co-BERT's first round over the candidates (see `rerank::first_round`).
     pub fn first_round(&self, query: &str, candidates: &[Candidate]) -> Result<Vec<FirstRoundPassage>, TrainError> {
-        rerank::first_round(&self.job(query, Pipeline::CoBert, &Cancel::default()), candidates).map_err(rank_error)
+        rerank::first_round(&self.job(query, Pipeline::CoBert, &Cancel::default(), false), candidates)
+            .map_err(rank_error)
     }
 
     /// The outputs (logit, `[CLS]` state, length) of the model over (query, passage) pairs.

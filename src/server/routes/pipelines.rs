@@ -6,7 +6,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::rank::{ModelStatus, PipelineInfo};
-use crate::server::error::{ApiError, PlainErrors};
+use crate::server::error::{ApiError, EngineErrors};
 use crate::server::AppState;
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -17,7 +17,7 @@ pub struct Pipelines {
 }
 
 /// The pipelines and the models a client can ask for.
-#[utoipa::path(get, path = "/pipelines", tag = "search", responses((status = 200, body = Pipelines), PlainErrors))]
+#[utoipa::path(get, path = "/pipelines", tag = "search", responses((status = 200, body = Pipelines), EngineErrors))]
 pub async fn list_pipelines(State(state): State<AppState>) -> Result<Json<Pipelines>, ApiError> {
     // On a blocking thread: a model not loaded yet is loaded to tell.
     let (pipelines, models) = state.run(|engine, _| Ok((engine.pipelines(), engine.models().status()))).await?;
