@@ -59,17 +59,22 @@ pub fn run(mut args: BatchArgs, model: Option<String>, mut config: Config) -> an
     let remaining: Vec<_> = plan.topics.iter().filter(|t| !partial.run().topics.contains_key(&t.qid)).collect();
     let bar = Bar::counting(plan.topics.len() as u64, "topics");
     longrank::progress::Progress::set(&bar, (plan.topics.len() - remaining.len()) as u64, "");
-    let (mut flops, ran) = (None, remaining.len());
+    let (mut flops, mut pairs, mut segments, ran) = (None, 0, 0, remaining.len());
     for topic in remaining {
         let ranked = plan.run_topic(&engine, topic, &Cancel::default())?;
         flops = ranked.flops.map(|f| f + flops.unwrap_or(0.0)).or(flops);
+        (pairs, segments) = (pairs + ranked.pairs, segments + ranked.segments);
         partial.push(&topic.qid, ranked.scored)?;
         bar.inc();
     }
     bar.finish();
+    // Over the topics run by this invocation (a resumed batch's earlier ones are not counted).
     if let Some(flops) = flops {
-        // Over the topics run by this invocation (a resumed batch's earlier ones are not counted).
         eprintln!("model FLOPs: {:.4e} per topic ({flops:.4e} in all)", flops / ran as f64);
+    }
+    if segments > 0 {
+        let per_topic = |n: usize| n as f64 / ran as f64;
+        eprintln!("model pairs: {:.1} per topic, of {:.1} segments seen", per_topic(pairs), per_topic(segments));
     }
     let order: Vec<&str> = plan.topics.iter().map(|t| t.qid.as_str()).collect();
     let (run, text) = partial.finish(out, &order)?;

@@ -46,7 +46,10 @@ const BLOCK_TAGS: [&str; 33] = [
 pub fn parse(raw: &[u8], at: &Location) -> Result<Document, CorpusError> {
     let malformed = |message: &str| CorpusError::Malformed { at: at.clone(), message: message.to_string() };
     let hdr_start = find(raw, b"<DOCHDR>").ok_or_else(|| malformed("no <DOCHDR>"))?;
-    let hdr_end = find(raw, b"</DOCHDR>").ok_or_else(|| malformed("<DOCHDR> without </DOCHDR>"))?;
+    // The header's end after its start (a stray `</DOCHDR>` before it is page content, not a header).
+    let hdr_end = find(&raw[hdr_start..], b"</DOCHDR>")
+        .map(|e| hdr_start + e)
+        .ok_or_else(|| malformed("<DOCHDR> without </DOCHDR>"))?;
     let id = trec::docno(&String::from_utf8_lossy(&raw[..hdr_start]), at)?;
     let header = String::from_utf8_lossy(&raw[hdr_start + 8..hdr_end]);
     let content_type = header

@@ -66,6 +66,9 @@ pub struct TopicRun {
     pub scored: Vec<Scored>,
     /// FLOPs of the model passes behind the topic's scores (re-ranking pipelines with a FLOPs count).
     pub flops: Option<f64>,
+    /// Pairs sent to the model, and segments of the candidates seen (a preselection sends only some).
+    pub pairs: usize,
+    pub segments: usize,
 }
 
 impl BatchPlan {
@@ -87,7 +90,7 @@ impl BatchPlan {
         };
         let scored =
             ranked.ranked.into_iter().take(self.options.k).map(|r| Scored { docid: r.docid, score: r.score as f64 });
-        Ok(TopicRun { scored: scored.collect(), flops: ranked.flops })
+        Ok(TopicRun { scored: scored.collect(), flops: ranked.flops, pairs: ranked.pairs, segments: ranked.segments })
     }
 }
 

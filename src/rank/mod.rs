@@ -49,11 +49,15 @@ pub struct Ranking {
     pub ranked: Vec<Ranked>,
     /// As `ModelTiming::flops`; `None` for first-stage pipelines and models without a FLOPs count.
     pub flops: Option<f64>,
+    /// As `ModelTiming::pairs` and `ModelTiming::segments` (0 for first-stage pipelines).
+    pub pairs: usize,
+    pub segments: usize,
 }
 
 impl From<rerank::Reranked> for Ranking {
     fn from(reranked: rerank::Reranked) -> Ranking {
-        Ranking { flops: reranked.scores.flops, ranked: reranked.ranked }
+        let (pairs, segments) = (reranked.pairs, reranked.segments);
+        Ranking { flops: reranked.scores.flops, ranked: reranked.ranked, pairs, segments }
     }
 }
 
@@ -366,7 +370,7 @@ impl Engine {
         let (hits, _) = self.retrieve(snapshot, query, options)?;
         match model {
             Some(model) => Ok(self.rerank_hits(snapshot, &model, query, options, hits, cancel)?.into()),
-            None => Ok(Ranking { ranked: first_stage(hits), flops: None }),
+            None => Ok(Ranking { ranked: first_stage(hits), flops: None, pairs: 0, segments: 0 }),
         }
     }
 

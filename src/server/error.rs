@@ -96,7 +96,8 @@ codes! {
     ModelError = "model_error", 500, "The model failed on this input.";
     IndexError = "index_error", 500, "The index failed to answer.";
     NotReady = "not_ready", 503, "The server is still opening its indexes; retry after `Retry-After` seconds.";
-    Timeout = "timeout", 503, "The request ran longer than `server.request_timeout_ms`.";
+    Timeout = "timeout", 503, "The request ran longer than `server.request_timeout_ms` (the model's finished work \
+        is kept for a retry; the message says what cuts the work).";
     ModelUnavailable = "model_unavailable", 503, "A model asked for by name outside a pipeline could not be loaded (the message says why).";
 }
 
@@ -144,7 +145,14 @@ impl ApiError {
     }
 
     pub fn timeout(ms: u64) -> ApiError {
-        ApiError::new(ErrorCode::Timeout, format!("request took longer than {ms} ms"))
+        ApiError::new(
+            ErrorCode::Timeout,
+            format!(
+                "request took longer than {ms} ms (server.request_timeout_ms); the model's finished work is kept, so \
+                 a retry gets further. Less work per request: a smaller depth, a preselect (the segments the model \
+                 reads), a bi-encoder's embeddings computed ahead (longrank embed)"
+            ),
+        )
     }
 
     pub fn internal(message: impl Into<String>) -> ApiError {

@@ -195,3 +195,71 @@ fn search_preselects_with_the_collections_statistics_and_bad_options_are_refused
     search(json!({"selector": "model:missing", "per_doc": 1})).assert_error(422, "unknown_model");
     search(json!({"selector": "bi-encoder:small", "per_doc": 1})).assert_error(422, "not_a_bi_encoder");
 }
+
+/// A cold re-ranking cut off by the request timeout keeps the batches the model finished: the retry computes
+/// only the rest. The model is held before its second batch (a test hook), so the cut falls after the first.
+#[test]
+fn work_a_timeout_cuts_off_is_kept_and_the_retry_computes_less() {
+    let models = tempfile::tempdir().unwrap();
+    tiny_cross_encoder(models.path(), 5);
+    let dir = tempfile::tempdir().unwrap();
+    let release = dir.path().join("release");
+    let hold = format!("model.batch:2:{}", release.display());
+    let env = [
+        ("LONGRANK_MODEL_PATH", models.path().to_str().unwrap()),
+        // About three pairs per batch: the ten pairs take four.
+        ("LONGRANK_MODEL_MAX_BATCH_TOKENS", "64"),
+        ("LONGRANK_SERVER_REQUEST_TIMEOUT_MS", "1000"),
+        ("LONGRANK_TEST_HOLD", hold.as_str()),
+    ];
+    let server = TestServer::start(dir.path(), &env).wait_ready();
+    let body = json!({"query": "bee dance", "documents": documents(), "pipeline": "maxp", "segments": windows()});
+    let cut = post_json(&server.url("/rerank"), &body.to_string());
+    cut.assert_error(503, "timeout");
+    assert!(cut.body.contains("preselect"), "says what helps: {}", cut.body);
+    // The cut-off request hands its finished batch to the cache as it returns.
+    let kept = || -> u64 {
+        let (_, metrics) = crate::common::get(&server.url("/metrics"));
+        let line =
+            metrics.lines().find_map(|l| l.strip_prefix("longrank_model_cache_misses_total{model=\"default\"} "));
+        line.map_or(0, |v| v.parse().unwrap())
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while kept() == 0 {
+        assert!(std::time::Instant::now() < deadline, "nothing kept");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let first_batch = kept();
+    std::fs::write(&release, "").unwrap();
+    let retry = post_json(&server.url("/rerank"), &body.to_string()).json();
+    assert_eq!(retry["timing"]["pairs"], 10, "{retry}");
+    assert_eq!(retry["timing"]["computed"].as_u64().unwrap(), 10 - first_batch, "{retry}");
+    assert!(first_batch < 10);
+}
+
+/// `longrank batch --preselect`: the run's pipeline reads one segment per candidate, and says so.
+#[test]
+fn a_batch_preselects_from_the_command_line() {
+    let models = tempfile::tempdir().unwrap();
+    tiny_cross_encoder(models.path(), 5);
+    let dir = tempfile::tempdir().unwrap();
+    cli_ok(dir.path(), &["index", "--collection", "cranfield", data("cranfield/docs.jsonl").to_str().unwrap()]);
+    let topics = dir.path().join("topics.tsv");
+    std::fs::write(&topics, "1\tboundary layer flow\n2\tsupersonic wing heat transfer\n").unwrap();
+    let run = |preselect: &str, out: &str| -> String {
+        let out = dir.path().join(out);
+        let mut args = vec!["--model", models.path().to_str().unwrap(), "batch", "--collection", "cranfield"];
+        args.extend(["--topics", topics.to_str().unwrap(), "--pipeline", "maxp", "--depth", "4", "-k", "4"]);
+        args.extend(["--segments", r#"{"strategy": "windows", "words": 20, "stride": 20}"#]);
+        args.extend(["--preselect", preselect, "--out", out.to_str().unwrap()]);
+        let output = crate::common::cli(dir.path(), &args);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let picked = run(r#"{"selector": "bm25", "per_doc": 1}"#, "picked.run");
+    assert!(picked.contains("model pairs: 4.0 per topic"), "{picked}");
+    let full = run(r#"{"selector": "none"}"#, "full.run");
+    let seen = |log: &str| log.split("of ").nth(1).unwrap().split(' ').next().unwrap().to_string();
+    assert!(full.contains(&format!("model pairs: {} per topic", seen(&full))), "{full}");
+    assert_eq!(seen(&full), seen(&picked), "the same segments seen");
+}

@@ -23,6 +23,26 @@ pub struct JobTiming {
     pub inference: Duration,
 }
 
+/// A job that did not finish (its request went away, or the model failed): the error, and the outputs of the
+/// batches that finished before it (in input order), which the caller keeps so a retry gets further.
+#[derive(Debug)]
+pub struct Unfinished {
+    pub error: ModelError,
+    pub outputs: Vec<Option<Vec<f32>>>,
+}
+
+impl From<ModelError> for Unfinished {
+    fn from(error: ModelError) -> Unfinished {
+        Unfinished { error, outputs: Vec::new() }
+    }
+}
+
+impl From<Unfinished> for ModelError {
+    fn from(unfinished: Unfinished) -> ModelError {
+        unfinished.error
+    }
+}
+
 /// Runs a batch of inputs through the model: one output vector per input.
 pub type Forward = dyn Fn(&[Encoded]) -> Result<Vec<Vec<f32>>, ModelError> + Send + Sync;
 
@@ -140,7 +160,7 @@ impl Queue {
     }
 
     /// Runs the inputs through the model and waits for every output (in input order).
-    pub fn run(&self, inputs: Vec<Encoded>, cancel: &Cancel) -> Result<(Vec<Vec<f32>>, JobTiming), ModelError> {
+    pub fn run(&self, inputs: Vec<Encoded>, cancel: &Cancel) -> Result<(Vec<Vec<f32>>, JobTiming), Unfinished> {
         if inputs.is_empty() {
             return Ok((Vec::new(), JobTiming::default()));
         }
@@ -161,13 +181,13 @@ impl Queue {
                 || ModelError::Overloaded { queued: ahead, retry_after_s: wait.map_or(1, |w| w.ceil() as u64).max(1) };
             // A job larger than the whole queue still runs when it would wait behind nothing.
             if ahead > 0 && ahead + n > self.shared.max_queued {
-                return Err(overloaded());
+                return Err(overloaded().into());
             }
             // Refused now rather than timed out later: the wait ahead would pass the request's deadline. Its own
             // work is admitted whatever its size.
             if let (Some(wait), Some(deadline)) = (wait, cancel.deadline()) {
                 if ahead > 0 && Instant::now() + Duration::from_secs_f64(wait) > deadline {
-                    return Err(overloaded());
+                    return Err(overloaded().into());
                 }
             }
             let mut order: Vec<(usize, Encoded)> = inputs.into_iter().enumerate().collect();
@@ -176,9 +196,14 @@ impl Queue {
         }
         self.shared.wake.notify_one();
         let mut progress = job.progress.lock();
+        // The slots stay (a batch still running delivers into them); their outputs go to the caller.
+        let unfinished = |progress: &mut Progress, error| Unfinished {
+            error,
+            outputs: progress.outputs.iter_mut().map(Option::take).collect(),
+        };
         loop {
             if let Some(error) = progress.error.take() {
-                return Err(ModelError::Inference(error));
+                return Err(unfinished(&mut progress, ModelError::Inference(error)));
             }
             if progress.remaining == 0 {
                 let timing = JobTiming {
@@ -190,7 +215,7 @@ impl Queue {
                 return Ok((outputs, timing));
             }
             if cancel.is_cancelled() {
-                return Err(ModelError::Cancelled);
+                return Err(unfinished(&mut progress, ModelError::Cancelled));
             }
             // Woken by the thread on completion; the timeout only notices cancellation.
             job.done.wait_for(&mut progress, Duration::from_millis(50));
@@ -374,7 +399,7 @@ mod tests {
         // About 1.5 s or more ahead: a request with 200 ms left is refused, one with a minute admitted.
         let soon = Cancel::until(Instant::now() + Duration::from_millis(200));
         match queue.run(vec![input(2, 2)], &soon) {
-            Err(ModelError::Overloaded { queued, retry_after_s }) => {
+            Err(Unfinished { error: ModelError::Overloaded { queued, retry_after_s }, .. }) => {
                 assert!(queued >= 100 && retry_after_s >= 1, "{queued} queued, retry after {retry_after_s} s")
             }
             other => panic!("not refused: {other:?}"),
@@ -385,9 +410,21 @@ mod tests {
                 queue.run(vec![input(2, 3)], &Cancel::until(Instant::now() + Duration::from_secs(60)))
             })
         };
-        // The long request goes away: what it queued no longer counts, and a short deadline is admitted.
+        // The long request goes away once three of its batches were taken (two of them delivered, at least):
+        // what it queued no longer counts, and a short deadline is admitted.
+        while queue.stats().inputs < 4 + 12 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         cancel.cancel();
-        assert!(matches!(long.join().unwrap(), Err(ModelError::Cancelled)));
+        // Cancelled, it hands back the outputs of its batches that ran.
+        match long.join().unwrap() {
+            Err(Unfinished { error: ModelError::Cancelled, outputs }) => {
+                assert_eq!(outputs.len(), 200);
+                let kept = outputs.iter().filter(|o| o.is_some()).count();
+                assert!(kept >= 8, "kept {kept}");
+            }
+            other => panic!("not cancelled: {other:?}"),
+        }
         assert_eq!(later.join().unwrap().unwrap().0.len(), 1);
         let soon = Cancel::until(Instant::now() + Duration::from_millis(200));
         assert_eq!(queue.run(vec![input(2, 4)], &soon).unwrap().0.len(), 1);
@@ -412,10 +449,10 @@ mod tests {
         while queue.queued() != 4 {
             std::thread::sleep(Duration::from_millis(2));
         }
-        let refused = queue.run(vec![input(2, 9), input(2, 9)], &Cancel::default()).unwrap_err();
+        let refused = queue.run(vec![input(2, 9), input(2, 9)], &Cancel::default()).unwrap_err().error;
         assert!(matches!(refused, ModelError::Overloaded { queued: 4, .. }), "{refused}");
         cancel.cancel();
-        assert!(matches!(first.join().unwrap(), Err(ModelError::Cancelled)));
+        assert!(matches!(first.join().unwrap(), Err(Unfinished { error: ModelError::Cancelled, .. })));
         drop(held);
         // The cancelled inputs are dropped, so new work runs.
         let (outputs, _) = queue.run(vec![input(2, 1)], &Cancel::default()).unwrap();

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use lru::LruCache;
 
-use super::queue::{BatchStats, JobTiming, Queue};
+use super::queue::{BatchStats, JobTiming, Queue, Unfinished};
 use super::vectors::VectorFile;
 use crate::cancel::Cancel;
 use crate::model::{cosine, Encoded, Fnv, ModelError, Reranker};
@@ -119,7 +119,13 @@ impl Served {
                     .iter()
                     .map(|&i| m.encode(texts.get(i).copied().unwrap_or(query)))
                     .collect::<Result<Vec<_>, _>>()?;
-                let (outputs, timing) = self.queue.run(inputs, cancel)?;
+                let (outputs, timing) = match self.queue.run(inputs, cancel) {
+                    Ok(done) => done,
+                    Err(Unfinished { error, outputs }) => {
+                        self.keep(&keys, &missing, outputs, store, stored)?;
+                        return Err(error);
+                    }
+                };
                 to_store(store, &keys, stored, &missing, &outputs)?;
                 self.remember(&keys, &missing, outputs, &mut found);
                 let q = found.pop().flatten().expect("the query embedded");
@@ -154,7 +160,18 @@ impl Served {
             .map(|&i| m.encode(query, texts[i], self.options.max_length, self.options.max_query_tokens))
             .collect::<Result<Vec<_>, _>>()?;
         let lengths: Vec<usize> = inputs.iter().map(|e| e.ids.len()).collect();
-        let (mut outputs, timing) = queue.run(inputs, cancel)?;
+        let (mut outputs, timing) = match queue.run(inputs, cancel) {
+            Ok(done) => done,
+            Err(Unfinished { error, mut outputs }) => {
+                for (output, &len) in outputs.iter_mut().zip(&lengths) {
+                    if let Some(output) = output {
+                        output.push(len as f32);
+                    }
+                }
+                self.keep(&keys, &missing, outputs, store, |_| true)?;
+                return Err(error);
+            }
+        };
         for (output, len) in outputs.iter_mut().zip(lengths) {
             output.push(len as f32);
         }
@@ -205,6 +222,27 @@ impl Served {
         let mut seen = std::collections::HashSet::new();
         let missing = (0..keys.len()).filter(|&i| found[i].is_none() && seen.insert(keys[i])).collect();
         (found, missing)
+    }
+
+    /// Keeps what a request computed before it was cut off (a timeout, a client gone): the outputs of its
+    /// finished batches go to the store and the cache, so that a retry computes only the rest.
+    fn keep(
+        &self,
+        keys: &[u64],
+        missing: &[usize],
+        outputs: Vec<Option<Vec<f32>>>,
+        store: Option<&VectorFile>,
+        stored: impl Fn(usize) -> bool,
+    ) -> Result<(), ModelError> {
+        let (done, outputs): (Vec<usize>, Vec<Vec<f32>>) =
+            missing.iter().zip(outputs).filter_map(|(&i, output)| Some((i, output?))).unzip();
+        to_store(store, keys, stored, &done, &outputs)?;
+        self.misses.fetch_add(done.len() as u64, Ordering::Relaxed);
+        let mut cache = self.cache.lock();
+        for (&i, output) in done.iter().zip(outputs) {
+            cache.put(keys[i], output.into());
+        }
+        Ok(())
     }
 
     /// Caches the computed outputs and fills them in, for the missing indices and their duplicates.
