@@ -28,3 +28,10 @@ for s in 1 2 4 8; do
     "$BIN" compare -M 10 -m recip_rank -m ndcg_cut.10 "$WORK/full.run" "$WORK/$v.run" "$D/qrels.txt"
   done
 done
+echo "== segment selection on the gold document: P@1 of the model's best among those read, and how often they"
+echo "   include the best of every segment (best_recall)"
+for preselect in '{"selector": "none"}' '{"selector": "bm25", "per_doc": '{1,2,4,8}'}'; do
+  echo "-- $preselect"
+  "$BIN" --data-dir "$WORK/data" --model "$MODEL" eval-segments --collection squad --topics "$WORK/topics.fold4.tsv" \
+    --passages "$D/passages.bytes.tsv" --preselect "$preselect" 2> /dev/null
+done

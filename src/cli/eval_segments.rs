@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use longrank::config::Config;
 use longrank::eval::{self, TopicField};
+use longrank::preselect::Preselect;
 use longrank::rank::{RankParams, Usage};
 
 use super::progress::Bar;
@@ -28,6 +29,10 @@ pub struct EvalSegmentsArgs {
     /// The model, by configured name [default: the default model].
     #[arg(long = "name")]
     name: Option<String>,
+    /// Which segments the model reads, as JSON (`'{"selector": "bm25", "per_doc": 1}'`): P@1 is then of the
+    /// model's best among them, and `best_recall` says how often they include the best of every segment.
+    #[arg(long, value_parser = longrank::rank::json_arg::<Preselect>, value_name = "JSON")]
+    preselect: Option<Preselect>,
 }
 
 pub fn run(args: EvalSegmentsArgs, config: &Config) -> anyhow::Result<()> {
@@ -35,8 +40,10 @@ pub fn run(args: EvalSegmentsArgs, config: &Config) -> anyhow::Result<()> {
     let collection = engine.collection(args.collection.as_deref())?;
     let topics = eval::read_topics(&args.topics)?;
     let passages = eval::passages::read_passages(&args.passages)?;
-    let params = RankParams { pipeline: Some("maxp".into()), model: args.name, ..Default::default() };
+    let params =
+        RankParams { pipeline: Some("maxp".into()), model: args.name, preselect: args.preselect, ..Default::default() };
     let options = engine.options(&params, Usage::Search)?;
+    let preselected = options.rerank.as_ref().is_some_and(|r| r.preselect.active());
     let bar = Bar::counting(topics.len() as u64, "topics");
     let stats = engine.evaluate_selection(&collection.snapshot(), &topics, args.field, &passages, &options, &bar)?;
     bar.finish();
@@ -45,5 +52,8 @@ pub fn run(args: EvalSegmentsArgs, config: &Config) -> anyhow::Result<()> {
     println!("p1_model\t{:.4}", stats.precision(stats.selected_hits as f64));
     println!("p1_first\t{:.4}", stats.precision(stats.first_hits as f64));
     println!("p1_random\t{:.4}", stats.precision(stats.random_hits));
+    if preselected {
+        println!("best_recall\t{:.4}", stats.precision(stats.best_recalled as f64));
+    }
     Ok(())
 }

@@ -55,6 +55,9 @@ pub struct SelectionStats {
     pub first_hits: usize,
     /// Sum over questions of the share of segments overlapping the passage: a random segment's expected hits.
     pub random_hits: f64,
+    /// With a preselection: questions whose best segment with every segment read is among those the selector
+    /// picked.
+    pub best_recalled: usize,
 }
 
 impl SelectionStats {

@@ -22,18 +22,29 @@ impl Engine {
         options: &RankOptions,
         progress: &dyn Progress,
     ) -> Result<SelectionStats, RankError> {
+        // With a preselection, every segment is also read once, for the best segment it would have missed.
+        let mut full = options.clone();
+        let preselect = full.rerank.as_mut().map(|r| std::mem::take(&mut r.preselect)).filter(|p| p.active());
         let mut stats = SelectionStats::default();
         for (done, topic) in topics.iter().enumerate() {
             // The first gold passage of the question (SQuAD has one per question).
             if let Some(passage) = passages.get(&topic.qid).and_then(|p| p.first()) {
                 let query = topic.query(field);
+                let query = self.check_query(&query)?;
                 let given = [Scored { docid: passage.docid.clone(), score: 0.0 }];
-                let ranked =
-                    self.rerank_run(snapshot, self.check_query(&query)?, options, &given, &Cancel::default())?;
-                if let Some(evidence) = ranked.ranked.into_iter().next().and_then(|r| r.evidence) {
+                let rerank = |options: &RankOptions| -> Result<_, RankError> {
+                    let ranked = self.rerank_run(snapshot, query, options, &given, &Cancel::default())?;
+                    Ok(ranked.ranked.into_iter().next().and_then(|r| r.evidence))
+                };
+                if let Some(evidence) = rerank(options)? {
                     let segments: Vec<(usize, usize)> = evidence.segments.iter().map(|s| (s.start, s.end)).collect();
                     let best = evidence.best().map_or(0, |b| b.index);
                     stats.add(&segments, best, passage);
+                    if preselect.is_some() {
+                        let best_of_all = rerank(&full)?.and_then(|e| e.best().map(|b| b.index));
+                        let read = |i: usize| evidence.segments.get(i).is_some_and(|s| s.scored);
+                        stats.best_recalled += usize::from(best_of_all.is_some_and(read));
+                    }
                 }
             }
             progress.set(done as u64 + 1, &topic.qid);

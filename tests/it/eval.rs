@@ -181,6 +181,16 @@ fn segment_selection_is_measured_against_gold_passages() {
     let random = value("p1_random");
     assert!(random > 0.0 && random < 0.5, "{out}");
     assert!((0.0..=1.0).contains(&value("p1_model")));
+    assert!(!out.contains("best_recall"), "no preselection: {out}");
+    // Preselected: every segment read is full MaxP (its best always among them); the first one only, P@1 is
+    // the first segment's, and the best of every segment is not always the first.
+    let preselected = |json: &str| crate::common::cli_ok(d, &[&args[..], &["--preselect", json]].concat());
+    let all = preselected(r#"{"selector": "bm25", "per_doc": 1000}"#);
+    assert_eq!(crate::common::tsv_value(&all, "best_recall"), 1.0, "{all}");
+    assert_eq!(crate::common::tsv_value(&all, "p1_model"), value("p1_model"), "{all}");
+    let first = preselected(r#"{"selector": "bm25", "per_doc": 1, "keep_first": true}"#);
+    assert_eq!(crate::common::tsv_value(&first, "p1_model"), 0.5, "{first}");
+    assert!(crate::common::tsv_value(&first, "best_recall") <= 0.5, "{first}");
     std::fs::write(d.join("passages.tsv"), "q1\ta\tzero\t20\n").unwrap();
     let failed = crate::common::cli(d, &args);
     assert!(String::from_utf8_lossy(&failed.stderr).contains("passages.tsv:1: bad offset"));
