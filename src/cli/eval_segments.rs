@@ -30,7 +30,8 @@ pub struct EvalSegmentsArgs {
     #[arg(long = "name")]
     name: Option<String>,
     /// Which segments the model reads, as JSON (`'{"selector": "bm25", "per_doc": 1}'`): P@1 is then of the
-    /// model's best among them, and `best_recall` says how often they include the best of every segment.
+    /// model's best among them, and `best_recall` says how often they include the best of every segment
+    /// [default: `[model.preselect]` (configuration)].
     #[arg(long, value_parser = longrank::rank::json_arg::<Preselect>, value_name = "JSON")]
     preselect: Option<Preselect>,
 }
