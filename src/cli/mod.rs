@@ -71,6 +71,12 @@ impl Global {
 }
 
 /// Process-wide settings, before any other thread starts (so that all of them inherit them).
+/// Returns the calling thread's freed memory to the kernel now, before it ends.
+pub fn release_thread_memory() {
+    // SAFETY: mi_collect only touches the calling thread's heap (and abandoned segments when forced).
+    unsafe { libmimalloc_sys::mi_collect(true) };
+}
+
 pub fn init_process() {
     /// mimalloc's `mi_option_purge_delay` (mimalloc.h, v2; the -sys crate names no constant for it).
     const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;

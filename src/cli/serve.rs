@@ -30,7 +30,12 @@ pub fn run(args: ServeArgs, mut config: Config) -> anyhow::Result<()> {
         tracing::warn!("collection not served: {failure}");
     }
     let catalog = Arc::new(catalog);
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        // A blocking thread ending after a load (idle for tokio's keep-alive) hands back the memory it freed;
+        // left to the allocator's abandoned segments, it was kept for good.
+        .on_thread_stop(super::release_thread_memory)
+        .build()?;
     runtime.block_on(async move {
         let database = config.database_path();
         let store = Store::open(&database).await.with_context(|| format!("opening {}", database.display()))?;
