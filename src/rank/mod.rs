@@ -318,16 +318,20 @@ impl Engine {
     }
 
     /// Computes a bi-encoder's segment embeddings for every document of a collection ahead of queries, into
-    /// the collection's embedding file (what is there already is skipped, so an interrupted run resumes).
-    /// Returns the embeddings computed, and those the file holds.
+    /// the collection's embedding file (what is there already is skipped, so an interrupted run resumes): of
+    /// its own segments, or of those the model `reader` reads (a `bi-encoder:NAME` preselection's). Returns the
+    /// embeddings computed, and those the file holds.
     pub fn embed_collection(
         &self,
         collection: &Collection,
         model: Option<&str>,
+        reader: Option<&str>,
         progress: &dyn Progress,
     ) -> Result<(usize, usize), RankError> {
         let name = self.models.check(model)?;
         let model = self.models.get(&name, "embed")?;
+        let reader = reader.map(|r| self.models.get(&self.models.check(Some(r))?, "embed")).transpose()?;
+        let segmenter = &reader.as_ref().unwrap_or(&model).served;
         let store = match model.served.model() {
             crate::model::Reranker::Bi(_) => self.models.store(collection, &model)?,
             _ => None,
@@ -345,7 +349,7 @@ impl Engine {
             Ok(())
         };
         collection.snapshot().for_each_document(|doc| {
-            let inputs = self.segments.inputs(&model.served, &self.default_segments, &doc, usize::MAX);
+            let inputs = self.segments.inputs(segmenter, &self.default_segments, &doc, usize::MAX);
             pending.extend(inputs.into_iter().map(|(_, text)| text.into_owned()));
             if pending.len() >= CHUNK {
                 flush(&mut pending)?;

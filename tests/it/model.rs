@@ -187,6 +187,20 @@ fn maxp_search_over_http_carries_segment_evidence() {
     assert!(after > before, "embed added the other documents' segments ({before} -> {after} bytes)");
     let out = crate::common::cli_ok(dir.path(), &["--model", model.to_str().unwrap(), "embed", "--collection", "gov2"]);
     assert!(out.contains(": 0 segment embeddings computed"), "a second run has nothing to do: {out}");
+    // The segments another model reads (a tiny cross-encoder's shorter budget cuts others) are embedded apart,
+    // for a `bi-encoder:NAME` preselection in front of it; once.
+    let tiny = tempfile::tempdir().unwrap();
+    crate::fixtures::tiny_cross_encoder(tiny.path(), 3);
+    let env = [("LONGRANK_MODEL_NAMED_TINY", tiny.path().to_str().unwrap())];
+    let embed_for = || {
+        let args = ["--model", model.to_str().unwrap(), "embed", "--collection", "gov2", "--for", "tiny"];
+        let out = crate::common::cli_env(dir.path(), &args, &env);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        stdout.split(": ").nth(1).unwrap().split(' ').next().unwrap().parse::<usize>().unwrap()
+    };
+    assert!(embed_for() > 0, "the tiny model's segments are new");
+    assert_eq!(embed_for(), 0, "and embedded once");
 
     // Segment options: word windows, the title repeated, segment texts, interpolation with BM25.
     let ask = |extra: Value| {
