@@ -278,8 +278,7 @@ fn score_segments<'d>(job: &Reranking<'_>, docs: &'d [Candidate]) -> Result<Scor
             evidence[i].scored = true;
             evidence[i].score = model_scores.next();
         }
-        let read: Vec<usize> = chosen[d].clone();
-        best_text.push(best(&Evidence::scores(&evidence)).map(|b| segments[read[b]].1.clone()));
+        best_text.push(best(&Evidence::scores(&evidence)).map(|b| segments[chosen[d][b]].1.clone()));
         per_doc.push(evidence);
     }
     let segments = inputs.iter().map(Vec::len).sum();
@@ -314,34 +313,28 @@ pub fn rerank(job: &Reranking<'_>, docs: Vec<Candidate>) -> Result<Reranked, Ran
         model_scores = rescored.into_iter().zip(&model_scores).map(|(s, read)| read.map(|_| s)).collect();
         scores.flops = scores.flops.map(|f| f + flops);
     }
-    let (read, unread): (Vec<usize>, Vec<usize>) = (0..docs.len()).partition(|&d| model_scores[d].is_some());
-    let read_scores: Vec<f32> = read.iter().filter_map(|&d| model_scores[d]).collect();
+    // Interpolation and the order are over the candidates the model read; the others follow them.
+    let read_scores: Vec<f32> = model_scores.iter().flatten().copied().collect();
     let finals = match job.options.interpolate {
         Some(weight) => {
-            let first: Option<Vec<f32>> = read.iter().map(|&d| docs[d].first_stage_score).collect();
-            let first = first.ok_or(RankError::NoFirstStage)?;
-            interpolate(&first, &read_scores, weight)
+            let first: Option<Vec<f32>> =
+                docs.iter().zip(&model_scores).filter(|(_, s)| s.is_some()).map(|(c, _)| c.first_stage_score).collect();
+            interpolate(&first.ok_or(RankError::NoFirstStage)?, &read_scores, weight)
         }
         None => read_scores,
     };
-    let mut finals = read.iter().copied().zip(finals).collect::<HashMap<usize, f32>>();
-    let mut ranked: Vec<Ranked> = Vec::with_capacity(docs.len());
-    let mut tail: Vec<Ranked> = Vec::with_capacity(unread.len());
-    for (d, ((Candidate { first_stage_score, doc }, segments), model_score)) in
-        docs.into_iter().zip(per_doc).zip(model_scores).enumerate()
+    let mut finals = finals.into_iter();
+    let (mut ranked, mut tail) = (Vec::with_capacity(docs.len()), Vec::new());
+    for ((Candidate { first_stage_score, doc }, segments), model_score) in
+        docs.into_iter().zip(per_doc).zip(model_scores)
     {
-        let score = finals.remove(&d).unwrap_or(f32::NEG_INFINITY);
-        let doc = Ranked {
-            docid: doc.docid.clone(),
-            first_stage_score,
-            address: None,
-            score,
-            evidence: Some(Evidence { doc, segments, model_score }),
-        };
-        if model_score.is_some() {
-            ranked.push(doc)
-        } else {
-            tail.push(doc)
+        let docid = doc.docid.clone();
+        let evidence = Some(Evidence { doc, segments, model_score });
+        let doc = |score| Ranked { docid, first_stage_score, address: None, score, evidence };
+        match model_score {
+            Some(_) => ranked.push(doc(finals.next().expect("a final score per candidate read"))),
+            // Scored below the others by `continue_below`.
+            None => tail.push(doc(f32::NEG_INFINITY)),
         }
     }
     // A stable sort keeps the first-stage order among equal scores.

@@ -27,19 +27,10 @@ fn server(dir: &std::path::Path) -> TestServer {
     tiny_cross_encoder(&models.join("small"), 9);
     let config = dir.join("config.toml");
     let (small, minilm) = (models.join("small"), minilm());
-    std::fs::write(
-        &config,
-        format!(
-            "[model.named]\nsmall = {:?}\nminilm = {{ path = {:?}, kind = \"bi-encoder\" }}\n",
-            small.to_str().unwrap(),
-            minilm.to_str().unwrap()
-        ),
-    )
-    .unwrap();
-    let env = [("LONGRANK_MODEL_PATH", models.join("ce").to_str().unwrap().to_string())];
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let mut env = env;
-    env.push(("LONGRANK_CONFIG", config.to_str().unwrap()));
+    let named = format!("[model.named]\nsmall = {small:?}\nminilm = {{ path = {minilm:?}, kind = \"bi-encoder\" }}\n");
+    std::fs::write(&config, named).unwrap();
+    let ce = models.join("ce");
+    let env = [("LONGRANK_MODEL_PATH", ce.to_str().unwrap()), ("LONGRANK_CONFIG", config.to_str().unwrap())];
     TestServer::start(dir, &env).wait_ready()
 }
 

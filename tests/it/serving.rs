@@ -493,3 +493,34 @@ fn stored_scores_are_read_by_later_runs_and_shared_by_cobert_heads_on_one_backbo
     let read = run(&a, "maxp", true, "a-maxp.run");
     assert!(read.len() == 4 && read.iter().all(|(_, s)| *s == 0.5), "{read:?}");
 }
+
+/// Engine work beyond `server.max_concurrent_work` waits in a line of `server.max_waiting_requests`, and beyond
+/// it is refused at once: one permit and no line, a re-ranking held in the model (a test hook) keeps the
+/// permit, and another request meanwhile is answered 429 with Retry-After; once it is released, both work.
+#[test]
+fn requests_beyond_the_engines_permits_and_line_are_refused() {
+    let models = tempfile::tempdir().unwrap();
+    tiny_cross_encoder(models.path(), 5);
+    let dir = tempfile::tempdir().unwrap();
+    let (release, log) = (dir.path().join("release"), dir.path().join("server.log"));
+    let hold = format!("model.batch:1:{}", release.display());
+    let env = [
+        ("LONGRANK_MODEL_PATH", models.path().to_str().unwrap()),
+        ("LONGRANK_SERVER_MAX_CONCURRENT_WORK", "1"),
+        ("LONGRANK_SERVER_MAX_WAITING_REQUESTS", "0"),
+        ("LONGRANK_TEST_HOLD", hold.as_str()),
+    ];
+    let server = TestServer::start_logging(dir.path(), &env, &log).wait_ready();
+    let body = json!({"query": "ab", "documents": [{"text": "cd"}], "pipeline": "maxp"}).to_string();
+    let held = {
+        let (url, body) = (server.url("/rerank"), body.clone());
+        std::thread::spawn(move || post_json(&url, &body).status)
+    };
+    server.wait_log(&log, "holding at model.batch");
+    let refused = post_json(&server.url("/rerank"), &body);
+    refused.assert_error(429, "overloaded");
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    std::fs::write(&release, "").unwrap();
+    assert_eq!(held.join().unwrap(), 200);
+    assert_eq!(post_json(&server.url("/rerank"), &body).status, 200, "the permit is free again");
+}
