@@ -141,6 +141,16 @@ impl Reranker {
         }
     }
 
+    /// The bytes of `text` that hold its first `n` word pieces, as this model's tokenizer cuts them.
+    pub fn prefix_bytes(&self, text: &str, n: usize) -> Result<usize, ModelError> {
+        match self {
+            Reranker::Cross(m) | Reranker::CoBert(cobert::CoBert { cross: m, .. }) => {
+                m.backbone.pieces.prefix_bytes(text, n)
+            }
+            Reranker::Bi(m) => m.backbone.pieces.prefix_bytes(text, n),
+        }
+    }
+
     /// The most word pieces a segment may have so that it is never cut: what is left of the input after the
     /// query budget and the special tokens (cross-encoder), or the input less `[CLS]`/`[SEP]` (bi-encoder).
     pub fn segment_budget(&self, max_length: usize, max_query_tokens: usize) -> usize {

@@ -41,6 +41,13 @@ impl WordPieces {
         Ok(self.pieces(text)?.len())
     }
 
+    /// The bytes of `text` that hold its first `n` word pieces (all of it when it has no more).
+    pub(super) fn prefix_bytes(&self, text: &str, n: usize) -> Result<usize, ModelError> {
+        let encoding = self.tokenizer.encode(text, false).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        let offsets = encoding.get_offsets();
+        Ok(if offsets.len() <= n { text.len() } else { offsets[..n].iter().map(|&(_, end)| end).max().unwrap_or(0) })
+    }
+
     /// The most word pieces a segment may have so that `pair` never cuts it: what is left of the input after
     /// the query budget and the three special tokens.
     pub(super) fn segment_budget(&self, max_len: usize, max_query_tokens: usize) -> usize {

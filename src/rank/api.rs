@@ -324,6 +324,11 @@ pub struct RerankRequest {
     /// Include every segment's text in `segments`.
     #[serde(default)]
     pub segment_text: bool,
+    /// Cut each document after this many of the model's word pieces before segmenting (Cohere's
+    /// `max_tokens_per_doc`). Default: the whole document.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = 4096)]
+    pub max_tokens_per_doc: Option<i64>,
 }
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]

@@ -255,6 +255,14 @@ impl Engine {
             return Err(RankError::OutOfRange { field: "documents", value: count as f64, min: 1.0, max });
         }
         let k = options::in_range("k", request.params.k, count, self.limits.max_k)?;
+        let mut candidates = candidates;
+        if request.max_tokens_per_doc.is_some() {
+            let n = options::in_range("max_tokens_per_doc", request.max_tokens_per_doc, 0, usize::MAX)?;
+            for candidate in &mut candidates {
+                let text = &mut candidate.doc.text;
+                text.truncate(model.served.model().prefix_bytes(text, n).map_err(RankError::Model)?);
+            }
+        }
         let reranked =
             self.rerank_with(&model, store.as_deref(), snapshot.as_ref(), query, &options, candidates, cancel)?;
         let timing = ModelTiming::of(&reranked);

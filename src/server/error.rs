@@ -115,11 +115,79 @@ pub struct ErrorBody {
     pub error: ErrorDetail,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ErrorDetail {
     pub code: ErrorCode,
     /// What went wrong, for people.
     pub message: String,
+}
+
+/// The error bodies of the compatible APIs (`compat`): the same code and status as the native body, in the
+/// shape their clients parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// `ErrorBody`.
+    Longrank,
+    /// Cohere's (v1, v2; Jina's clients read it too): `CohereErrorBody`.
+    Cohere,
+    /// text-embeddings-inference's: `TeiErrorBody`.
+    Tei,
+}
+
+/// Cohere's error body: `message`, and the code.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CohereErrorBody {
+    pub message: String,
+    pub code: ErrorCode,
+}
+
+/// text-embeddings-inference's error body: `error`, and the code as `error_type`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TeiErrorBody {
+    pub error: String,
+    pub error_type: ErrorCode,
+}
+
+impl Dialect {
+    /// The dialect of a route's errors, by its path.
+    pub fn of_path(path: &str) -> Dialect {
+        use super::compat::paths;
+        match path {
+            paths::COHERE_V1 | paths::COHERE_V2 => Dialect::Cohere,
+            paths::TEI => Dialect::Tei,
+            _ => Dialect::Longrank,
+        }
+    }
+
+    fn schema_name(self) -> &'static str {
+        match self {
+            Dialect::Longrank => "ErrorBody",
+            Dialect::Cohere => "CohereErrorBody",
+            Dialect::Tei => "TeiErrorBody",
+        }
+    }
+
+    fn body(self, code: ErrorCode, message: String) -> serde_json::Value {
+        let body = match self {
+            Dialect::Longrank => serde_json::to_value(ErrorBody { error: ErrorDetail { code, message } }),
+            Dialect::Cohere => serde_json::to_value(CohereErrorBody { message, code }),
+            Dialect::Tei => serde_json::to_value(TeiErrorBody { error: message, error_type: code }),
+        };
+        body.expect("error bodies serialize")
+    }
+
+    /// An error response rendered again in this dialect (any other response as it is).
+    pub fn render(self, response: Response) -> Response {
+        let Some(ErrorDetail { code, message }) = response.extensions().get::<ErrorDetail>().cloned() else {
+            return response;
+        };
+        if self == Dialect::Longrank {
+            return response;
+        }
+        let (mut parts, _) = response.into_parts();
+        parts.headers.remove(header::CONTENT_LENGTH);
+        Response::from_parts(parts, axum::body::Body::from(self.body(code, message).to_string()))
+    }
 }
 
 impl ApiError {
@@ -180,8 +248,11 @@ impl IntoResponse for ApiError {
         } else if status.is_server_error() && self.code != ErrorCode::NotReady && self.code != ErrorCode::Timeout {
             tracing::error!(code = self.code.as_str(), "{message}");
         }
-        let body = ErrorBody { error: ErrorDetail { code: self.code, message } };
-        let mut response = (status, axum::Json(body)).into_response();
+        let detail = ErrorDetail { code: self.code, message };
+        let mut response =
+            (status, axum::Json(Dialect::Longrank.body(detail.code, detail.message.clone()))).into_response();
+        // Kept for `Dialect::render`.
+        response.extensions_mut().insert(detail);
         if matches!(status, StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS) {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(self.retry_after_s));
         }
@@ -296,14 +367,15 @@ const KEYED: &[ErrorCode] = &[ErrorCode::MissingKey, ErrorCode::InvalidKey];
 /// Declares a route's error responses for OpenAPI: the codes it can answer besides `EVERY_ROUTE` and those of
 /// its access (keys), grouped by status, each status described by its codes.
 macro_rules! route_errors {
-    ($($(#[$meta:meta])* $name:ident($access:ident): [$($code:ident),* $(,)?];)*) => {
+    ($($(#[$meta:meta])* $name:ident($access:ident $(, $dialect:ident)?): [$($code:ident),* $(,)?];)*) => {
         $(
             $(#[$meta])*
             pub struct $name;
 
             impl utoipa::IntoResponses for $name {
                 fn responses() -> BTreeMap<String, RefOr<utoipa::openapi::response::Response>> {
-                    error_responses(&[$(ErrorCode::$code),*], Access::$access)
+                    let dialect = [$(Dialect::$dialect,)? Dialect::Longrank][0];
+                    error_responses(&[$(ErrorCode::$code),*], Access::$access, dialect)
                 }
             }
         )*
@@ -322,6 +394,14 @@ route_errors! {
         DocumentsOrDocids, NoFirstStage, CollectionRequired, UnknownCollection, UnknownDocument, UnknownPipeline,
         PipelineUnavailable, ModelRequired, UnknownModel, NotABiEncoder, Overloaded, ModelUnavailable, ModelError,
         IndexError];
+    /// `/v1/rerank` and `/v2/rerank` (Cohere's and Jina's APIs).
+    CohereErrors(Read, Cohere): [MalformedJson, InvalidBody, BodyTooLarge, UnsupportedMediaType, ForbiddenOrigin,
+        EmptyQuery, QueryTooLong, OutOfRange, PipelineUnavailable, ModelRequired, NotABiEncoder, Overloaded,
+        ModelError];
+    /// `/tei/rerank` (text-embeddings-inference's API).
+    TeiErrors(Read, Tei): [MalformedJson, InvalidBody, BodyTooLarge, UnsupportedMediaType, ForbiddenOrigin,
+        EmptyQuery, QueryTooLong, OutOfRange, PipelineUnavailable, ModelRequired, NotABiEncoder, Overloaded,
+        ModelError];
     /// `POST /batch`.
     SubmitErrors(Admin): [MalformedJson, InvalidBody, DuplicateField, BodyTooLarge, UnsupportedMediaType,
         ForbiddenOrigin, EmptyQuery, QueryTooLong, OutOfRange, InvalidTag, InvalidSegments,
@@ -349,6 +429,7 @@ route_errors! {
 fn error_responses(
     codes: &[ErrorCode],
     access: Access,
+    dialect: Dialect,
 ) -> BTreeMap<String, RefOr<utoipa::openapi::response::Response>> {
     let keyed: &[ErrorCode] = match access {
         Access::Open => &[],
@@ -368,8 +449,8 @@ fn error_responses(
         .into_iter()
         .map(|(status, codes)| {
             let names: Vec<&str> = codes.iter().map(|c| c.as_str()).collect();
-            let content =
-                ContentBuilder::new().schema(Some(RefOr::Ref(utoipa::openapi::Ref::from_schema_name("ErrorBody"))));
+            let content = ContentBuilder::new()
+                .schema(Some(RefOr::Ref(utoipa::openapi::Ref::from_schema_name(dialect.schema_name()))));
             let response = ResponseBuilder::new()
                 .description(format!("`{}`", names.join("`, `")))
                 .content("application/json", content.build());
@@ -411,6 +492,33 @@ mod tests {
         assert!(message.starts_with("internal error ") && message.ends_with("the server's log has the details"));
         assert!(!message.contains("/srv") && !message.contains("panicked"), "{message}");
         assert_eq!(body["error"]["code"], "internal");
+    }
+
+    /// The compatible APIs' errors: the same status, headers and code, in their clients' body.
+    #[test]
+    fn dialects_render_the_same_error_in_their_bodies() {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let body = |response: Response| {
+            let bytes = runtime.block_on(axum::body::to_bytes(response.into_body(), 1 << 16)).unwrap();
+            serde_json::from_slice::<serde_json::Value>(&bytes).unwrap()
+        };
+        let error = || ApiError::overloaded("busy", 7).into_response();
+        let native = body(error());
+        for (dialect, expected) in [
+            (Dialect::Longrank, native.clone()),
+            (Dialect::Cohere, serde_json::json!({"message": "busy", "code": "overloaded"})),
+            (Dialect::Tei, serde_json::json!({"error": "busy", "error_type": "overloaded"})),
+        ] {
+            let response = dialect.render(error());
+            assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(response.headers()[header::RETRY_AFTER], "7");
+            assert_eq!(body(response), expected, "{dialect:?}");
+        }
+        assert_eq!(Dialect::of_path("/v2/rerank"), Dialect::Cohere);
+        assert_eq!(Dialect::of_path("/tei/rerank"), Dialect::Tei);
+        assert_eq!(Dialect::of_path("/rerank"), Dialect::Longrank);
+        let ok = Dialect::Tei.render(axum::Json(serde_json::json!([1])).into_response());
+        assert_eq!(body(ok), serde_json::json!([1]), "other responses pass as they are");
     }
 
     #[test]

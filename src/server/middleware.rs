@@ -12,7 +12,7 @@ use axum::Router;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tracing::Instrument;
 
-use super::error::{ApiError, ErrorCode};
+use super::error::{ApiError, Dialect, ErrorCode};
 use super::AppState;
 
 /// What a route needs of a request's key (`server.admin_keys`, `server.search_keys`).
@@ -47,6 +47,7 @@ pub fn layers(open: Router<AppState>, read: Router<AppState>, admin: Router<AppS
         .layer(from_fn_with_state(state.clone(), guard))
         .layer(cors(&state.config().server.cors_origins))
         .layer(from_fn_with_state(state.clone(), observe))
+        .layer(from_fn(speak_dialect))
         .with_state(state)
 }
 
@@ -170,6 +171,10 @@ async fn observe(State(state): State<AppState>, mut request: Request, next: Next
         .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
         .map(String::from)
         .unwrap_or_else(new_request_id);
+    // Handlers read it too (a compatible API's response `id`).
+    if let Ok(value) = HeaderValue::from_str(&request_id) {
+        request.headers_mut().insert(REQUEST_ID, value);
+    }
     let method = request.method().to_string();
     let path = request.uri().path().to_string();
     let label = RouteLabel::default();
@@ -195,6 +200,12 @@ async fn observe(State(state): State<AppState>, mut request: Request, next: Next
     state.metrics().observe(route, &method, status, latency);
     span.in_scope(|| tracing::info!(status, latency_ms = latency.as_secs_f64() * 1e3, "served"));
     response
+}
+
+/// Errors of the compatible APIs, wherever they arise (keys, timeouts, the handler), in their clients' shape.
+async fn speak_dialect(request: Request, next: Next) -> Response {
+    let dialect = Dialect::of_path(request.uri().path());
+    dialect.render(next.run(request).await)
 }
 
 /// Records the matched route pattern (`/documents/{docid}`, not the concrete path) for metrics.

@@ -2,6 +2,7 @@
 //! `rank::Engine`, on blocking threads so the async runtime never waits on an index.
 
 mod admission;
+mod compat;
 mod decode;
 mod error;
 pub mod jobs;
@@ -148,7 +149,7 @@ impl AppState {
 
 /// The routes, grouped by what they need of a key (`middleware::Access`), behind the one layer stack.
 pub fn router(state: AppState) -> Router {
-    use routes::{batch, collections, documents, pipelines, rerank, search, system, web};
+    use routes::{batch, collections, compat, documents, pipelines, rerank, search, system, web};
     let open = Router::new()
         .route("/health", get(system::health))
         .route("/", get(web::index))
@@ -157,6 +158,9 @@ pub fn router(state: AppState) -> Router {
     let read = Router::new()
         .route("/search", get(search::get_search).post(search::post_search))
         .route("/rerank", post(rerank::rerank))
+        .route(self::compat::paths::COHERE_V2, post(compat::cohere_v2))
+        .route(self::compat::paths::COHERE_V1, post(compat::v1))
+        .route(self::compat::paths::TEI, post(compat::tei))
         .route("/documents/{docid}", get(documents::get_document))
         .route("/collections", get(collections::list_collections))
         .route("/pipelines", get(pipelines::list_pipelines))

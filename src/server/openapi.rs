@@ -2,7 +2,7 @@
 
 use utoipa::OpenApi;
 
-use super::routes::{batch, collections, documents, pipelines, rerank, search, system};
+use super::routes::{batch, collections, compat, documents, pipelines, rerank, search, system};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -14,6 +14,9 @@ use super::routes::{batch, collections, documents, pipelines, rerank, search, sy
         collections::list_collections,
         pipelines::list_pipelines,
         rerank::rerank,
+        compat::cohere_v2,
+        compat::v1,
+        compat::tei,
         batch::submit,
         batch::list,
         batch::get,
@@ -23,13 +26,20 @@ use super::routes::{batch, collections, documents, pipelines, rerank, search, sy
         system::health,
         system::metrics,
     ),
-    components(schemas(super::error::ErrorBody, super::error::ErrorCode, crate::rank::Pipeline)),
+    components(schemas(
+        super::error::ErrorBody,
+        super::error::CohereErrorBody,
+        super::error::TeiErrorBody,
+        super::error::ErrorCode,
+        crate::rank::Pipeline
+    )),
     tags(
         (name = "search", description = "Ranking"),
         (name = "documents", description = "Stored documents"),
         (name = "collections", description = "Indexed collections"),
         (name = "batch", description = "Batch runs over TREC topic files, with trec_eval metrics"),
         (name = "system", description = "Health and metrics"),
+        (name = "compatible", description = "Other servers' rerank APIs: Cohere v2 and v1, Jina, text-embeddings-inference"),
     )
 )]
 pub struct ApiDoc;

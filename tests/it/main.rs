@@ -6,6 +6,7 @@ mod cli;
 mod clients;
 mod common;
 mod corpus;
+mod ecosystem;
 mod eval;
 mod fixtures;
 mod fuzz;

@@ -2,6 +2,7 @@
 
 pub mod batch;
 pub mod collections;
+pub mod compat;
 pub mod documents;
 pub mod pipelines;
 pub mod rerank;

@@ -1,0 +1,57 @@
+//! `POST /v2/rerank`, `POST /v1/rerank` and `POST /tei/rerank`: other servers' rerank APIs (`server::compat`).
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::Json;
+
+use crate::server::compat::{CohereV2Request, CohereV2Response, TeiRequest, TeiResult, V1Request, V1Response};
+use crate::server::decode::ApiJson;
+use crate::server::error::{ApiError, CohereErrors, TeiErrors};
+use crate::server::middleware::REQUEST_ID;
+use crate::server::AppState;
+
+/// Cohere's rerank API v2 (`cohere.ClientV2(base_url=...).rerank`): each document segmented and scored MaxP
+/// by a longrank model; `relevance_score` is the MaxP score's sigmoid.
+#[utoipa::path(post, path = "/v2/rerank", tag = "compatible", request_body = CohereV2Request,
+    responses((status = 200, body = CohereV2Response), CohereErrors))]
+pub async fn cohere_v2(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(request): ApiJson<CohereV2Request>,
+) -> Result<Json<CohereV2Response>, ApiError> {
+    let (request, translation) = request.translate(&state.engine().models().names());
+    let response = state.run(move |engine, cancel| engine.rerank_documents(request, cancel)).await?;
+    Ok(Json(translation.cohere_v2(request_id(&headers), response)))
+}
+
+/// Cohere's v1 and Jina's rerank API: as `/v2/rerank`, documents as texts or `{"text": ...}`.
+#[utoipa::path(post, path = "/v1/rerank", tag = "compatible", request_body = V1Request,
+    responses((status = 200, body = V1Response), CohereErrors))]
+pub async fn v1(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(request): ApiJson<V1Request>,
+) -> Result<Json<V1Response>, ApiError> {
+    let (request, translation) = request.translate(&state.engine().models().names());
+    let response = state.run(move |engine, cancel| engine.rerank_documents(request, cancel)).await?;
+    Ok(Json(translation.v1(request_id(&headers), response)))
+}
+
+/// text-embeddings-inference's `/rerank` with the default model: MaxP over every segment (FirstP with
+/// `truncate`); `score` is the sigmoid unless `raw_scores`.
+#[utoipa::path(post, path = "/tei/rerank", tag = "compatible", request_body = TeiRequest,
+    responses((status = 200, body = Vec<TeiResult>), TeiErrors))]
+pub async fn tei(
+    State(state): State<AppState>,
+    ApiJson(request): ApiJson<TeiRequest>,
+) -> Result<Json<Vec<TeiResult>>, ApiError> {
+    let raw_scores = request.raw_scores;
+    let (request, translation) = request.translate(&state.engine().models().names());
+    let response = state.run(move |engine, cancel| engine.rerank_documents(request, cancel)).await?;
+    Ok(Json(translation.tei(response, raw_scores)))
+}
+
+/// The request's id (`observe` gives every request one), as the response's `id`.
+fn request_id(headers: &HeaderMap) -> String {
+    headers.get(REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string()
+}
