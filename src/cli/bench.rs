@@ -273,9 +273,43 @@ pub struct ModelBench {
     warmup: usize,
     #[arg(long, default_value_t = 5)]
     reps: usize,
-    /// int8 linear layers (as `quantize = "int8"` in configuration).
+    /// int8 linear layers (as `quantize = "int8"` in configuration; CPU only).
     #[arg(long)]
     int8: bool,
+    /// `cpu`, `cuda` or `cuda:N`, as `model.device`.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// `f32`, `f16`, `bf16` or `auto` (f16 on a GPU, f32 on the CPU), as `model.dtype`.
+    #[arg(long, default_value = "auto")]
+    dtype: String,
+    /// Also score a check batch at the first length (pairs shorter than it, padded, and longer ones, truncated)
+    /// as one batch and write its word pieces and scores to this JSON file, for another system to score the
+    /// same inputs [default: none].
+    #[arg(long, value_name = "FILE")]
+    check: Option<PathBuf>,
+}
+
+/// What `bench model --check` writes: the inputs, as word pieces, and the model's scores of them.
+#[derive(serde::Serialize)]
+struct CheckBatch {
+    device: String,
+    dtype: String,
+    length: usize,
+    ids: Vec<Vec<u32>>,
+    type_ids: Vec<Vec<u32>>,
+    /// The whole batch in one forward pass (padded to its longest pair).
+    scores: Vec<f32>,
+}
+
+/// The check batch's documents: from one word to more than the input holds, so that with the query cut to half
+/// the input some pairs are padded and some truncated.
+fn check_docs() -> Vec<String> {
+    let words: Vec<&str> = DOC.split_whitespace().collect();
+    [1, 3, 9, 17, 40, 64, 100, 250, 400, 800]
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| (0..n).map(|j| words[(j * 5 + k) % words.len()]).collect::<Vec<_>>().join(" "))
+        .collect()
 }
 
 /// Cross-encoder pairs/s: the model's forward pass on pre-tokenized batches, as the peers time theirs. A
@@ -283,41 +317,66 @@ pub struct ModelBench {
 /// `num_labels=1` adds one: the arithmetic is the same.
 fn model(b: ModelBench) -> anyhow::Result<()> {
     use candle_core::{DType, Device};
-    use longrank::model::TrainableCrossEncoder;
-    let mut model = TrainableCrossEncoder::init(&b.dir, &Device::Cpu, DType::F32, 0)?.snapshot()?;
+    use longrank::model::{self, TrainableCrossEncoder};
+    let device = model::device(&b.device)?;
+    let dtype = model::dtype(&b.dtype, &device)?;
+    let trainable = TrainableCrossEncoder::init(&b.dir, &Device::Cpu, DType::F32, 0)?;
+    let mut scorer = trainable.snapshot_on(&device, dtype)?;
     if b.int8 {
-        model.quantize()?;
+        scorer.quantize()?;
     }
     let system = if b.int8 { "longrank-candle-int8" } else { "longrank-candle" };
-    println!("longrank candle threads={}", candle_core::utils::get_num_threads());
+    let dtype_name = format!("{dtype:?}").to_lowercase();
+    println!(
+        "longrank candle device={} dtype={dtype_name} threads={}",
+        b.device,
+        candle_core::utils::get_num_threads()
+    );
+    if let (Some(path), Some(&length)) = (&b.check, b.lengths.first()) {
+        let inputs = check_docs()
+            .iter()
+            .map(|doc| scorer.encode(QUERY, doc, length, length / 2))
+            .collect::<Result<Vec<_>, _>>()?;
+        let check = CheckBatch {
+            device: b.device.clone(),
+            dtype: dtype_name.clone(),
+            length,
+            scores: scorer.score(&inputs)?,
+            ids: inputs.iter().map(|e| e.ids.clone()).collect(),
+            type_ids: inputs.iter().map(|e| e.type_ids.clone()).collect(),
+        };
+        std::fs::write(path, serde_json::to_vec(&check)?).with_context(|| format!("writing {}", path.display()))?;
+    }
     for &length in &b.lengths {
         for &batch in &b.batches {
             let inputs = peer_docs(batch)
                 .iter()
-                .map(|doc| model.encode(QUERY, doc, length, length))
+                .map(|doc| scorer.encode(QUERY, doc, length, length))
                 .collect::<Result<Vec<_>, _>>()?;
             if let Some(short) = inputs.iter().find(|e| e.ids.len() != length) {
                 bail!("a pair has {} word pieces, not {length}: the model's inputs are shorter", short.ids.len());
             }
             for _ in 0..b.warmup {
-                model.score(&inputs)?;
+                scorer.score(&inputs)?;
             }
             let mut times: Vec<f64> = (0..b.reps.max(1))
                 .map(|_| {
                     let t = Instant::now();
-                    model.score(&inputs).map(|_| t.elapsed().as_secs_f64())
+                    scorer.score(&inputs).map(|_| t.elapsed().as_secs_f64())
                 })
                 .collect::<Result<_, _>>()?;
             times.sort_by(f64::total_cmp);
             let median = times[times.len() / 2];
-            let gflops = model.pair_flops(length) * batch as f64 / 1e9;
+            let gflops = scorer.pair_flops(length) * batch as f64 / 1e9;
             println!(
                 "RESULT system={system} len={length} batch={batch} batch_s med={median:.4} \
-                 pairs_per_s_med={:.2} pairs_per_s_best={:.2} gflops_med={:.1} rss_mb={:.0}",
+                 pairs_per_s_med={:.2} pairs_per_s_best={:.2} gflops_med={:.1} rss_mb={:.0} device={} \
+                 dtype={dtype_name}",
                 batch as f64 / median,
                 batch as f64 / times[0],
                 gflops / median,
-                peak_rss_mb()
+                peak_rss_mb(),
+                b.device,
             );
         }
     }
@@ -337,15 +396,19 @@ pub struct TrainBench {
     warmup: usize,
     #[arg(long, default_value_t = 4)]
     steps: usize,
+    /// `cpu`, `cuda` or `cuda:N`, as `model.device` (training is in f32).
+    #[arg(long, default_value = "cpu")]
+    device: String,
 }
 
 /// One training step as the PyTorch peer times it (`peers_torch.py train`): the peers' pairs, the first half
 /// positives and the second negatives, pairwise hinge, backward, AdamW over every weight.
 fn train(b: TrainBench) -> anyhow::Result<()> {
-    use candle_core::{DType, Device};
+    use candle_core::DType;
     use longrank::model::TrainableCrossEncoder;
     use longrank::train::AdamW;
-    let model = TrainableCrossEncoder::init(&b.dir, &Device::Cpu, DType::F32, 0)?;
+    let device = longrank::model::device(&b.device)?;
+    let model = TrainableCrossEncoder::init(&b.dir, &device, DType::F32, 0)?;
     let pair_flops = model.snapshot()?.pair_flops(b.length);
     let inputs = peer_docs(b.batch)
         .iter()
@@ -385,13 +448,14 @@ fn train(b: TrainBench) -> anyhow::Result<()> {
     let median = totals[totals.len() / 2];
     println!(
         "RESULT system=longrank-candle-train len={} batch={} step_s min={:.3} med={median:.3} max={:.3} \
-         approx_gflops_med={:.1} peak_rss_mb={:.0}",
+         approx_gflops_med={:.1} peak_rss_mb={:.0} device={}",
         b.length,
         b.batch,
         totals[0],
         totals[totals.len() - 1],
         3.0 * pair_flops * b.batch as f64 / 1e9 / median,
-        peak_rss_mb()
+        peak_rss_mb(),
+        b.device,
     );
     Ok(())
 }

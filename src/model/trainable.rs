@@ -215,8 +215,12 @@ impl TrainableCrossEncoder {
 
     /// An inference model over a copy of the current weights (fused kernels, no graph).
     pub fn snapshot(&self) -> Result<CrossEncoder, ModelError> {
-        let tensors = self.weights()?;
-        let vb = VarBuilder::from_tensors(tensors, self.dtype, &self.device);
+        self.snapshot_on(&self.device, self.dtype)
+    }
+
+    /// An inference cross-encoder over a copy of the current weights, on another device or in another dtype.
+    pub fn snapshot_on(&self, device: &Device, dtype: DType) -> Result<CrossEncoder, ModelError> {
+        let vb = VarBuilder::from_tensors(self.weights()?, dtype, device);
         CrossEncoder::new(vb, &self.config, self.pieces.clone(), &self.source)
     }
 

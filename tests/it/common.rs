@@ -45,7 +45,7 @@ pub fn data(rel: &str) -> PathBuf {
 
 /// The environment every test process starts from: no model unless a test names one, and never the network
 /// (a hub model comes from the cache, or from a test's stand-in hub).
-fn isolated(cmd: &mut Command) -> &mut Command {
+pub fn isolated(cmd: &mut Command) -> &mut Command {
     // No proxy either: the stand-in hub listens on 127.0.0.1.
     for var in ["http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
         cmd.env_remove(var);

@@ -10,6 +10,7 @@ mod ecosystem;
 mod eval;
 mod fixtures;
 mod fuzz;
+mod gpu;
 mod indexing;
 mod model;
 mod preselect;

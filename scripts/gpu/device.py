@@ -1,0 +1,459 @@
+"""The device run: verifies and measures longrank's CUDA path on the GPU machine in one command, beside PyTorch on
+the same GPU, same weights and inputs. Started by device.sh from the pack (scripts/gpu/pack.sh builds it here).
+
+usage: python3 device.py --pack DIR --out DIR [--device cuda|cpu] [--model-dir DIR] [--quick]
+
+Parts, in order (correctness first): env, models, correctness, speed, e2e, train. $OUT/summary.json is
+rewritten after each part, so a run cut off still reports what it finished; a part that fails records its error
+and the next one runs. Without PyTorch (the CPU rehearsal in CI) the PyTorch half of each part says so and the
+models come from --model-dir. Tolerances (‖a − b‖ / ‖b‖ over a check batch's logits, PyTorch f32 the
+reference, TF32 off): longrank f32 1e-4 (and 1e-4 against longrank on the CPU), f16 1e-2, bf16 5e-2.
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+import urllib.request
+
+try:
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+except ImportError:  # the CPU rehearsal: longrank's side only
+    torch = None
+
+GPU_BF16_FLOPS = 790e12  # the H200's dense bf16 matrix rate measured on random data (device notes, KINDS.md)
+TOLERANCE = {"f32": 1e-4, "f16": 1e-2, "bf16": 5e-2}
+SHAPES = {  # BERT-base for the kernel table and the training step; MiniLM-L6 for end to end
+    "bert-base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
+    "minilm-l6": {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536},
+}
+
+args = argparse.ArgumentParser()
+args.add_argument("--pack", required=True)
+args.add_argument("--out", required=True)
+args.add_argument("--device", default="cuda")
+args.add_argument("--model-dir", help="one cross-encoder for every part (else made here with transformers)")
+args.add_argument("--quick", action="store_true", help="tiny sizes: the CPU rehearsal")
+args = args.parse_args()
+
+LONGRANK = os.path.join(args.pack, "longrank")
+WORK = os.path.join(os.environ.get("TMPDIR", "/tmp"), "longrank-device")
+QUICK = args.quick
+LENGTHS = [64] if QUICK else [128, 256, 512]
+BATCHES = [2, 4] if QUICK else [32, 128]
+REPS = ["--warmup", "0", "--reps", "1"] if QUICK else ["--warmup", "2", "--reps", "5"]
+summary = {
+    "device": args.device,
+    "quick": QUICK,
+    "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    "tolerances": TOLERANCE,
+    "parts": {},
+    "errors": [],
+}
+os.makedirs(args.out, exist_ok=True)
+shutil.rmtree(WORK, ignore_errors=True)
+os.makedirs(WORK)
+log = open(os.path.join(args.out, "device.log"), "w")  # noqa: SIM115 (open for the whole run)
+
+
+def write_summary() -> None:
+    path = os.path.join(args.out, "summary.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(summary, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def part(name):
+    """Runs a part, records its result (or error) and seconds, and rewrites the summary."""
+
+    def run(f):
+        started = time.time()
+        print(f"== {name}", flush=True)
+        try:
+            result = f()
+        except Exception as e:  # noqa: BLE001 (a failed part must not stop the next)
+            result = {"error": f"{type(e).__name__}: {e}"}
+            summary["errors"].append(f"{name}: {e}")
+            traceback.print_exc(file=log)
+        result["seconds"] = round(time.time() - started, 1)
+        summary["parts"][name] = result
+        write_summary()
+        print(json.dumps(result)[:2000], flush=True)
+        return result
+
+    return run
+
+
+def longrank(*argv) -> str:
+    """Runs the packed binary; its stdout (stderr to the log). Fails loudly with the end of its stderr."""
+    done = subprocess.run([LONGRANK, *argv], capture_output=True, text=True, check=False)
+    log.write(f"$ longrank {' '.join(argv)}\n{done.stdout}{done.stderr}\n")
+    log.flush()
+    if done.returncode != 0:
+        raise RuntimeError(f"longrank {' '.join(argv[:3])} exited {done.returncode}: {done.stderr[-800:]}")
+    return done.stdout
+
+
+def results(stdout: str) -> list[dict]:
+    """`RESULT key=value ...` lines as dicts (numbers parsed)."""
+    rows = []
+    for line in stdout.splitlines():
+        if line.startswith("RESULT "):
+            row = {}
+            for field in line.split()[1:]:
+                if "=" in field:
+                    key, value = field.split("=", 1)
+                    try:
+                        row[key] = float(value)
+                    except ValueError:
+                        row[key] = value
+            rows.append(row)
+    return rows
+
+
+def rel_error(a, b) -> float:
+    num = math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)))
+    den = math.sqrt(sum(y * y for y in b)) or 1.0
+    return num / den
+
+
+def centered(xs):
+    mean = sum(xs) / len(xs)
+    return [x - mean for x in xs]
+
+
+models = {}
+
+
+def pick(name: str) -> str:
+    """A model by shape, or the one given."""
+    return models.get(name) or models["given"]
+
+
+@part("env")
+def env():
+    found = {"longrank_bytes": os.path.getsize(LONGRANK), "ld_library_path": os.environ.get("LD_LIBRARY_PATH", "")}
+    found["longrank_version"] = longrank("--version").strip()
+    if torch is not None:
+        found["torch"] = torch.__version__
+        found["transformers"] = transformers.__version__
+        if args.device.startswith("cuda"):
+            found["gpu"] = torch.cuda.get_device_name(0)
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+    else:
+        found["torch"] = "absent: longrank's side only"
+    return found
+
+
+@part("models")
+def make_models():
+    if args.model_dir:
+        models["given"] = args.model_dir
+        return {"given": args.model_dir}
+    if torch is None:
+        raise RuntimeError("no --model-dir and no transformers to make models with")
+    made = {}
+    for name, shape in SHAPES.items():
+        directory = os.path.join(WORK, name)
+        config = transformers.BertConfig(vocab_size=30522, max_position_embeddings=512, num_labels=1, **shape)
+        torch.manual_seed(0)
+        model = transformers.BertForSequenceClassification(config)
+        model.save_pretrained(directory, safe_serialization=True)
+        for file in os.listdir(os.path.join(args.pack, "vocab")):
+            shutil.copy(os.path.join(args.pack, "vocab", file), directory)
+        models[name] = directory
+        made[name] = {**shape, "parameters": sum(p.numel() for p in model.parameters())}
+    return made
+
+
+def torch_model(directory, dtype):
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(
+        directory, dtype=dtype, attn_implementation="sdpa"
+    )
+    return model.to(args.device).eval()
+
+
+def torch_logits(model, ids, type_ids):
+    n = max(len(x) for x in ids)
+    pad = lambda rows: torch.tensor([r + [0] * (n - len(r)) for r in rows], device=args.device)
+    mask = torch.tensor([[1] * len(r) + [0] * (n - len(r)) for r in ids], device=args.device)
+    with torch.no_grad():
+        out = model(input_ids=pad(ids), token_type_ids=pad(type_ids), attention_mask=mask).logits[:, 0]
+    return out.float().cpu().tolist()
+
+
+@part("correctness")
+def correctness():
+    found = {}
+    for name, directory in models.items():
+        checks = {}
+        for device, dtype in [("cpu", "f32"), (args.device, "f32"), (args.device, "f16"), (args.device, "bf16")]:
+            key = f"{device}-{dtype}"
+            if key in checks or (device == "cpu" and args.device == "cpu" and dtype != "f32"):
+                continue
+            path = os.path.join(WORK, f"check-{name}-{key}.json")
+            longrank(
+                "bench",
+                "model",
+                "--dir",
+                directory,
+                "--device",
+                device,
+                "--dtype",
+                dtype,
+                "--lengths",
+                str(LENGTHS[0]),
+                "--batches",
+                "1",
+                "--warmup",
+                "0",
+                "--reps",
+                "1",
+                "--check",
+                path,
+            )
+            with open(path) as f:
+                checks[key] = json.load(f)
+        cpu = checks["cpu-f32"]
+        row = {"pairs": len(cpu["scores"]), "length": cpu["length"], "pair_lengths": [len(x) for x in cpu["ids"]]}
+        for key, check in checks.items():
+            assert check["ids"] == cpu["ids"], "the inputs differ between runs"
+            row[f"longrank_{key}_vs_cpu_f32"] = rel_error(check["scores"], cpu["scores"])
+        if torch is not None:
+            reference = torch_logits(torch_model(directory, torch.float32), cpu["ids"], cpu["type_ids"])
+            row["torch_f32_vs_longrank_cpu_f32"] = rel_error(cpu["scores"], reference)
+            for dtype, torch_dtype in [("f32", torch.float32), ("f16", torch.float16), ("bf16", torch.bfloat16)]:
+                ours = checks.get(f"{args.device}-{dtype}")
+                if ours is None:
+                    continue
+                theirs = torch_logits(torch_model(directory, torch_dtype), cpu["ids"], cpu["type_ids"])
+                error = rel_error(ours["scores"], reference)
+                row[f"longrank_{dtype}_vs_torch_f32"] = error
+                row[f"torch_{dtype}_vs_torch_f32"] = rel_error(theirs, reference)
+                row[f"longrank_{dtype}_vs_torch_f32_centered"] = rel_error(
+                    centered(ours["scores"]), centered(reference)
+                )
+                row[f"within_tolerance_{dtype}"] = error <= TOLERANCE[dtype]
+        row["within_tolerance_cpu"] = row[f"longrank_{args.device}-f32_vs_cpu_f32"] <= TOLERANCE["f32"]
+        found[name] = row
+    return found
+
+
+def sync() -> None:
+    """Waits for the GPU's queued work (timing device work on the host clock)."""
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def torch_speed(directory, dtype, length, batch, warmup, reps):
+    model = torch_model(directory, dtype)
+    ids = torch.randint(1000, 30000, (batch, length), device=args.device)
+    ids[:, 0] = 101
+    mask = torch.ones_like(ids)
+    times = []
+    with torch.no_grad():
+        for i in range(warmup + reps):
+            sync()
+            t = time.perf_counter()
+            model(input_ids=ids, attention_mask=mask)
+            sync()
+            if i >= warmup:
+                times.append(time.perf_counter() - t)
+    return batch / statistics.median(times)
+
+
+@part("speed")
+def speed():
+    table = []
+    dtypes = ["f32"] if args.device == "cpu" else ["bf16", "f16"]
+    for name in models:
+        for dtype in dtypes:
+            out = longrank(
+                "bench",
+                "model",
+                "--dir",
+                pick(name),
+                "--device",
+                args.device,
+                "--dtype",
+                dtype,
+                "--lengths",
+                ",".join(map(str, LENGTHS)),
+                "--batches",
+                ",".join(map(str, BATCHES)),
+                *REPS,
+            )
+            for r in results(out):
+                row = {
+                    "model": name,
+                    "dtype": dtype,
+                    "length": int(r["len"]),
+                    "batch": int(r["batch"]),
+                    "longrank_pairs_per_s": r["pairs_per_s_med"],
+                    "longrank_fraction_of_bf16_limit": r["gflops_med"] * 1e9 / GPU_BF16_FLOPS,
+                }
+                pair_flops = r["gflops_med"] * 1e9 / r["pairs_per_s_med"]
+                if torch is not None:
+                    torch_dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dtype]
+                    theirs = torch_speed(
+                        pick(name), torch_dtype, row["length"], row["batch"], *(0, 1) if QUICK else (2, 5)
+                    )
+                    row["torch_pairs_per_s"] = theirs
+                    row["torch_fraction_of_bf16_limit"] = theirs * pair_flops / GPU_BF16_FLOPS
+                    row["longrank_over_torch"] = row["longrank_pairs_per_s"] / theirs
+                table.append(row)
+                summary["parts"]["speed"] = {"table": table, "partial": True}
+                write_summary()
+    return {"table": table}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def call(url, body=None, timeout=600):
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as reply:
+        return reply.read().decode()
+
+
+@part("e2e")
+def end_to_end():
+    data = os.path.join(WORK, "data")
+    source = os.path.join(WORK, "synth")
+    docs, topics = (60, 8) if QUICK else (3000, 100)
+    subprocess.run([sys.executable, os.path.join(args.pack, "synth.py"), source, str(docs), str(topics)], check=True)
+    longrank("--data-dir", data, "index", "--collection", "synth", os.path.join(source, "docs.jsonl"))
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    depth = 10 if QUICK else 100
+    env = {
+        "LONGRANK_MODEL_DEVICE": args.device,
+        "LONGRANK_MODEL_DTYPE": "f32" if args.device == "cpu" else "bf16",
+        "LONGRANK_SERVER_REQUEST_TIMEOUT_MS": "600000",
+        "LONGRANK_LIMITS_MAX_DEPTH": "1000",
+    }
+    server_log = open(os.path.join(args.out, "server.log"), "w")  # noqa: SIM115 (the server writes it until it stops)
+    server = subprocess.Popen(
+        [LONGRANK, "--data-dir", data, "--model", pick("minilm-l6"), "serve", "--addr", f"127.0.0.1:{port}"],
+        stdout=server_log,
+        stderr=server_log,
+        env={**os.environ, **env},
+    )
+    try:
+        for _ in range(600):
+            try:
+                call(base + "/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.2)
+        found = {"documents": docs, "depth": depth}
+
+        def search(query):
+            t = time.perf_counter()
+            body = {"query": query, "pipeline": "maxp", "depth": depth, "k": 10, "collection": "synth"}
+            answer = json.loads(call(base + "/search", body))
+            return time.perf_counter() - t, answer["timing"]["pairs"]
+
+        search("warm up the model")
+        with open(os.path.join(source, "search-topics.tsv")) as f:
+            queries = [line.rstrip("\n").split("\t", 1)[1] for line in f]
+        latencies, pairs = zip(*(search(q) for q in queries))
+        ordered = sorted(latencies)
+        found["search"] = {
+            "requests": len(ordered),
+            "p50_ms": 1e3 * statistics.median(ordered),
+            "p99_ms": 1e3 * ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))],
+            "pairs_per_request": statistics.mean(pairs),
+        }
+        summary["parts"]["e2e"] = {**found, "partial": True}
+        write_summary()
+
+        def pairs_total():
+            metrics = call(base + "/metrics")
+            return sum(
+                float(line.split()[-1])
+                for line in metrics.splitlines()
+                if line.startswith("longrank_model_pairs_total")
+            )
+
+        with open(os.path.join(source, "batch-topics.tsv")) as f:
+            batch_topics = f.read()
+        before, t = pairs_total(), time.perf_counter()
+        body = {"topics": batch_topics, "pipeline": "maxp", "depth": depth, "k": depth, "collection": "synth"}
+        job = json.loads(call(base + "/batch?wait=true", body))
+        wall = time.perf_counter() - t
+        computed = pairs_total() - before
+        found["batch"] = {
+            "status": job["status"],
+            "topics": batch_topics.count("\n"),
+            "seconds": wall,
+            "pairs": computed,
+            "pairs_per_s": computed / wall,
+        }
+        return found
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@part("train")
+def train():
+    name = "bert-base"
+    length, batch = (32, 4) if QUICK else (256, 16)
+    steps = ["--warmup", "0", "--steps", "1"] if QUICK else ["--warmup", "1", "--steps", "4"]
+    out = longrank(
+        "bench",
+        "train",
+        "--dir",
+        pick(name),
+        "--device",
+        args.device,
+        "--length",
+        str(length),
+        "--batch",
+        str(batch),
+        *steps,
+    )
+    found = {"model": name, "length": length, "batch": batch, "longrank_step_s": results(out)[0]["med"]}
+    if torch is not None:
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(pick(name)).to(args.device).train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5, weight_decay=0.01)
+        ids = torch.randint(1000, 30000, (batch, length), device=args.device)
+        times = []
+        for step in range(2 if QUICK else 5):
+            sync()
+            t = time.perf_counter()
+            scores = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[:, 0]
+            half = batch // 2
+            loss = torch.relu(1.0 + scores[half:] - scores[:half]).mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            sync()
+            if step >= 1:
+                times.append(time.perf_counter() - t)
+        found["torch_step_s"] = statistics.median(times)
+        found["longrank_over_torch_time"] = found["longrank_step_s"] / found["torch_step_s"]
+    return found
+
+
+summary["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+write_summary()
+print(json.dumps({"errors": summary["errors"]}))
+sys.exit(1 if summary["errors"] else 0)
