@@ -255,6 +255,9 @@ pub struct ServerConfig {
     /// A client that has not sent a request's headers this long after connecting, or after its previous
     /// answer (an idle keep-alive connection), is disconnected.
     pub header_read_timeout_ms: u64,
+    /// How often the server looks at the data directory for collections another process built, rebuilt with
+    /// `--replace` or deleted (0: never; documents added to an open collection show without it).
+    pub catalog_poll_ms: u64,
 }
 
 impl ServerConfig {
@@ -284,6 +287,7 @@ impl Default for ServerConfig {
             max_concurrent_work: 0,
             max_waiting_requests: 1000,
             header_read_timeout_ms: 10_000,
+            catalog_poll_ms: 1000,
         }
     }
 }

@@ -105,6 +105,11 @@ pub struct Hit {
 pub struct Collection {
     name: String,
     path: PathBuf,
+    /// The directory's identity when opened: a `--replace` swaps in another directory under the same name.
+    dir_id: Option<DirId>,
+    /// Unique to this opening in the process: what is kept per collection (stores of model outputs) is kept
+    /// per opening, so a collection opened again after a `--replace` starts afresh.
+    opening: u64,
     reader: IndexReader,
     fields: Fields,
     /// Statistics of the last few commits (requests may hold snapshots of different ones).
@@ -132,6 +137,11 @@ impl Collection {
         Ok(Collection {
             name,
             path: path.to_path_buf(),
+            dir_id: DirId::of(path),
+            opening: {
+                static OPENINGS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                OPENINGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            },
             reader,
             fields,
             stats: Mutex::default(),
@@ -142,6 +152,11 @@ impl Collection {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// This opening of the collection (see the field).
+    pub fn opening(&self) -> u64 {
+        self.opening
     }
 
     /// The collection's directory (the index, and files kept beside it such as embeddings).
@@ -296,9 +311,38 @@ impl<'c> Snapshot<'c> {
 }
 
 /// Every collection under `DATA_DIR/collections`.
+/// A directory's device and inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DirId(u64, u64);
+
+impl DirId {
+    fn of(path: &Path) -> Option<DirId> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path).ok().map(|m| DirId(m.dev(), m.ino()))
+    }
+}
+
+/// What `Catalog::sync` changed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct CatalogChanges {
+    pub added: Vec<String>,
+    pub replaced: Vec<String>,
+    pub removed: Vec<String>,
+    /// Collections whose directory could not be opened (kept as they were, if open before).
+    pub failed: Vec<(String, String)>,
+}
+
+impl CatalogChanges {
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.replaced.is_empty() && self.removed.is_empty() && self.failed.is_empty()
+    }
+}
+
 pub struct Catalog {
     root: PathBuf,
     collections: RwLock<BTreeMap<String, Arc<Collection>>>,
+    /// Directories `sync` could not open, not tried again until they change.
+    unopenable: Mutex<HashMap<String, Option<DirId>>>,
 }
 
 impl Catalog {
@@ -329,7 +373,7 @@ impl Catalog {
                 Err(e) => failures.push(e),
             }
         }
-        Ok((Catalog { root, collections: RwLock::new(collections) }, failures))
+        Ok((Catalog { root, collections: RwLock::new(collections), unopenable: Mutex::default() }, failures))
     }
 
     pub fn collection_dir(&self, name: &str) -> PathBuf {
@@ -376,6 +420,51 @@ impl Catalog {
         };
         std::fs::rename(&dir, &aside).map_err(io(&dir))?;
         std::fs::remove_dir_all(&aside).map_err(io(&aside))
+    }
+
+    /// Follows the data directory as another process (the CLI) changed it: a collection built since appears,
+    /// one rebuilt with `--replace` (another directory under its name) is opened again, and a deleted one
+    /// goes. Documents added to an open collection need none of this (its reader follows commits). Staging
+    /// and deleting directories (`.NAME.*`) are not collections; a name missing beside `.NAME.old` is a swap
+    /// between its two renames and stays as it is.
+    pub fn sync(&self) -> CatalogChanges {
+        let mut changes = CatalogChanges::default();
+        let Ok(entries) = std::fs::read_dir(&self.root) else { return changes };
+        let mut present = std::collections::BTreeSet::new();
+        for entry in entries.filter_map(|e| e.ok()) {
+            let name = entry.file_name().to_string_lossy().to_string();
+            if name.starts_with('.') || !entry.path().is_dir() || validate_name(&name).is_err() {
+                continue;
+            }
+            present.insert(name.clone());
+            let current = DirId::of(&entry.path());
+            let known = self.read().get(&name).map(|c| c.dir_id);
+            if known.is_some_and(|id| id == current) || self.unopenable.lock().get(&name) == Some(&current) {
+                continue;
+            }
+            match Collection::open(&entry.path()) {
+                Ok(collection) => {
+                    self.unopenable.lock().remove(&name);
+                    self.collections.write().insert(name.clone(), Arc::new(collection));
+                    if known.is_some() { &mut changes.replaced } else { &mut changes.added }.push(name);
+                }
+                Err(e) => {
+                    self.unopenable.lock().insert(name.clone(), current);
+                    changes.failed.push((name, e.to_string()));
+                }
+            }
+        }
+        let gone: Vec<String> = self
+            .read()
+            .keys()
+            .filter(|name| !present.contains(*name) && !self.root.join(format!(".{name}.old")).exists())
+            .cloned()
+            .collect();
+        for name in gone {
+            self.collections.write().remove(&name);
+            changes.removed.push(name);
+        }
+        changes
     }
 
     fn read(&self) -> parking_lot::RwLockReadGuard<'_, BTreeMap<String, Arc<Collection>>> {

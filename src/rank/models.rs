@@ -22,8 +22,8 @@ pub const DEFAULT: &str = "default";
 pub struct Models {
     slots: Vec<Slot>,
     config: ModelConfig,
-    /// On-disk stores of model outputs, per (collection, model), opened on first use.
-    stores: Mutex<HashMap<(String, String), Arc<VectorFile>>>,
+    /// On-disk stores of model outputs, per (collection's opening, model), opened on first use.
+    stores: Mutex<HashMap<(u64, String), Arc<VectorFile>>>,
 }
 
 struct Slot {
@@ -175,7 +175,7 @@ impl Models {
         if !is_bi && !self.config.store_scores {
             return Ok(None);
         }
-        let key = (collection.name().to_string(), model.name.clone());
+        let key = (collection.opening(), model.name.clone());
         let mut open = self.stores.lock();
         if let Some(file) = open.get(&key) {
             return Ok(Some(file.clone()));

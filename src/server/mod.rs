@@ -195,6 +195,7 @@ pub async fn serve(
         match prepared {
             Ok(Ok(())) => {
                 preparing.set_ready();
+                tokio::spawn(follow_data_dir(preparing.clone()));
                 if let Err(e) = preparing.jobs().recover().await {
                     tracing::error!("recovering batch jobs: {e}");
                 }
@@ -204,6 +205,26 @@ pub async fn serve(
         }
     });
     accept(listener, app, &state.config().server).await
+}
+
+/// Keeps the catalog in step with the data directory (`Catalog::sync`), every `server.catalog_poll_ms`.
+async fn follow_data_dir(state: AppState) {
+    let every = state.config().server.catalog_poll_ms;
+    if every == 0 {
+        return;
+    }
+    loop {
+        tokio::time::sleep(Duration::from_millis(every)).await;
+        let catalog = state.engine().catalog().clone();
+        let Ok(changes) = tokio::task::spawn_blocking(move || catalog.sync()).await else { continue };
+        if !changes.is_empty() {
+            let (added, replaced, removed) = (&changes.added, &changes.replaced, &changes.removed);
+            tracing::info!(?added, ?replaced, ?removed, "collections changed in the data directory");
+            for (name, reason) in &changes.failed {
+                tracing::warn!("collection {name} could not be opened: {reason}");
+            }
+        }
+    }
 }
 
 /// Serves connections until SIGINT or SIGTERM, then lets those open finish. hyper directly, for what

@@ -263,3 +263,63 @@ fn searches_while_indexing_see_each_document_whole() {
     }
     assert!(requests >= 40 && checked >= 10_000, "{requests} requests, {checked} hits checked");
 }
+
+/// A running server follows what the CLI does to its data directory, without a restart: a collection built
+/// appears, one rebuilt with `--replace` serves its new documents, one deleted goes.
+#[test]
+fn the_server_follows_collections_the_cli_builds_replaces_and_deletes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let write = |name: &str, docs: &[(&str, &str)]| {
+        let lines: String = docs
+            .iter()
+            .map(|(id, text)| format!("{}\n", serde_json::json!({"id": id, "title": "", "text": text})))
+            .collect();
+        std::fs::write(d.join(name), lines).unwrap();
+        d.join(name).to_str().unwrap().to_string()
+    };
+    cli_ok(d, &["index", "--collection", "first", &write("first.jsonl", &[("f1", "first collection")])]);
+    let server = crate::common::TestServer::start(d, &[("LONGRANK_SERVER_CATALOG_POLL_MS", "100")]).wait_ready();
+    let collections = || -> Vec<(String, u64)> {
+        let (_, body) = crate::common::get(&server.url("/collections"));
+        let listed: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+        listed.iter().map(|c| (c["name"].as_str().unwrap().to_string(), c["documents"].as_u64().unwrap())).collect()
+    };
+    // Until the listing (name, documents) satisfies `done`.
+    type Listing = [(String, u64)];
+    let wait_for = |what: &str, done: &dyn Fn(&Listing) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let seen = collections();
+            if done(&seen) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{what}: /collections still says {seen:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let search = |query: &str| {
+        let body = serde_json::json!({"query": query, "collection": "extra", "k": 10});
+        crate::common::post_json(&server.url("/search"), &body.to_string())
+    };
+    let docids = |reply: crate::common::Reply| -> Vec<String> {
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        reply.json()["results"].as_array().unwrap().iter().map(|h| h["docid"].as_str().unwrap().to_string()).collect()
+    };
+
+    let old = write("old.jsonl", &[("a1", "alpha bravo"), ("a2", "alpha delta")]);
+    cli_ok(d, &["index", "--collection", "extra", &old]);
+    wait_for("built", &|seen| seen.contains(&("extra".into(), 2)));
+    assert_eq!(docids(search("alpha")), ["a1", "a2"]);
+
+    let new = write("new.jsonl", &[("b1", "charlie echo"), ("b2", "charlie fox"), ("b3", "charlie golf")]);
+    cli_ok(d, &["index", "--collection", "extra", "--replace", &new]);
+    wait_for("replaced", &|seen| seen.contains(&("extra".into(), 3)));
+    assert_eq!(docids(search("charlie")), ["b1", "b2", "b3"]);
+    assert!(docids(search("alpha")).is_empty(), "the replaced documents are gone");
+
+    cli_ok(d, &["collections", "delete", "extra"]);
+    wait_for("deleted", &|seen| seen.iter().all(|(name, _)| name != "extra"));
+    search("charlie").assert_error(404, "unknown_collection");
+    assert_eq!(collections(), [("first".to_string(), 1)], "the other collection stays");
+}
