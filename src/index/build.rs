@@ -113,6 +113,9 @@ pub fn build(
     // A rebuild, and a collection's first build, happen in `.NAME.building`, moved into place when done: the
     // old index serves until then, and a first build that fails leaves no collection behind (run again, it
     // resumes from its last commit there). Adding to a collection commits in place.
+    std::fs::create_dir_all(&root).map_err(|source| IndexError::Io { path: root.clone(), source })?;
+    // One writer at a time: a second `--replace` would remove the first's staging directory.
+    let _writer = super::WriterLock::take(&root, name)?;
     let exists = final_dir.exists();
     let staging = opts.replace || !exists;
     let work_dir = if staging { root.join(format!(".{name}.building")) } else { final_dir.clone() };

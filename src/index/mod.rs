@@ -44,6 +44,26 @@ pub enum IndexError {
     Aborted(String),
     #[error("cancelled: the request is gone or past its deadline")]
     Cancelled,
+    #[error("collection {0:?} is being written by another process (it holds .{0}.lock); try again when it is done")]
+    Busy(String),
+}
+
+/// The one writer of a collection across processes (the CLI's builds and deletions, the server's): an
+/// exclusive lock on `collections/.NAME.lock`, held until dropped (the kernel releases it if the process dies).
+pub struct WriterLock(#[allow(dead_code, reason = "held for its lock")] std::fs::File);
+
+impl WriterLock {
+    /// Takes the lock, or `Busy` when another writer holds it.
+    pub fn take(root: &Path, name: &str) -> Result<WriterLock, IndexError> {
+        let path = root.join(format!(".{name}.lock"));
+        let io = |source| IndexError::Io { path: path.clone(), source };
+        let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io)?;
+        match file.try_lock() {
+            Ok(()) => Ok(WriterLock(file)),
+            Err(std::fs::TryLockError::WouldBlock) => Err(IndexError::Busy(name.to_string())),
+            Err(std::fs::TryLockError::Error(e)) => Err(io(e)),
+        }
+    }
 }
 
 /// Names the analysis so that an index built with another one is refused instead of silently mis-scored.
@@ -403,15 +423,17 @@ impl Catalog {
         Ok(collection)
     }
 
-    /// Deletes a collection: out of the catalog, then its directory renamed aside (the collection disappears
-    /// at once, for every process) and removed. A deletion cut short leaves `.NAME.deleting`, removed at the
-    /// next open. Searches holding the collection finish on what they hold.
+    /// Deletes a collection (refused while another process writes it): out of the catalog, then its directory
+    /// renamed aside (the collection disappears at once, for every process) and removed. A deletion cut short
+    /// leaves `.NAME.deleting`, removed at the next open. Searches holding the collection finish on what they
+    /// hold.
     pub fn delete(&self, name: &str) -> Result<(), IndexError> {
         validate_name(name)?;
         let dir = self.collection_dir(name);
         if !dir.is_dir() {
             return Err(IndexError::UnknownCollection(name.to_string()));
         }
+        let _writer = WriterLock::take(&self.root, name)?;
         self.collections.write().remove(name);
         let aside = self.root.join(format!(".{name}.deleting"));
         let io = |path: &Path| {

@@ -323,3 +323,32 @@ fn the_server_follows_collections_the_cli_builds_replaces_and_deletes() {
     search("charlie").assert_error(404, "unknown_collection");
     assert_eq!(collections(), [("first".to_string(), 1)], "the other collection stays");
 }
+
+/// One writer per collection across processes: while another holds a collection's lock (a running `index`),
+/// `index --replace` and `collections delete` are refused with the reason, and the other's staging directory
+/// is left alone; once it is done, they run.
+#[test]
+fn a_second_writer_of_a_collection_is_refused_and_touches_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let docs = d.join("docs.jsonl");
+    std::fs::write(&docs, "{\"id\": \"a\", \"text\": \"alpha\"}\n").unwrap();
+    let docs = docs.to_str().unwrap();
+    cli_ok(d, &["index", "--collection", "busy", docs]);
+    // What a running `index --replace` holds: the lock, and its staging directory.
+    let staging = d.join("collections/.busy.building");
+    std::fs::create_dir_all(&staging).unwrap();
+    std::fs::write(staging.join("marker"), "the other writer's work").unwrap();
+    let lock = std::fs::File::options().write(true).open(d.join("collections/.busy.lock")).unwrap();
+    lock.lock().unwrap();
+    for args in [&["index", "--collection", "busy", "--replace", docs][..], &["collections", "delete", "busy"]] {
+        let out = cli(d, args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains("\"busy\" is being written by another process"), "{stderr}");
+    }
+    assert!(staging.join("marker").exists(), "the other writer's staging directory is untouched");
+    assert_eq!(count(d, "busy"), 1);
+    lock.unlock().unwrap();
+    cli_ok(d, &["index", "--collection", "busy", "--replace", docs]);
+    cli_ok(d, &["collections", "delete", "busy"]);
+}
