@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Compiles the `cuda` feature without a GPU: CUDA 13.0's compiler, runtime headers, CCCL and the libraries
-# candle links (cuBLAS, cuBLASLt, cuRAND, NVRTC) from PyPI (Debian has no CUDA toolkit here; 13.0 matches the
-# GPU machines' driver), then `cargo check --features cuda`, or with `build` the release binary. The driver
+# candle links (cuBLAS, cuBLASLt, cuRAND, NVRTC, the runtime) from PyPI (Debian has no CUDA toolkit here; 13.0
+# matches the GPU machines' driver), then `cargo check --features cuda`, or with `build` the release binary. The driver
 # library (libcuda.so.1) comes with the GPU's driver, never from PyPI: the link uses a stub of its entry points,
 # as the CUDA toolkit's own `lib64/stubs` does, and the binary loads the real one at run time.
 # Slow (candle's kernels are compiled to PTX), so it is not part of the default CI run.
@@ -27,7 +27,7 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/longrank-cuda-target}"
 # What the linker's `-lNAME` finds: the wheels' libraries under their unversioned names, and the driver stub.
 link="$CARGO_TARGET_DIR/cuda-link"
 mkdir -p "$link"
-for lib in cublas.so.13 cublasLt.so.13 curand.so.10 nvrtc.so.13; do
+for lib in cublas.so.13 cublasLt.so.13 curand.so.10 nvrtc.so.13 cudart.so.13; do
     ln -sf "$cuda/lib/lib$lib" "$link/lib${lib%.so.*}.so"
 done
 cudarc="$(cargo metadata --format-version 1 --features cuda 2>/dev/null | "$venv/bin/python" -c \

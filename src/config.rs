@@ -306,6 +306,9 @@ pub struct Limits {
     pub max_fb_terms: usize,
     /// Topics in one batch (a job's, or `longrank batch`'s).
     pub max_topics: usize,
+    /// Bytes of one document upload (`POST /collections/{name}/documents`), streamed to disk: not bounded by
+    /// `server.max_body_bytes` nor `server.request_timeout_ms`.
+    pub max_upload_bytes: u64,
 }
 
 impl Default for Limits {
@@ -319,6 +322,7 @@ impl Default for Limits {
             max_fb_docs: 100,
             max_fb_terms: 200,
             max_topics: 20_000,
+            max_upload_bytes: 4 << 30,
         }
     }
 }

@@ -5,7 +5,8 @@
 //!
 //! Points: `index.commit` (after each commit of an index build), `train.checkpoint` (after each checkpoint of
 //! a model in training), `model.batch` (before each forward pass of a model's inference thread), `batch.topic`
-//! (after each topic a batch job stores).
+//! (after each topic a batch job stores), `task.start` (a task marked running, before it writes anything; not
+//! a collection's deletion).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

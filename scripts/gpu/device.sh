@@ -6,10 +6,11 @@ set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${OUT:-$here/out}"
 mkdir -p "$out"
-# The CUDA libraries the binary needs (libcublas.so.13, libcublasLt.so.13, libcurand.so.10, libnvrtc.so.13) are
-# those of the GPU machine's PyTorch: its python3 is /opt/torch/.venv/bin/python3 (Python 3.12; device notes,
-# KINDS.md), and its CUDA 13 wheels put them in nvidia/cu13/lib, as the same wheels do here (pip's
-# nvidia-cublas 13.x: nvidia/cu13/lib/libcublas.so.13). The driver's libcuda.so.1 is in /usr/local/nvidia.
+# The CUDA libraries the binary needs (libcublas.so.13, libcublasLt.so.13, libcurand.so.10, libnvrtc.so.13,
+# libcudart.so.13) are those of the GPU machine's PyTorch: its python3 is /opt/torch/.venv/bin/python3
+# (Python 3.12; device notes, KINDS.md), and its CUDA 13 wheels put them in nvidia/cu13/lib, as the same wheels
+# do here (pip's nvidia-cublas 13.x: nvidia/cu13/lib/libcublas.so.13). The driver's libcuda.so.1 is in
+# /usr/local/nvidia.
 # Where the first is missing, the wheels' folder is asked of python3, then searched for.
 libs=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib
 if [ ! -e "$libs/libcublas.so.13" ]; then

@@ -20,7 +20,7 @@ use super::{analyzer, schema, validate_name, CollectionMeta, Fields, IndexError,
 use crate::corpus::{Corpus, CorpusError, Document};
 use crate::progress::{Progress, Unit};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum OnError {
     /// Report the malformed document (file and byte offset) and go on.
@@ -226,6 +226,40 @@ pub fn build(
     report.documents_in_collection = reader.searcher().num_docs();
     report.elapsed_s = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// Deletes documents of collection `name` by docid, in one commit; how many of the ids it held.
+pub fn delete_documents(data_dir: &Path, name: &str, ids: &[String]) -> Result<u64, IndexError> {
+    validate_name(name)?;
+    let root = data_dir.join("collections");
+    let dir = root.join(name);
+    if !dir.is_dir() {
+        return Err(IndexError::UnknownCollection(name.to_string()));
+    }
+    let _writer = super::WriterLock::take(&root, name)?;
+    super::Collection::open(&dir)?; // refuses an incompatible analyzer
+    let tantivy_err = |source| IndexError::Tantivy { path: dir.clone(), source };
+    let index = Index::open_in_dir(&dir).map_err(tantivy_err)?;
+    let (_, fields) = schema();
+    let searcher = index.reader().map_err(tantivy_err)?.searcher();
+    let mut held = 0;
+    let mut seen = HashSet::new();
+    for id in ids.iter().filter(|id| seen.insert(id.as_str())) {
+        let term = Term::from_field_text(fields.docid, id);
+        held += u64::from(searcher.doc_freq(&term).map_err(tantivy_err)? > 0);
+    }
+    let payload: Payload = index
+        .load_metas()
+        .map_err(tantivy_err)?
+        .payload
+        .and_then(|p| serde_json::from_str(&p).ok())
+        .unwrap_or_default();
+    let mut writer: IndexWriter = index.writer_with_num_threads(1, 16 << 20).map_err(tantivy_err)?;
+    for id in ids {
+        writer.delete_term(Term::from_field_text(fields.docid, id));
+    }
+    commit(&mut writer, &payload).map_err(tantivy_err)?;
+    Ok(held)
 }
 
 impl BuildReport {

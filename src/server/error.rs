@@ -14,6 +14,7 @@ use utoipa::ToSchema;
 
 use super::jobs::JobError;
 use super::middleware::Access;
+use super::tasks::TaskError;
 use crate::index::IndexError;
 use crate::model::ModelError;
 use crate::rank::RankError;
@@ -66,6 +67,8 @@ codes! {
     DocumentsOrDocids = "documents_or_docids", 400, "/rerank needs either documents or docids.";
     NoFirstStage = "no_first_stage", 400, "interpolate needs first-stage scores, which documents given as text lack.";
     CollectionRequired = "collection_required", 400, "Several collections and no default: name one.";
+    InvalidCollectionName = "invalid_collection_name", 400, "A collection name must be letters, digits, '-', '_' \
+        and '.' (not leading), at most 128.";
     MissingKey = "missing_key", 401, "The route needs a key (`Authorization: Bearer KEY`) and none was sent.";
     InvalidKey = "invalid_key", 403, "The key is not one of this server's.";
     InsufficientKey = "insufficient_key", 403, "A search key on a route that needs an admin key.";
@@ -76,11 +79,15 @@ codes! {
     UnknownCollection = "unknown_collection", 404, "No collection of that name.";
     UnknownDocument = "unknown_document", 404, "No document with that docid.";
     UnknownJob = "unknown_job", 404, "No batch job with that id.";
+    UnknownTask = "unknown_task", 404, "No task with that id.";
     MethodNotAllowed = "method_not_allowed", 405, "The route does not take this method.";
     AmbiguousDocument = "ambiguous_document", 409, "The docid exists in several collections; name one.";
     CollectionInUse = "collection_in_use", 409, "The collection is read by a queued or running batch job.";
     JobConflict = "job_conflict", 409, "The job is not in a state that allows this (the run of an unfinished job, cancelling a finished one).";
+    TaskConflict = "task_conflict", 409, "Only a queued task can be cancelled.";
     BodyTooLarge = "body_too_large", 413, "The body is larger than `server.max_body_bytes`.";
+    UploadTooLarge = "upload_too_large", 413, "A document upload is larger than `limits.max_upload_bytes`; nothing \
+        of it is kept.";
     UnsupportedMediaType = "unsupported_media_type", 415, "The body is not JSON (or multipart where taken).";
     UnknownPipeline = "unknown_pipeline", 422, "No pipeline of that name.";
     PipelineUnavailable = "pipeline_unavailable", 422, "The pipeline cannot run now: its model could not be loaded, or is not what it needs (cobert without a Co-BERT model); the message says why.";
@@ -324,6 +331,21 @@ impl From<JobError> for ApiError {
     }
 }
 
+impl From<TaskError> for ApiError {
+    fn from(e: TaskError) -> ApiError {
+        let code = match &e {
+            TaskError::UnknownTask(_) => ErrorCode::UnknownTask,
+            TaskError::NotCancellable { .. } => ErrorCode::TaskConflict,
+            TaskError::TooLarge { .. } => ErrorCode::UploadTooLarge,
+            TaskError::Upload(_) => ErrorCode::InvalidBody,
+            TaskError::Index(IndexError::InvalidName(_)) => ErrorCode::InvalidCollectionName,
+            TaskError::Index(IndexError::UnknownCollection(_)) => ErrorCode::UnknownCollection,
+            TaskError::Index(_) | TaskError::Store(_) | TaskError::Io(_) => return ApiError::internal(e.to_string()),
+        };
+        ApiError::new(code, e.to_string())
+    }
+}
+
 impl From<JsonRejection> for ApiError {
     fn from(r: JsonRejection) -> ApiError {
         let message = r.body_text();
@@ -407,6 +429,18 @@ route_errors! {
         ForbiddenOrigin, EmptyQuery, QueryTooLong, OutOfRange, InvalidTag, InvalidSegments,
         RerankingPipelineRequired, CollectionRequired, UnknownCollection, UnknownPipeline, PipelineUnavailable,
         ModelRequired, UnknownModel, NotABiEncoder, MalformedFile, ModelUnavailable, InvalidQueryString, IndexError];
+    /// Writing a collection: a task queued.
+    TaskSubmitErrors(Admin): [InvalidPath, InvalidQueryString, ForbiddenOrigin, InvalidCollectionName];
+    /// Uploading documents: a task queued once the upload is stored.
+    UploadErrors(Admin): [InvalidPath, InvalidQueryString, ForbiddenOrigin, InvalidCollectionName, InvalidBody,
+        UploadTooLarge];
+    /// Deleting documents by id.
+    DeleteDocumentsErrors(Admin): [InvalidPath, InvalidQueryString, ForbiddenOrigin, InvalidCollectionName,
+        MalformedJson, InvalidBody, BodyTooLarge, UnsupportedMediaType];
+    /// Reading a task, or the list.
+    TaskErrors(Read): [InvalidPath, InvalidQueryString, UnknownTask];
+    /// Cancelling a task.
+    CancelTaskErrors(Admin): [InvalidPath, ForbiddenOrigin, UnknownTask, TaskConflict];
     /// Reading a job by id.
     JobErrors(Read): [InvalidPath, UnknownJob, JobConflict];
     /// The list of jobs.

@@ -84,13 +84,24 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
     }
     // A body announced larger than the limit is refused before it is sent (the limit on reading would
     // otherwise wait for the bytes, however slowly they come).
-    let limit = server.max_body_bytes as u64;
+    let (limit, code) = if is_upload(&request) {
+        (state.config().limits.max_upload_bytes, ErrorCode::UploadTooLarge)
+    } else {
+        (server.max_body_bytes as u64, ErrorCode::BodyTooLarge)
+    };
     let announced = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if let Some(len) = announced.filter(|&len| len > limit) {
         let message = format!("the body is announced at {len} bytes; the limit is {limit}");
-        return ApiError::new(ErrorCode::BodyTooLarge, message).into_response();
+        return ApiError::new(code, message).into_response();
     }
     next.run(request).await
+}
+
+/// A document upload (`POST /collections/{name}/documents`): bounded by `limits.max_upload_bytes`, streamed to
+/// disk, and given whatever time it takes, not `server.request_timeout_ms`.
+fn is_upload(request: &Request) -> bool {
+    let segments: Vec<&str> = request.uri().path().split('/').collect();
+    request.method() == Method::POST && matches!(segments[..], ["", "collections", _, "documents"])
 }
 
 /// Whether a Host header (`name` or `name:port`) names this server: a loopback name, an allowed host, or any
@@ -184,6 +195,8 @@ async fn observe(State(state): State<AppState>, mut request: Request, next: Next
     let timeout_ms = state.config().server.request_timeout_ms;
     let mut response = if !state.is_ready() && !ALWAYS_AVAILABLE.contains(&path.as_str()) {
         ApiError::not_ready().into_response()
+    } else if is_upload(&request) {
+        next.run(request).instrument(span.clone()).await
     } else {
         match tokio::time::timeout(Duration::from_millis(timeout_ms), next.run(request).instrument(span.clone())).await
         {

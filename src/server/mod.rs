@@ -10,6 +10,7 @@ mod metrics;
 mod middleware;
 mod openapi;
 mod routes;
+pub mod tasks;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,6 +41,7 @@ struct Inner {
     config: Config,
     engine: Arc<Engine>,
     jobs: Arc<Jobs>,
+    tasks: Arc<tasks::Tasks>,
     metrics: metrics::Metrics,
     ready: AtomicBool,
     /// The address the server listens on, once bound.
@@ -50,6 +52,7 @@ struct Inner {
 impl AppState {
     pub fn new(config: Config, catalog: Arc<Catalog>, store: Store) -> AppState {
         let engine = Arc::new(Engine::new(catalog, &config));
+        let tasks = tasks::Tasks::new(engine.clone(), store.clone(), &config);
         let jobs = Jobs::new(engine.clone(), store, config.clone());
         let admission = admission::Admission::new(config.server.concurrent_work(), config.server.max_waiting_requests);
         let inner = Inner {
@@ -57,6 +60,7 @@ impl AppState {
             config,
             engine,
             jobs,
+            tasks,
             metrics: metrics::Metrics::default(),
             ready: AtomicBool::new(false),
             bound: std::sync::OnceLock::new(),
@@ -66,6 +70,10 @@ impl AppState {
 
     pub fn jobs(&self) -> &Arc<Jobs> {
         &self.inner.jobs
+    }
+
+    pub fn tasks(&self) -> &Arc<tasks::Tasks> {
+        &self.inner.tasks
     }
 
     /// Runs a search and records it in the query log (in the background: logging never slows a search).
@@ -149,7 +157,7 @@ impl AppState {
 
 /// The routes, grouped by what they need of a key (`middleware::Access`), behind the one layer stack.
 pub fn router(state: AppState) -> Router {
-    use routes::{batch, collections, compat, documents, pipelines, rerank, search, system, web};
+    use routes::{batch, collections, compat, documents, pipelines, rerank, search, system, tasks, web};
     let open = Router::new()
         .route("/health", get(system::health))
         .route("/", get(web::index))
@@ -167,8 +175,18 @@ pub fn router(state: AppState) -> Router {
         .route("/batch", get(batch::list))
         .route("/batch/compare", get(batch::compare))
         .route("/batch/{id}", get(batch::get))
-        .route("/batch/{id}/run", get(batch::run_file));
-    let admin = Router::new().route("/batch", post(batch::submit)).route("/batch/{id}", delete(batch::cancel));
+        .route("/batch/{id}/run", get(batch::run_file))
+        .route("/tasks", get(tasks::list))
+        .route("/tasks/{id}", get(tasks::get));
+    let admin = Router::new()
+        .route("/batch", post(batch::submit))
+        .route("/batch/{id}", delete(batch::cancel))
+        .route("/tasks/{id}", delete(tasks::cancel))
+        .route("/collections/{name}", axum::routing::put(collections::create).delete(collections::delete))
+        // An upload: bounded by `limits.max_upload_bytes` and by no request timeout (`middleware::is_upload`).
+        .route("/collections/{name}/documents", post(collections::add_documents))
+        .route("/collections/{name}/documents/delete", post(collections::delete_documents))
+        .route("/collections/{name}/documents/{docid}", delete(collections::delete_document));
     middleware::layers(open, read, admin, state)
 }
 
@@ -194,6 +212,10 @@ pub async fn serve(
         .await;
         match prepared {
             Ok(Ok(())) => {
+                // Before any upload can arrive: the tasks' start removes uploads no task needs.
+                if let Err(e) = preparing.tasks().start().await {
+                    tracing::error!("starting the tasks: {e}");
+                }
                 preparing.set_ready();
                 tokio::spawn(follow_data_dir(preparing.clone()));
                 if let Err(e) = preparing.jobs().recover().await {

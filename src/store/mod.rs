@@ -1,9 +1,13 @@
-//! The embedded SQLite database (WAL) through sqlx: batch jobs, their runs topic by topic, and the query
-//! log. The schema lives in `migrations/`, applied at start. Queries are checked at run time (sqlx's
+//! The embedded SQLite database (WAL) through sqlx: batch jobs, their runs topic by topic, the tasks that
+//! write collections (`tasks`), and the query log. The schema lives in `migrations/`, applied at start. Queries are checked at run time (sqlx's
 //! compile-time macros would need a database at build time).
 
 use std::path::Path;
 use std::str::FromStr;
+
+mod tasks;
+
+pub use tasks::{TaskFilter, TaskKind, TaskOutcome, TaskRow, TaskStatus};
 
 use serde::{Deserialize, Serialize};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};

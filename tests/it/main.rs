@@ -4,6 +4,7 @@ mod batch;
 mod browser;
 mod cli;
 mod clients;
+mod collections;
 mod common;
 mod corpus;
 mod ecosystem;

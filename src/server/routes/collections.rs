@@ -1,14 +1,161 @@
-//! `GET /collections`.
+//! `GET /collections`, and the writes to a collection, each answered 202 with its task (`server::tasks`):
+//! `PUT` and `DELETE /collections/{name}`, `POST /collections/{name}/documents` (an upload),
+//! `DELETE /collections/{name}/documents/{docid}` and `POST /collections/{name}/documents/delete`.
 
-use axum::extract::State;
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
 use axum::Json;
+use serde::Deserialize;
+use utoipa::{IntoParams, ToSchema};
 
+use crate::corpus::Format;
+use crate::index::OnError;
 use crate::rank::CollectionInfo;
-use crate::server::error::{ApiError, EngineErrors};
+use crate::server::decode::ApiJson;
+use crate::server::error::{
+    ApiError, ApiPath, ApiQuery, DeleteDocumentsErrors, EngineErrors, TaskSubmitErrors, UploadErrors,
+};
+use crate::server::tasks::{Input, TaskView};
 use crate::server::AppState;
+use crate::store::TaskKind;
 
 /// Every collection with its size and BM25 parameters.
 #[utoipa::path(get, path = "/collections", tag = "collections", responses((status = 200, body = Vec<CollectionInfo>), EngineErrors))]
 pub async fn list_collections(State(state): State<AppState>) -> Result<Json<Vec<CollectionInfo>>, ApiError> {
     state.run(|engine, _| engine.collections()).await.map(Json)
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TaskWait {
+    /// Answer when the task has finished, or after `server.request_timeout_ms` with the task as it is then.
+    wait: Option<bool>,
+}
+
+type Accepted = (StatusCode, Json<TaskView>);
+
+async fn accepted(state: &AppState, task: TaskView, wait: Option<bool>) -> Result<Accepted, ApiError> {
+    let task = if wait.unwrap_or(false) {
+        let patience = std::time::Duration::from_millis(state.config().server.request_timeout_ms * 9 / 10);
+        state.tasks().wait(task.id, std::time::Instant::now() + patience).await?
+    } else {
+        task
+    };
+    Ok((StatusCode::ACCEPTED, Json(task)))
+}
+
+/// Create an empty collection (BM25 parameters as configured); one that exists is left as it is.
+#[utoipa::path(put, path = "/collections/{name}", tag = "collections",
+    params(("name" = String, Path, description = "The collection's name"), TaskWait),
+    responses((status = 202, body = TaskView), TaskSubmitErrors))]
+pub async fn create(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    ApiQuery(params): ApiQuery<TaskWait>,
+) -> Result<Accepted, ApiError> {
+    let task = state.tasks().enqueue(&name, TaskKind::CreateCollection, &Input::default()).await?;
+    accepted(&state, task, params.wait).await
+}
+
+/// Delete a collection (its task fails while a batch job reads it).
+#[utoipa::path(delete, path = "/collections/{name}", tag = "collections",
+    params(("name" = String, Path, description = "The collection's name"), TaskWait),
+    responses((status = 202, body = TaskView), TaskSubmitErrors))]
+pub async fn delete(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    ApiQuery(params): ApiQuery<TaskWait>,
+) -> Result<Accepted, ApiError> {
+    let task = state.tasks().enqueue(&name, TaskKind::DeleteCollection, &Input::default()).await?;
+    accepted(&state, task, params.wait).await
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct UploadParams {
+    /// The upload's format, as `longrank index --format` (default: a JSON array for `application/json`, else
+    /// detected from the content). Gzipped bodies are read as such.
+    format: Option<Format>,
+    /// A malformed document: reported with its position and skipped, or the task fails (nothing after its
+    /// last commit kept). Default: `index.on_error` (configuration).
+    on_error: Option<OnError>,
+    /// As for the other writes.
+    wait: Option<bool>,
+}
+
+/// A document of an upload (JSON lines, or an element of a JSON array); Anserini's `{"id", "contents"}` too.
+#[derive(Debug, ToSchema)]
+#[allow(dead_code, reason = "the upload's shape, for the OpenAPI document: the corpus reader parses uploads")]
+pub struct UploadDocument {
+    #[schema(example = "doc-1")]
+    pub id: String,
+    pub title: Option<String>,
+    #[schema(example = "The harbor lantern was lit at dusk.")]
+    pub text: String,
+}
+
+/// Add or replace documents (same docid: replaced): JSON lines (`application/x-ndjson`), a JSON array
+/// (`application/json`), or a file in any format `longrank index` reads. The body is streamed to the data
+/// directory (up to `limits.max_upload_bytes`) and the 202 comes once it is stored durably; the collection is
+/// created if needed.
+#[utoipa::path(post, path = "/collections/{name}/documents", tag = "collections",
+    params(("name" = String, Path, description = "The collection's name"), UploadParams),
+    request_body(description = "The documents: a JSON array (`application/json`), or any other body (JSON lines \
+        as `application/x-ndjson`, a file of any format `longrank index` reads)", content(
+        (Vec<UploadDocument> = "application/json"),
+        (Vec<u8> = "application/octet-stream"),
+    )),
+    responses((status = 202, body = TaskView), UploadErrors))]
+pub async fn add_documents(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    ApiQuery(params): ApiQuery<UploadParams>,
+    request: Request,
+) -> Result<Accepted, ApiError> {
+    let content_type = request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let json_array = params.format.is_none() && content_type.starts_with("application/json");
+    let format = params.format.unwrap_or(if json_array { Format::Jsonl } else { Format::Auto });
+    let on_error = params.on_error.unwrap_or(state.config().index.on_error);
+    let input = Input { format, json_array, on_error, ..Input::default() };
+    let limit = state.config().limits.max_upload_bytes;
+    let task = state.tasks().upload(&name, request.into_body(), limit, input).await?;
+    accepted(&state, task, params.wait).await
+}
+
+/// Delete one document by docid.
+#[utoipa::path(delete, path = "/collections/{name}/documents/{docid}", tag = "collections",
+    params(("name" = String, Path, description = "The collection's name"),
+        ("docid" = String, Path, description = "The document's id"), TaskWait),
+    responses((status = 202, body = TaskView), TaskSubmitErrors))]
+pub async fn delete_document(
+    State(state): State<AppState>,
+    ApiPath((name, docid)): ApiPath<(String, String)>,
+    ApiQuery(params): ApiQuery<TaskWait>,
+) -> Result<Accepted, ApiError> {
+    let input = Input { ids: vec![docid], ..Input::default() };
+    let task = state.tasks().enqueue(&name, TaskKind::DeleteDocuments, &input).await?;
+    accepted(&state, task, params.wait).await
+}
+
+/// Docids to delete.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteDocuments {
+    #[schema(example = json!(["doc-1", "doc-2"]))]
+    pub ids: Vec<String>,
+}
+
+/// Delete documents by docid, in one task.
+#[utoipa::path(post, path = "/collections/{name}/documents/delete", tag = "collections",
+    params(("name" = String, Path, description = "The collection's name"), TaskWait),
+    request_body = DeleteDocuments, responses((status = 202, body = TaskView), DeleteDocumentsErrors))]
+pub async fn delete_documents(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    ApiQuery(params): ApiQuery<TaskWait>,
+    ApiJson(body): ApiJson<DeleteDocuments>,
+) -> Result<Accepted, ApiError> {
+    let input = Input { ids: body.ids, ..Input::default() };
+    let task = state.tasks().enqueue(&name, TaskKind::DeleteDocuments, &input).await?;
+    accepted(&state, task, params.wait).await
 }

@@ -8,4 +8,5 @@ pub mod pipelines;
 pub mod rerank;
 pub mod search;
 pub mod system;
+pub mod tasks;
 pub mod web;

@@ -1,0 +1,477 @@
+//! Writes to collections over HTTP, as tasks (Meilisearch's model): a request stores what its task needs
+//! durably (an upload goes to the data directory's `uploads/`, fsynced, before its row is written), answers 202
+//! with the task, and one worker applies the tasks in id order, so the tasks of a collection apply in the order
+//! they were accepted. A task is `succeeded` once its commit is made and the collection's reader reloaded: its
+//! documents are searchable. A stop (kill -9 included) loses no accepted task: at the next start, a task that
+//! was running is queued again and reapplied (adding a document again replaces it by docid), and the collection
+//! serves its last commit meanwhile.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use futures_util::StreamExt;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+use utoipa::ToSchema;
+
+use crate::config::{Config, IndexConfig};
+use crate::corpus::{Corpus, Format};
+use crate::index::{self, IndexError, OnError};
+use crate::progress::{Progress, Unit};
+use crate::rank::Engine;
+use crate::store::{Store, StoreError, TaskFilter, TaskKind, TaskOutcome, TaskRow, TaskStatus};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    #[error("unknown task {0}")]
+    UnknownTask(i64),
+    #[error("task {id} is {status}: only a queued task can be cancelled")]
+    NotCancellable { id: i64, status: &'static str },
+    #[error("the upload is larger than limits.max_upload_bytes ({limit} bytes)")]
+    TooLarge { limit: u64 },
+    #[error("reading the upload: {0}")]
+    Upload(String),
+    #[error("storing the upload: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What a task applies, as stored with it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Input {
+    /// An upload's file name in `uploads/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(default)]
+    pub format: Format,
+    /// The upload is one JSON array of documents (converted to JSON lines when applied).
+    #[serde(default)]
+    pub json_array: bool,
+    #[serde(default)]
+    pub on_error: OnError,
+    /// Docids to delete.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ids: Vec<String>,
+}
+
+/// A task as clients see it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TaskView {
+    pub id: i64,
+    pub collection: String,
+    pub kind: TaskKind,
+    pub status: TaskStatus,
+    pub documents: TaskDocuments,
+    /// The first problems met (each bad document with its line or byte offset in the upload), skipped under
+    /// `on_error=skip`.
+    pub errors: Vec<String>,
+    /// Why a failed task failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// A running upload: bytes read of its size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<TaskProgress>,
+    pub enqueued_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TaskDocuments {
+    /// Documents read from the upload (indexed and skipped).
+    pub read: i64,
+    pub indexed: i64,
+    /// Malformed documents left out.
+    pub skipped: i64,
+    /// Documents deleted (of the docids given, those the collection held).
+    pub deleted: i64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+pub struct TaskProgress {
+    pub bytes_read: u64,
+    pub bytes_total: u64,
+}
+
+impl TaskView {
+    fn of(row: TaskRow, progress: Option<TaskProgress>) -> TaskView {
+        TaskView {
+            id: row.id,
+            collection: row.collection,
+            kind: row.kind,
+            status: row.status,
+            documents: TaskDocuments {
+                read: row.read,
+                indexed: row.indexed,
+                skipped: row.skipped,
+                deleted: row.deleted,
+            },
+            errors: serde_json::from_str(&row.errors).unwrap_or_default(),
+            error: row.error,
+            progress: progress.filter(|_| row.status == TaskStatus::Running),
+            enqueued_at: row.enqueued_at,
+            started_at: row.started_at,
+            finished_at: row.finished_at,
+        }
+    }
+}
+
+pub struct Tasks {
+    store: Store,
+    engine: Arc<Engine>,
+    data_dir: PathBuf,
+    index: IndexConfig,
+    wake: Notify,
+    /// The running task's upload progress.
+    progress: Mutex<Option<(i64, TaskProgress)>>,
+}
+
+/// How long a task waits for another process (the CLI) that writes the same collection.
+const BUSY_WAIT: Duration = Duration::from_secs(600);
+
+impl Tasks {
+    pub fn new(engine: Arc<Engine>, store: Store, config: &Config) -> Arc<Tasks> {
+        Arc::new(Tasks {
+            store,
+            engine,
+            data_dir: config.data_dir.clone(),
+            index: config.index.clone(),
+            wake: Notify::new(),
+            progress: Mutex::default(),
+        })
+    }
+
+    fn uploads(&self) -> PathBuf {
+        self.data_dir.join("uploads")
+    }
+
+    /// Queues the tasks a stop interrupted again, removes uploads no task needs (a stop between storing one
+    /// and writing its row: never acknowledged), and starts the worker.
+    pub async fn start(self: &Arc<Self>) -> Result<(), TaskError> {
+        let requeued = self.store.requeue_running_tasks().await?;
+        if requeued > 0 {
+            tracing::warn!("{requeued} task(s) interrupted by a stop: applying them again");
+        }
+        let needed: Vec<String> = self
+            .store
+            .unfinished_task_inputs()
+            .await?
+            .iter()
+            .filter_map(|input| serde_json::from_str::<Input>(input).ok()?.file)
+            .collect();
+        if let Ok(entries) = std::fs::read_dir(self.uploads()) {
+            for entry in entries.filter_map(|e| e.ok()) {
+                if !needed.iter().any(|f| entry.file_name().to_string_lossy() == *f) {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
+        tokio::spawn(self.clone().work());
+        Ok(())
+    }
+
+    /// Queues a task on a collection (its name checked first).
+    pub async fn enqueue(&self, collection: &str, kind: TaskKind, input: &Input) -> Result<TaskView, TaskError> {
+        index::validate_name(collection)?;
+        let text = serde_json::to_string(input).expect("inputs serialize");
+        let id = self.store.create_task(collection, kind, &text).await?;
+        self.wake.notify_one();
+        self.get(id).await
+    }
+
+    /// Streams an upload to `uploads/` (at most `limit` bytes, fsynced), then queues its task.
+    pub async fn upload(
+        &self,
+        collection: &str,
+        body: Body,
+        limit: u64,
+        mut input: Input,
+    ) -> Result<TaskView, TaskError> {
+        index::validate_name(collection)?;
+        let dir = self.uploads();
+        std::fs::create_dir_all(&dir)?;
+        let name = unique_name();
+        let partial = dir.join(format!("{name}.part"));
+        let stored = async {
+            let mut file = std::io::BufWriter::new(std::fs::File::create(&partial)?);
+            let mut stream = body.into_data_stream();
+            let mut size = 0u64;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| TaskError::Upload(e.to_string()))?;
+                size += chunk.len() as u64;
+                if size > limit {
+                    return Err(TaskError::TooLarge { limit });
+                }
+                file.write_all(&chunk)?;
+            }
+            let file = file.into_inner().map_err(|e| e.into_error())?;
+            file.sync_all()?;
+            std::fs::rename(&partial, dir.join(&name))?;
+            std::fs::File::open(&dir)?.sync_all()?;
+            Ok::<_, TaskError>(())
+        };
+        if let Err(e) = stored.await {
+            let _ = std::fs::remove_file(&partial);
+            return Err(e);
+        }
+        input.file = Some(name);
+        self.enqueue(collection, TaskKind::AddDocuments, &input).await
+    }
+
+    pub async fn get(&self, id: i64) -> Result<TaskView, TaskError> {
+        let row = self.store.task(id).await?.ok_or(TaskError::UnknownTask(id))?;
+        let progress = self.progress.lock().filter(|(running, _)| *running == id).map(|(_, p)| p);
+        Ok(TaskView::of(row, progress))
+    }
+
+    pub async fn list(&self, filter: &TaskFilter) -> Result<Vec<TaskView>, TaskError> {
+        let rows = self.store.tasks(filter).await?;
+        Ok(rows.into_iter().map(|row| TaskView::of(row, None)).collect())
+    }
+
+    /// The task once finished, or as it is at `deadline`.
+    pub async fn wait(&self, id: i64, deadline: Instant) -> Result<TaskView, TaskError> {
+        loop {
+            let view = self.get(id).await?;
+            if view.status.is_finished() || Instant::now() >= deadline {
+                return Ok(view);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Cancels a queued task.
+    pub async fn cancel(&self, id: i64) -> Result<TaskView, TaskError> {
+        if !self.store.cancel_queued_task(id).await? {
+            let view = self.get(id).await?;
+            let status = match view.status {
+                TaskStatus::Running => "running",
+                TaskStatus::Succeeded => "succeeded",
+                TaskStatus::Failed => "failed",
+                TaskStatus::Cancelled => "cancelled",
+                TaskStatus::Queued => "queued",
+            };
+            return Err(TaskError::NotCancellable { id, status });
+        }
+        if let Some(file) = self.get_input(id).await?.file {
+            let _ = std::fs::remove_file(self.uploads().join(file));
+        }
+        self.get(id).await
+    }
+
+    async fn get_input(&self, id: i64) -> Result<Input, TaskError> {
+        let row = self.store.task(id).await?.ok_or(TaskError::UnknownTask(id))?;
+        Ok(serde_json::from_str(&row.input).unwrap_or_default())
+    }
+
+    /// Applies queued tasks one at a time, oldest first.
+    async fn work(self: Arc<Self>) {
+        loop {
+            let task = match self.store.start_next_task().await {
+                Ok(Some(task)) => task,
+                Ok(None) => {
+                    // A wake-up or a second (a task queued by another process sharing the store).
+                    let _ = tokio::time::timeout(Duration::from_secs(1), self.wake.notified()).await;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!("tasks: {e}");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            let outcome = self.apply(&task).await;
+            *self.progress.lock() = None;
+            let status = if outcome.error.is_some() { TaskStatus::Failed } else { TaskStatus::Succeeded };
+            if let Err(e) = self.store.finish_task(task.id, status, &outcome).await {
+                tracing::error!("task {}: {e}", task.id);
+            }
+            if let Some(file) = serde_json::from_str::<Input>(&task.input).ok().and_then(|i| i.file) {
+                let _ = std::fs::remove_file(self.uploads().join(&file));
+                let _ = std::fs::remove_file(self.uploads().join(format!("{file}.jsonl")));
+            }
+        }
+    }
+
+    async fn apply(self: &Arc<Self>, task: &TaskRow) -> TaskOutcome {
+        let input: Input = serde_json::from_str(&task.input).unwrap_or_default();
+        let name = task.collection.clone();
+        if task.kind == TaskKind::DeleteCollection {
+            let engine = &self.engine;
+            return match super::jobs::delete_collection(engine.catalog(), &self.store, &name).await {
+                Ok(()) => TaskOutcome::default(),
+                Err(e) => TaskOutcome { error: Some(e.to_string()), ..Default::default() },
+            };
+        }
+        let tasks = self.clone();
+        let (id, kind) = (task.id, task.kind);
+        let applied = tokio::task::spawn_blocking(move || tasks.apply_blocking(id, kind, &name, &input)).await;
+        match applied {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(e)) => TaskOutcome { error: Some(e.to_string()), ..Default::default() },
+            Err(e) => TaskOutcome { error: Some(format!("the task's worker failed: {e}")), ..Default::default() },
+        }
+    }
+
+    fn apply_blocking(&self, id: i64, kind: TaskKind, name: &str, input: &Input) -> Result<TaskOutcome, TaskError> {
+        crate::hooks::point("task.start");
+        let started = Instant::now();
+        let outcome = loop {
+            let attempt = match kind {
+                TaskKind::DeleteDocuments => index::delete_documents(&self.data_dir, name, &input.ids)
+                    .map(|deleted| TaskOutcome { deleted: deleted as i64, ..Default::default() })
+                    .map_err(TaskError::from),
+                _ => self.add(id, name, input),
+            };
+            match attempt {
+                Err(TaskError::Index(IndexError::Busy(_))) if started.elapsed() < BUSY_WAIT => {
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                other => break other?,
+            }
+        };
+        // Searchable when the task says so: the collection opened again at its new commit.
+        self.engine.catalog().refresh(name)?;
+        Ok(outcome)
+    }
+
+    /// Adds an upload's documents (none: creates the collection).
+    fn add(&self, id: i64, name: &str, input: &Input) -> Result<TaskOutcome, TaskError> {
+        let mut files = Vec::new();
+        let mut format = input.format;
+        if let Some(file) = &input.file {
+            let mut path = self.uploads().join(file);
+            if input.json_array {
+                let lines = self.uploads().join(format!("{file}.jsonl"));
+                json_array_to_lines(&path, &lines)?;
+                (path, format) = (lines, Format::Jsonl);
+            }
+            files.push(path);
+        } else if self.data_dir.join("collections").join(name).is_dir() {
+            return Ok(TaskOutcome::default()); // creating a collection that exists
+        }
+        let corpus = Corpus::open(&files, format).map_err(IndexError::from)?;
+        let options = index::BuildOptions { on_error: input.on_error, ..self.index.build_options(false) };
+        let progress = TaskBytes { id, tasks: self };
+        let report = match index::build(&self.data_dir, name, &corpus, &options, &progress) {
+            Ok(report) => report,
+            Err(e) => return Err(self.in_upload_terms(e.to_string(), &files).into_error(e)),
+        };
+        let errors = report.problems.iter().map(|p| self.in_upload_terms(p.clone(), &files).0).collect();
+        Ok(TaskOutcome {
+            read: (report.indexed + report.skipped) as i64,
+            indexed: report.indexed as i64,
+            skipped: report.skipped as i64,
+            errors,
+            ..Default::default()
+        })
+    }
+
+    /// A message about an upload, naming it `upload` rather than its file in the data directory
+    /// (`…/uploads/NAME:3 (byte 77): …` becomes `upload line 3 (byte 77): …`).
+    fn in_upload_terms(&self, message: String, files: &[PathBuf]) -> UploadMessage {
+        let mut message = message;
+        for file in files {
+            let file = file.display().to_string();
+            message = message.replace(&format!("{file}:"), "upload line ").replace(&file, "upload");
+        }
+        UploadMessage(message)
+    }
+}
+
+/// A problem's message in the upload's terms.
+struct UploadMessage(String);
+
+impl UploadMessage {
+    /// An index error whose message names the upload: aborted builds say where.
+    fn into_error(self, original: IndexError) -> TaskError {
+        match original {
+            IndexError::Aborted(_) | IndexError::Corpus(_) => TaskError::Upload(self.0),
+            other => TaskError::Index(other),
+        }
+    }
+}
+
+/// Upload progress, as the build reports bytes read.
+struct TaskBytes<'a> {
+    id: i64,
+    tasks: &'a Tasks,
+}
+
+impl Progress for TaskBytes<'_> {
+    fn phase(&self, _: &str, total: u64, _: Unit) {
+        *self.tasks.progress.lock() = Some((self.id, TaskProgress { bytes_read: 0, bytes_total: total }));
+    }
+
+    fn set(&self, done: u64, _: &str) {
+        if let Some((_, progress)) = self.tasks.progress.lock().as_mut() {
+            progress.bytes_read = done;
+        }
+    }
+}
+
+/// A name for an upload, unique within the data directory.
+fn unique_name() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    format!("{nanos:x}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Rewrites a JSON array of documents as JSON lines, one element at a time (memory bounded by the largest
+/// document, whatever the array's size).
+fn json_array_to_lines(array: &Path, lines: &Path) -> Result<u64, TaskError> {
+    use serde::de::{Deserializer, SeqAccess, Visitor};
+    struct Lines<W: Write>(W);
+    impl<'de, W: Write> Visitor<'de> for Lines<W> {
+        type Value = u64;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON array of documents")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<u64, A::Error> {
+            use serde::de::Error;
+            let mut n = 0;
+            while let Some(document) = seq.next_element::<serde_json::Value>()? {
+                serde_json::to_writer(&mut self.0, &document).map_err(A::Error::custom)?;
+                self.0.write_all(b"\n").map_err(A::Error::custom)?;
+                n += 1;
+            }
+            self.0.flush().map_err(A::Error::custom)?;
+            Ok(n)
+        }
+    }
+    let reader = std::io::BufReader::new(std::fs::File::open(array)?);
+    let writer = std::io::BufWriter::new(std::fs::File::create(lines)?);
+    let mut de = serde_json::Deserializer::from_reader(reader);
+    let converted = de.deserialize_seq(Lines(writer)).and_then(|n| de.end().map(|()| n));
+    converted.map_err(|e| TaskError::Upload(format!("the JSON array: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_arrays_become_lines_one_document_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let (array, lines) = (dir.path().join("a.json"), dir.path().join("a.jsonl"));
+        std::fs::write(&array, r#" [ {"id": "a", "text": "x y"}, {"id": "b", "text": "z"} ] "#).unwrap();
+        assert_eq!(json_array_to_lines(&array, &lines).unwrap(), 2);
+        let written = std::fs::read_to_string(&lines).unwrap();
+        assert_eq!(written, "{\"id\":\"a\",\"text\":\"x y\"}\n{\"id\":\"b\",\"text\":\"z\"}\n");
+        std::fs::write(&array, r#"[{"id": "a"}, {"id": "#).unwrap();
+        let error = json_array_to_lines(&array, &lines).unwrap_err().to_string();
+        assert!(error.contains("the JSON array") && error.contains("line 1"), "{error}");
+        std::fs::write(&array, r#"{"id": "a"}"#).unwrap();
+        assert!(json_array_to_lines(&array, &lines).unwrap_err().to_string().contains("a JSON array of documents"));
+    }
+}

@@ -1,0 +1,215 @@
+//! Collections written over HTTP (issue 24): tasks that create, feed, update and delete collections, applied
+//! in order, searchable once `succeeded`, and kept across a kill -9.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use crate::common::{get, post_json, request, Reply, TestServer};
+
+fn start(dir: &Path, env: &[(&str, &str)]) -> TestServer {
+    let env = [&[("LONGRANK_SERVER_DEMO_WHEN_EMPTY", "false")][..], env].concat();
+    TestServer::start(dir, &env).wait_ready()
+}
+
+fn send(server: &TestServer, method: &str, path: &str, content_type: &str, body: Option<&str>) -> Reply {
+    request(method, &server.url(path), &[("content-type", content_type)], body)
+}
+
+/// A task answer: 202, the task.
+fn task(reply: Reply) -> Value {
+    assert_eq!(reply.status, 202, "{}", reply.body);
+    reply.json()
+}
+
+fn docids(server: &TestServer, collection: &str, query: &str) -> Vec<String> {
+    let body = json!({"query": query, "collection": collection, "k": 100});
+    let reply = post_json(&server.url("/search"), &body.to_string());
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let mut ids: Vec<String> =
+        reply.json()["results"].as_array().unwrap().iter().map(|h| h["docid"].as_str().unwrap().to_string()).collect();
+    ids.sort();
+    ids
+}
+
+fn collections(server: &TestServer) -> Vec<(String, u64)> {
+    let (_, body) = get(&server.url("/collections"));
+    let listed: Vec<Value> = serde_json::from_str(&body).unwrap();
+    listed.iter().map(|c| (c["name"].as_str().unwrap().to_string(), c["documents"].as_u64().unwrap())).collect()
+}
+
+#[test]
+fn collections_are_created_fed_updated_and_deleted_over_http_by_tasks_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let server =
+        start(dir.path(), &[("LONGRANK_SERVER_MAX_BODY_BYTES", "2000"), ("LONGRANK_LIMITS_MAX_UPLOAD_BYTES", "20000")]);
+
+    let created = task(send(&server, "PUT", "/collections/news?wait=true", "application/json", None));
+    assert_eq!((created["kind"].as_str(), created["status"].as_str()), (Some("create_collection"), Some("succeeded")));
+    assert_eq!(collections(&server), [("news".to_string(), 0)]);
+    for bad in ["/collections/.hidden", "/collections/a%20b"] {
+        send(&server, "PUT", bad, "application/json", None).assert_error(400, "invalid_collection_name");
+    }
+
+    // JSON lines, one of them malformed: reported with its line and skipped.
+    let lines = "{\"id\": \"d1\", \"text\": \"harbor lantern\"}\n{\"id\": \"d2\", \"text\": \"copper meadow\"}\n\
+                 not json\n{\"id\": \"d3\", \"text\": \"harbor copper\"}\n";
+    let added =
+        task(send(&server, "POST", "/collections/news/documents?wait=true", "application/x-ndjson", Some(lines)));
+    assert_eq!(added["status"], "succeeded", "{added}");
+    assert_eq!(added["documents"], json!({"read": 4, "indexed": 3, "skipped": 1, "deleted": 0}), "{added}");
+    let problem = added["errors"][0].as_str().unwrap();
+    assert!(problem.contains("upload line 3 (byte 77)") && !problem.contains("uploads/"), "{problem}");
+    assert_eq!(docids(&server, "news", "harbor"), ["d1", "d3"], "searchable once succeeded");
+
+    // A JSON array, replacing d2 (same docid) and adding d4; then a TREC SGML file, its format detected.
+    let array = json!([{"id": "d2", "text": "lantern festival"}, {"id": "d4", "title": "t", "text": "meadow"}]);
+    let added = task(send(
+        &server,
+        "POST",
+        "/collections/news/documents?wait=true",
+        "application/json",
+        Some(&array.to_string()),
+    ));
+    assert_eq!(added["documents"]["indexed"], 2, "{added}");
+    let trec = "<DOC>\n<DOCNO> d5 </DOCNO>\n<TEXT>\nharbor pilots\n</TEXT>\n</DOC>\n";
+    let added = task(send(&server, "POST", "/collections/news/documents?wait=true", "text/plain", Some(trec)));
+    assert_eq!(added["documents"]["indexed"], 1, "{added}");
+    assert_eq!(docids(&server, "news", "copper"), ["d3"], "d2's old text is gone");
+    assert_eq!(docids(&server, "news", "lantern"), ["d1", "d2"]);
+    let (_, document) = get(&server.url("/documents/d2?collection=news"));
+    assert_eq!(serde_json::from_str::<Value>(&document).unwrap()["text"], "lantern festival");
+
+    // Tasks apply in the order accepted: the later text of d6 wins.
+    let first = task(send(
+        &server,
+        "POST",
+        "/collections/news/documents",
+        "application/x-ndjson",
+        Some("{\"id\": \"d6\", \"text\": \"first version\"}\n"),
+    ));
+    let second = task(send(
+        &server,
+        "POST",
+        "/collections/news/documents",
+        "application/x-ndjson",
+        Some("{\"id\": \"d6\", \"text\": \"second version\"}\n"),
+    ));
+    assert!(second["id"].as_i64() > first["id"].as_i64());
+    wait_succeeded(&server, second["id"].as_i64().unwrap());
+    let (_, document) = get(&server.url("/documents/d6?collection=news"));
+    assert_eq!(serde_json::from_str::<Value>(&document).unwrap()["text"], "second version");
+
+    // Deletions: one docid, then several (those held are counted).
+    let deleted = task(send(&server, "DELETE", "/collections/news/documents/d1?wait=true", "application/json", None));
+    assert_eq!(deleted["documents"]["deleted"], 1, "{deleted}");
+    let body = json!({"ids": ["d3", "nope"]}).to_string();
+    let deleted =
+        task(send(&server, "POST", "/collections/news/documents/delete?wait=true", "application/json", Some(&body)));
+    assert_eq!(deleted["documents"]["deleted"], 1, "{deleted}");
+    assert_eq!(docids(&server, "news", "harbor"), ["d5"]);
+    assert_eq!(collections(&server), [("news".to_string(), 4)]);
+
+    // An upload larger than max_body_bytes is taken (uploads have their own limit); one over that is refused
+    // whole, announced or not.
+    let big: String =
+        (0..100).map(|i| format!("{{\"id\": \"b{i}\", \"text\": \"bulk document number {i}\"}}\n")).collect();
+    assert!(big.len() > 2000 && big.len() < 20000);
+    let added =
+        task(send(&server, "POST", "/collections/news/documents?wait=true", "application/x-ndjson", Some(&big)));
+    assert_eq!(added["documents"]["indexed"], 100, "{added}");
+    let huge = big.repeat(5);
+    send(&server, "POST", "/collections/news/documents", "application/x-ndjson", Some(&huge))
+        .assert_error(413, "upload_too_large");
+    // Chunked, with no length announced: refused once the bytes pass the limit.
+    let chunked = ureq::post(&server.url("/collections/news/documents"))
+        .set("content-type", "application/x-ndjson")
+        .send(std::io::Cursor::new(huge.clone().into_bytes()));
+    match chunked {
+        Err(ureq::Error::Status(413, reply)) => assert!(reply.into_string().unwrap().contains("upload_too_large")),
+        other => panic!("a chunked upload over the limit: {:?}", other.map(|r| r.status())),
+    }
+    let uploads: Vec<_> = std::fs::read_dir(dir.path().join("uploads")).unwrap().collect();
+    assert!(uploads.is_empty(), "nothing of a refused or applied upload stays: {uploads:?}");
+
+    // The list, newest first, a page at a time; one task; an unknown one.
+    let (_, listed) = get(&server.url("/tasks?collection=news&limit=3"));
+    let listed: Vec<Value> = serde_json::from_str(&listed).unwrap();
+    let ids: Vec<i64> = listed.iter().map(|t| t["id"].as_i64().unwrap()).collect();
+    assert!(ids.len() == 3 && ids.windows(2).all(|w| w[0] > w[1]), "{ids:?}");
+    let (_, page) = get(&server.url(&format!("/tasks?collection=news&limit=3&cursor={}", ids[2])));
+    let page: Vec<Value> = serde_json::from_str(&page).unwrap();
+    assert!(page.iter().all(|t| t["id"].as_i64().unwrap() < ids[2]) && page.len() == 3, "{page:?}");
+    let (status, _) = get(&server.url("/tasks/999999"));
+    assert_eq!(status, 404);
+    send(&server, "DELETE", &format!("/tasks/{}", ids[0]), "application/json", None).assert_error(409, "task_conflict");
+
+    let deleted = task(send(&server, "DELETE", "/collections/news?wait=true", "application/json", None));
+    assert_eq!(deleted["status"], "succeeded", "{deleted}");
+    assert!(collections(&server).is_empty());
+}
+
+fn wait_succeeded(server: &TestServer, id: i64) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (status, body) = get(&server.url(&format!("/tasks/{id}")));
+        assert_eq!(status, 200, "{body}");
+        let view: Value = serde_json::from_str(&body).unwrap();
+        match view["status"].as_str().unwrap() {
+            "succeeded" => return view,
+            "queued" | "running" => {}
+            other => panic!("task {id} is {other}: {view}"),
+        }
+        assert!(std::time::Instant::now() < deadline, "task {id} still {view}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// kill -9 after the 202 loses nothing: the task that was running is applied again at the next start, the one
+/// queued behind it too, a cancelled one stays cancelled; until then the collection serves its last commit.
+#[test]
+fn accepted_uploads_survive_kill_9_and_apply_at_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let upload = |server: &TestServer, id: &str, text: &str| {
+        let line = format!("{}\n", json!({"id": id, "text": text}));
+        task(send(server, "POST", "/collections/live/documents", "application/x-ndjson", Some(&line)))
+    };
+    {
+        let server = start(dir.path(), &[]);
+        task(send(
+            &server,
+            "POST",
+            "/collections/live/documents?wait=true",
+            "application/x-ndjson",
+            Some("{\"id\": \"old\", \"text\": \"harbor\"}\n"),
+        ));
+    }
+    // The worker holds at the start of its first task, as if the process were busy with it.
+    let mut server = start(dir.path(), &[("LONGRANK_TEST_HOLD", "task.start:1")]);
+    let running = upload(&server, "a", "harbor lantern");
+    let queued = upload(&server, "b", "harbor meadow");
+    let cancelled = upload(&server, "c", "harbor copper");
+    let id = |t: &Value| t["id"].as_i64().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while get(&server.url(&format!("/tasks/{}", id(&running)))).1.contains("\"queued\"") {
+        assert!(std::time::Instant::now() < deadline, "the first task never started");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    send(&server, "DELETE", &format!("/tasks/{}", id(&running)), "application/json", None)
+        .assert_error(409, "task_conflict");
+    let view = send(&server, "DELETE", &format!("/tasks/{}", id(&cancelled)), "application/json", None);
+    assert_eq!(view.json()["status"], "cancelled", "{}", view.body);
+    assert_eq!(docids(&server, "live", "harbor"), ["old"], "the last commit serves meanwhile");
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    drop(server);
+
+    let server = start(dir.path(), &[]);
+    wait_succeeded(&server, id(&running));
+    wait_succeeded(&server, id(&queued));
+    assert_eq!(docids(&server, "live", "harbor"), ["a", "b", "old"]);
+    let (_, view) = get(&server.url(&format!("/tasks/{}", id(&cancelled))));
+    assert!(view.contains("\"cancelled\""), "{view}");
+    let uploads: Vec<_> = std::fs::read_dir(dir.path().join("uploads")).unwrap().collect();
+    assert!(uploads.is_empty(), "{uploads:?}");
+}
