@@ -24,5 +24,10 @@ for driver in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linu
     [ -e "$driver/libcuda.so.1" ] && libs="$libs:$driver"
 done
 export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PYTHONUNBUFFERED=1
+# The binary travels compressed (pack.sh).
+if [ ! -x "$here/longrank" ]; then
+    "${PYTHON:-python3}" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+        "$here/longrank.xz" "$here/longrank" && chmod +x "$here/longrank"
+fi
 { echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; ldd "$here/longrank"; } >"$out/ldd.txt" 2>&1
 exec "${PYTHON:-python3}" "$here/device.py" --pack "$here" --out "$out" "$@"

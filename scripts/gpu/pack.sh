@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs what the GPU machine needs into one git-ignored folder (default .gpu-pack/, at most 60 MiB so that it
 # travels with the device tool's 64 MiB): the release binary built with `--features cuda` (CUDA 13.0 from PyPI,
-# scripts/check-cuda.sh build), stripped; the MiniLM's uncased vocabulary (it fits BERT-base too); device.sh,
+# scripts/check-cuda.sh build), stripped and compressed; the MiniLM's uncased vocabulary (it fits BERT-base too); device.sh,
 # device.py and synth.py. The device run is then one command, from the repository's root:
 #     run(command="bash .gpu-pack/device.sh", carry=[".gpu-pack"], timeout_s=330)
 #   bash scripts/gpu/pack.sh                     # build with CUDA, then pack
@@ -23,11 +23,15 @@ minilm="${LONGRANK_MINILM:-$(echo "$HOME"/.cache/longrank-venv/lib/python3*/site
 
 rm -rf "$pack"
 mkdir -p "$pack/vocab"
+# Stripped, then compressed: candle's PTX kernels make the CUDA binary about 90 MiB, 18 MiB once xz'd; device.sh
+# unpacks it with python3's lzma (there is no telling that the GPU machine has xz).
 strip --strip-all -o "$pack/longrank" "$binary"
+echo "binary: $(($(stat -c %s "$pack/longrank") / 1024 / 1024)) MiB stripped"
+xz -T0 -3 "$pack/longrank"
 cp scripts/gpu/device.sh scripts/gpu/device.py scripts/gpu/synth.py "$pack/"
 cp "$minilm"/{tokenizer.json,vocab.txt,tokenizer_config.json,special_tokens_map.json} "$pack/vocab/"
 size=$(du -sb "$pack" | cut -f1)
-echo "pack: $pack, $((size / 1024 / 1024)) MiB (binary $(($(stat -c %s "$pack/longrank") / 1024 / 1024)) MiB)"
+echo "pack: $pack, $((size / 1024 / 1024)) MiB (binary $(($(stat -c %s "$pack/longrank.xz") / 1024 / 1024)) MiB compressed)"
 if [ "$size" -gt "$limit" ]; then
     echo "ERROR: the pack is over 60 MiB" >&2
     exit 1

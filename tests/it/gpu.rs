@@ -21,7 +21,7 @@ fn the_device_run_rehearses_on_the_cpu_and_reports_every_part() {
         .output()
         .unwrap();
     assert!(packed.status.success(), "pack.sh: {}", String::from_utf8_lossy(&packed.stderr));
-    for file in ["longrank", "device.sh", "device.py", "synth.py", "vocab/tokenizer.json", "vocab/vocab.txt"] {
+    for file in ["longrank.xz", "device.sh", "device.py", "synth.py", "vocab/tokenizer.json", "vocab/vocab.txt"] {
         assert!(pack.join(file).is_file(), "the pack lacks {file}");
     }
     let size: u64 = walk(&pack).iter().map(|p| p.metadata().unwrap().len()).sum();
