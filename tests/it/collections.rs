@@ -80,6 +80,19 @@ fn collections_are_created_fed_updated_and_deleted_over_http_by_tasks_in_order()
     let (_, document) = get(&server.url("/documents/d2?collection=news"));
     assert_eq!(serde_json::from_str::<Value>(&document).unwrap()["text"], "lantern festival");
 
+    // With on_error=abort, a malformed document fails the task, and nothing of its upload is applied.
+    let bad = "{\"id\": \"d7\", \"text\": \"harbor seven\"}\n{broken\n";
+    let failed = task(send(
+        &server,
+        "POST",
+        "/collections/news/documents?wait=true&on_error=abort",
+        "application/x-ndjson",
+        Some(bad),
+    ));
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert!(failed["error"].as_str().unwrap().contains("upload line 2"), "{failed}");
+    assert!(!docids(&server, "news", "harbor").contains(&"d7".to_string()));
+
     // Tasks apply in the order accepted: the later text of d6 wins.
     let first = task(send(
         &server,
@@ -118,17 +131,14 @@ fn collections_are_created_fed_updated_and_deleted_over_http_by_tasks_in_order()
     let added =
         task(send(&server, "POST", "/collections/news/documents?wait=true", "application/x-ndjson", Some(&big)));
     assert_eq!(added["documents"]["indexed"], 100, "{added}");
-    let huge = big.repeat(5);
-    send(&server, "POST", "/collections/news/documents", "application/x-ndjson", Some(&huge))
-        .assert_error(413, "upload_too_large");
-    // Chunked, with no length announced: refused once the bytes pass the limit.
-    let chunked = ureq::post(&server.url("/collections/news/documents"))
-        .set("content-type", "application/x-ndjson")
-        .send(std::io::Cursor::new(huge.clone().into_bytes()));
-    match chunked {
-        Err(ureq::Error::Status(413, reply)) => assert!(reply.into_string().unwrap().contains("upload_too_large")),
-        other => panic!("a chunked upload over the limit: {:?}", other.map(|r| r.status())),
-    }
+    // Over the upload limit: refused at once when announced; when chunked, once the bytes pass it. (Raw
+    // requests, so that no unread body makes the server's answer a reset.)
+    let announced = raw_request(&server, "Content-Length: 1000000\r\n", b"");
+    assert!(announced.starts_with("HTTP/1.1 413") && announced.contains("upload_too_large"), "{announced}");
+    let over = vec![b'x'; 20001];
+    let chunk = [format!("{:x}\r\n", over.len()).into_bytes(), over, b"\r\n".to_vec()].concat();
+    let chunked = raw_request(&server, "Transfer-Encoding: chunked\r\n", &chunk);
+    assert!(chunked.starts_with("HTTP/1.1 413") && chunked.contains("upload_too_large"), "{chunked}");
     let uploads: Vec<_> = std::fs::read_dir(dir.path().join("uploads")).unwrap().collect();
     assert!(uploads.is_empty(), "nothing of a refused or applied upload stays: {uploads:?}");
 
@@ -147,6 +157,23 @@ fn collections_are_created_fed_updated_and_deleted_over_http_by_tasks_in_order()
     let deleted = task(send(&server, "DELETE", "/collections/news?wait=true", "application/json", None));
     assert_eq!(deleted["status"], "succeeded", "{deleted}");
     assert!(collections(&server).is_empty());
+}
+
+/// An upload to `news` as raw HTTP: the head with `headers`, then `body`; the answer as text.
+fn raw_request(server: &TestServer, headers: &str, body: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let addr = server.url("").trim_start_matches("http://").to_string();
+    let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    let head = format!(
+        "POST /collections/news/documents HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-ndjson\r\n\
+         Connection: close\r\n{headers}\r\n"
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(body).unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    String::from_utf8_lossy(&answer).into_owned()
 }
 
 fn wait_succeeded(server: &TestServer, id: i64) -> Value {
@@ -212,4 +239,62 @@ fn accepted_uploads_survive_kill_9_and_apply_at_the_next_start() {
     assert!(view.contains("\"cancelled\""), "{view}");
     let uploads: Vec<_> = std::fs::read_dir(dir.path().join("uploads")).unwrap().collect();
     assert!(uploads.is_empty(), "{uploads:?}");
+}
+
+/// After a document is replaced or deleted over HTTP, nothing derived from its old text is served: the
+/// segments and best passage a re-ranking shows, the scores kept on disk (`store_scores`), the snippet, the
+/// stored document, the collection's statistics.
+#[test]
+fn nothing_derived_from_a_replaced_documents_old_text_is_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    crate::fixtures::tiny_cross_encoder(&model, 11);
+    let env = [("LONGRANK_MODEL_PATH", model.to_str().unwrap()), ("LONGRANK_MODEL_STORE_SCORES", "true")];
+    let server = start(dir.path(), &env);
+    let upload = |lines: &str| {
+        let reply = send(&server, "POST", "/collections/c/documents?wait=true", "application/x-ndjson", Some(lines));
+        assert_eq!(task(reply)["status"], "succeeded");
+    };
+    let old = "Harbor lanterns glow at night. The old harbor keeps its lanterns lit.";
+    let new = "Harbor cranes lift copper. Copper crates wait on the harbor quay.";
+    let other = "Meadow grass and harbor winds. Nothing else happens in this meadow.";
+    upload(&format!("{}\n{}\n", json!({"id": "x", "text": old}), json!({"id": "y", "text": other})));
+    let search = |pipeline: &str| {
+        let body = json!({"query": "harbor", "collection": "c", "k": 10, "pipeline": pipeline, "segment_text": true});
+        let reply = post_json(&server.url("/search"), &body.to_string());
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let results = reply.json()["results"].as_array().unwrap().clone();
+        results.into_iter().find(|hit| hit["docid"] == "x").expect("x is found").to_string()
+    };
+    let stats = || {
+        let (_, body) = get(&server.url("/collections"));
+        serde_json::from_str::<Vec<Value>>(&body).unwrap()[0].clone()
+    };
+    let (before_maxp, before_bm25, before_stats) = (search("maxp"), search("bm25"), stats());
+    assert!(before_maxp.contains("lanterns") && before_bm25.contains("lanterns"), "{before_maxp}");
+
+    upload(&format!("{}\n", json!({"id": "x", "text": new})));
+    for hit in [search("maxp"), search("firstp"), search("bm25")] {
+        assert!(!hit.contains("lantern") && hit.contains("copper"), "old text served: {hit}");
+    }
+    let (_, document) = get(&server.url("/documents/x?collection=c"));
+    assert_eq!(serde_json::from_str::<Value>(&document).unwrap()["text"], new);
+    let reranked = post_json(
+        &server.url("/rerank"),
+        &json!({"query": "harbor", "docids": ["x"], "collection": "c", "segment_text": true}).to_string(),
+    );
+    assert!(reranked.body.contains("copper") && !reranked.body.contains("lantern"), "{}", reranked.body);
+    let after_stats = stats();
+    assert_eq!(after_stats["documents"], before_stats["documents"], "a replacement, not an addition");
+    assert_ne!(after_stats["average_length"], before_stats["average_length"], "lengths follow the new text");
+
+    let deleted = send(&server, "DELETE", "/collections/c/documents/x?wait=true", "application/json", None);
+    assert_eq!(task(deleted)["documents"]["deleted"], 1);
+    let body = json!({"query": "harbor", "collection": "c", "k": 10});
+    let found = post_json(&server.url("/search"), &body.to_string()).json();
+    let ids: Vec<&str> = found["results"].as_array().unwrap().iter().map(|h| h["docid"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["y"]);
+    let (status, _) = get(&server.url("/documents/x?collection=c"));
+    assert_eq!(status, 404);
+    assert_eq!(stats()["documents"], 1);
 }
