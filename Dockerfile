@@ -11,7 +11,7 @@ COPY Cargo.toml Cargo.lock ./
 RUN mkdir -p src tests/it static \
     && echo 'fn main() {}' > src/main.rs \
     && touch src/lib.rs tests/it/main.rs static/index.html static/common.js static/search.js static/batch.js \
-       static/app.js static/style.css \
+       static/collections.js static/app.js static/style.css \
     && cargo build --release --locked --bin longrank \
     && rm -rf src tests static
 COPY src ./src

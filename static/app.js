@@ -1,5 +1,5 @@
-// The longrank page: search with segment evidence (search.js), and batch runs with progress, metrics and
-// comparisons (batch.js), over common.js. Plain DOM code, no build step. The URL holds the state (?q=… for a
+// The longrank page: search with segment evidence (search.js), batch runs with progress, metrics and
+// comparisons (batch.js), and collections created, fed and deleted over HTTP (collections.js), over common.js. Plain DOM code, no build step. The URL holds the state (?q=… for a
 // search, ?view=batch&job=… for a run), so pages can be shared and the back button works.
 "use strict";
 
@@ -15,18 +15,24 @@ function navigate(state, replace, mark = null) {
   route();
 }
 
+const VIEWS = ["search", "batch", "collections"];
+
 function showView(name) {
-  $("search-view").hidden = name !== "search";
-  $("batch-view").hidden = name !== "batch";
-  $("tab-search").toggleAttribute("aria-current", name === "search");
-  $("tab-batch").toggleAttribute("aria-current", name === "batch");
-  if (name === "search") $("tab-search").setAttribute("aria-current", "page");
-  else $("tab-batch").setAttribute("aria-current", "page");
+  for (const view of VIEWS) {
+    $(`${view}-view`).hidden = view !== name;
+    if (view === name) $(`tab-${view}`).setAttribute("aria-current", "page");
+    else $(`tab-${view}`).removeAttribute("aria-current");
+  }
 }
 
 async function route() {
   const params = new URLSearchParams(location.search);
   clearTimeout(pollTimer);
+  if (params.get("view") === "collections") {
+    showView("collections");
+    await loadCollections().catch((e) => setStatus("collections-status", e.message, "error"));
+    return;
+  }
   if (params.get("view") === "batch") {
     showView("batch");
     await loadJobs().catch((e) => setStatus("batch-status", e.message, "error"));
@@ -82,12 +88,20 @@ $("compare-form").addEventListener("submit", (event) => {
 $("job-measure").addEventListener("change", () => {
   if (currentJob && currentJob.metrics) drawJobChart(currentJob);
 });
-for (const [id, view] of [["tab-search", "search"], ["tab-batch", "batch"]]) {
-  $(id).addEventListener("click", (event) => {
+for (const view of VIEWS) {
+  $(`tab-${view}`).addEventListener("click", (event) => {
     event.preventDefault();
-    navigate(view === "batch" ? { view } : {});
+    navigate(view === "search" ? {} : { view });
   });
 }
+$("create-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  createCollection($("new-name").value);
+});
+$("upload-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  uploadDocuments($("upload-collection").value, $("upload-file").files[0], $("upload-format").value);
+});
 window.addEventListener("popstate", route);
 $("key-form").addEventListener("submit", (event) => {
   event.preventDefault();

@@ -531,3 +531,52 @@ fn the_page_works_with_keys_downloads_included() {
     let hits = browser.wait_for("#results li[data-docid]");
     assert_eq!(hits.len(), 10, "the session's key serves searches too");
 }
+
+/// The collections view: a collection created, a file uploaded into it with the progress bar fed by its task,
+/// problems shown with their lines, and a deletion asked to be confirmed first.
+#[test]
+fn collections_are_created_fed_and_deleted_from_the_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path(), &[("LONGRANK_SERVER_DEMO_WHEN_EMPTY", "false")]).wait_ready();
+    let browser = Browser::start("collections");
+    browser.goto(&server.url("/?view=collections"));
+    browser.type_into(&browser.wait_for("#new-name")[0], "web");
+    browser.click(&browser.find_all("#create-form button[type=submit]")[0]);
+    browser.wait_for("#collections-table tr[data-collection=web]");
+
+    let docs: String = (0..300)
+        .map(|i| format!("{}\n", json!({"id": format!("w{i}"), "text": format!("page {i} about harbor lanterns")})))
+        .chain(std::iter::once("not a document\n".to_string()))
+        .collect();
+    let file = dir.path().join("pages.jsonl");
+    std::fs::write(&file, docs).unwrap();
+    let file = std::fs::canonicalize(file).unwrap();
+    browser.wait_for("#upload-collection option[value=web]");
+    browser.type_into(&browser.find_all("#upload-file")[0], file.to_str().unwrap());
+    browser.click(&browser.find_all("#upload-form button[type=submit]")[0]);
+    browser.wait_for("#collections-status.done");
+    let shown = browser.script(
+        "return [document.getElementById('collections-status').textContent, \
+         document.getElementById('upload-progress').value, \
+         [...document.querySelectorAll('#upload-errors li')].map(li => li.textContent), \
+         document.querySelector('#collections-table tr[data-collection=web] td.documents').textContent]",
+    );
+    assert_eq!(shown[0], "Indexed 300 documents into web, skipped 1.", "{shown}");
+    assert_eq!(shown[1].as_f64(), Some(1.0), "{shown}");
+    assert!(shown[2][0].as_str().unwrap().contains("upload line 301"), "{shown}");
+    assert_eq!(shown[3], "300", "{shown}");
+
+    // A deletion not confirmed does nothing; confirmed, the collection goes.
+    browser.script("window.confirm = () => false");
+    browser.click(&browser.find_all("#collections-table tr[data-collection=web] button.delete")[0]);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(browser.find_all("#collections-table tr[data-collection=web]").len(), 1);
+    browser.script("window.confirm = () => true");
+    browser.click(&browser.find_all("#collections-table tr[data-collection=web] button.delete")[0]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !browser.find_all("#collections-table tr[data-collection=web]").is_empty() {
+        assert!(Instant::now() < deadline, "the collection stayed listed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(browser.text(&browser.find_all("#collections-status")[0]), "Deleted web.");
+}

@@ -5,11 +5,12 @@ use axum::response::IntoResponse;
 
 use crate::server::error::{ApiError, ApiPath};
 
-const FILES: [(&str, &str, &str); 6] = [
+const FILES: [(&str, &str, &str); 7] = [
     ("index.html", "text/html; charset=utf-8", include_str!("../../../static/index.html")),
     ("common.js", "text/javascript; charset=utf-8", include_str!("../../../static/common.js")),
     ("search.js", "text/javascript; charset=utf-8", include_str!("../../../static/search.js")),
     ("batch.js", "text/javascript; charset=utf-8", include_str!("../../../static/batch.js")),
+    ("collections.js", "text/javascript; charset=utf-8", include_str!("../../../static/collections.js")),
     ("app.js", "text/javascript; charset=utf-8", include_str!("../../../static/app.js")),
     ("style.css", "text/css; charset=utf-8", include_str!("../../../static/style.css")),
 ];

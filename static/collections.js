@@ -1,0 +1,109 @@
+// The collections view: the collections with their sizes, and their writes over HTTP (create, upload a file of
+// documents, delete), each followed through its task: the upload's bytes sent, then the task's bytes read,
+// then what it indexed and skipped, with each problem's position.
+"use strict";
+
+const megabytes = (bytes) => `${(bytes / 1e6).toFixed(1)} MB`;
+
+async function loadCollections() {
+  const collections = await api("/collections");
+  const rows = collections.map((c) => {
+    const remove = el("button", { type: "button", className: "delete", textContent: "Delete" });
+    remove.addEventListener("click", () => deleteCollection(c.name));
+    const row = el("tr", {},
+      el("th", { scope: "row", textContent: c.name }),
+      el("td", { className: "documents", textContent: c.documents.toLocaleString() }),
+      el("td", { textContent: fmt(c.average_length, 1) }),
+      el("td", { textContent: megabytes(c.size_bytes) }),
+      el("td", {}, remove));
+    row.dataset.collection = c.name;
+    return row;
+  });
+  $("collections-table").tBodies[0].replaceChildren(...rows);
+  const chosen = $("upload-collection").value;
+  $("upload-collection").replaceChildren(...collections.map((c) => el("option", { value: c.name, textContent: c.name })));
+  if (collections.some((c) => c.name === chosen)) $("upload-collection").value = chosen;
+}
+
+function showProgress(fraction) {
+  $("upload-progress").hidden = fraction === null;
+  if (fraction !== null) $("upload-progress").value = fraction;
+}
+
+// Polls a task until it has finished; `running(task)` shows it meanwhile.
+async function followTask(task, running) {
+  while (task.status === "queued" || task.status === "running") {
+    running(task);
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    task = await api(`/tasks/${task.id}`);
+  }
+  if (task.status !== "succeeded") throw new Error(`Task ${task.id} ${task.status}: ${task.error || "see /tasks"}`);
+  return task;
+}
+
+async function write(path, method, doing, done) {
+  setStatus("collections-status", doing);
+  try {
+    const task = await api(path, { method });
+    await followTask(task, () => setStatus("collections-status", `${doing} (task ${task.id} ${task.status})`));
+    setStatus("collections-status", done, "done");
+  } catch (e) {
+    setStatus("collections-status", e.message, "error");
+  }
+  await loadCollections().catch(() => {});
+}
+
+function createCollection(name) {
+  return write(`/collections/${encodeURIComponent(name)}`, "PUT", `Creating ${name}…`, `Created ${name}.`);
+}
+
+function deleteCollection(name) {
+  if (!confirm(`Delete the collection ${name} and every document in it?`)) return Promise.resolve();
+  return write(`/collections/${encodeURIComponent(name)}`, "DELETE", `Deleting ${name}…`, `Deleted ${name}.`);
+}
+
+// Sends a file with XMLHttpRequest (fetch reports no upload progress), then follows its task.
+function sendFile(path, file) {
+  return new Promise((resolve, reject) => {
+    const request = new XMLHttpRequest();
+    request.open("POST", path);
+    const key = sessionStorage.getItem(KEY);
+    if (key) request.setRequestHeader("Authorization", `Bearer ${key}`);
+    request.setRequestHeader("Content-Type", "application/octet-stream");
+    request.upload.addEventListener("progress", (event) => {
+      if (!event.lengthComputable) return;
+      showProgress(0.5 * (event.loaded / event.total));
+      setStatus("collections-status", `Uploading ${file.name}: ${megabytes(event.loaded)} of ${megabytes(event.total)}`);
+    });
+    request.addEventListener("load", () => {
+      const body = JSON.parse(request.responseText || "null");
+      if (request.status === 202) resolve(body);
+      else reject(new Error(body && body.error ? body.error.message : `HTTP ${request.status}`));
+    });
+    request.addEventListener("error", () => reject(new Error("The server did not answer the upload.")));
+    request.send(file);
+  });
+}
+
+async function uploadDocuments(collection, file, format) {
+  const query = format ? `?format=${encodeURIComponent(format)}` : "";
+  $("upload-errors").replaceChildren();
+  showProgress(0);
+  try {
+    let task = await sendFile(`/collections/${encodeURIComponent(collection)}/documents${query}`, file);
+    task = await followTask(task, (t) => {
+      const p = t.progress;
+      showProgress(p && p.bytes_total ? 0.5 + 0.5 * (p.bytes_read / p.bytes_total) : 0.5);
+      setStatus("collections-status", `Indexing ${file.name} into ${collection} (task ${t.id} ${t.status})…`);
+    });
+    showProgress(1);
+    const d = task.documents;
+    setStatus("collections-status",
+      `Indexed ${counted(d.indexed, "document")} into ${collection}${d.skipped ? `, skipped ${d.skipped}` : ""}.`, "done");
+    $("upload-errors").replaceChildren(...task.errors.map((e) => el("li", { textContent: e })));
+  } catch (e) {
+    showProgress(null);
+    setStatus("collections-status", e.message, "error");
+  }
+  await loadCollections().catch(() => {});
+}
