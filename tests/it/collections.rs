@@ -298,3 +298,45 @@ fn nothing_derived_from_a_replaced_documents_old_text_is_served() {
     assert_eq!(status, 404);
     assert_eq!(stats()["documents"], 1);
 }
+
+/// kill -9 in the middle of a task's build: the collection serves what the build had committed, and at the next
+/// start the task runs again to the end.
+#[test]
+fn a_task_killed_mid_build_leaves_its_last_commit_then_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = |prefix: &str, n: usize| -> String {
+        (0..n).map(|i| format!("{}\n", json!({"id": format!("{prefix}{i}"), "text": "harbor pier"}))).collect()
+    };
+    {
+        let server = start(dir.path(), &[]);
+        let first =
+            send(&server, "POST", "/collections/pier/documents?wait=true", "application/x-ndjson", Some(&docs("a", 5)));
+        assert_eq!(task(first)["status"], "succeeded");
+    }
+    // Commits every 20 documents; the process holds after the first commit, and is killed there.
+    let env = [("LONGRANK_INDEX_COMMIT_EVERY", "20"), ("LONGRANK_TEST_HOLD", "index.commit:1")];
+    let mut server = start(dir.path(), &env);
+    let accepted =
+        task(send(&server, "POST", "/collections/pier/documents", "application/x-ndjson", Some(&docs("b", 50))));
+    let id = accepted["id"].as_i64().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    // The first commit shows, while the task is held: the collection serves its last commit.
+    while collections(&server) != [("pier".to_string(), 25)] {
+        assert!(std::time::Instant::now() < deadline, "the build's first commit never showed");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    drop(server);
+
+    // Started again with the worker held before it writes: the collection serves its last commit, the 5
+    // documents before and the 20 of the build's first commit.
+    let server = start(dir.path(), &[("LONGRANK_TEST_HOLD", "task.start:1")]);
+    assert_eq!(collections(&server), [("pier".to_string(), 25)]);
+    drop(server);
+
+    let server = start(dir.path(), &[]);
+    wait_succeeded(&server, id);
+    assert_eq!(collections(&server), [("pier".to_string(), 55)]);
+    assert_eq!(docids(&server, "pier", "harbor").len(), 55);
+}
