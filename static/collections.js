@@ -5,6 +5,11 @@
 
 const megabytes = (bytes) => `${(bytes / 1e6).toFixed(1)} MB`;
 
+// A problem of a task as a line: "upload line 3 (byte 77): message".
+const problemText = (p) =>
+  `${p.file}${p.line ? ` line ${p.line}` : ""}${p.offset !== undefined ? ` (byte ${p.offset})` : ""}` +
+  `${p.docid ? ` ${JSON.stringify(p.docid)}` : ""}: ${p.message}`;
+
 async function loadCollections() {
   const collections = await api("/collections");
   const rows = collections.map((c) => {
@@ -100,7 +105,7 @@ async function uploadDocuments(collection, file, format) {
     const d = task.documents;
     setStatus("collections-status",
       `Indexed ${counted(d.indexed, "document")} into ${collection}${d.skipped ? `, skipped ${d.skipped}` : ""}.`, "done");
-    $("upload-errors").replaceChildren(...task.errors.map((e) => el("li", { textContent: e })));
+    $("upload-errors").replaceChildren(...task.errors.map((e) => el("li", { textContent: problemText(e) })));
   } catch (e) {
     showProgress(null);
     setStatus("collections-status", e.message, "error");

@@ -70,11 +70,60 @@ pub struct BuildReport {
     pub files_already_indexed: usize,
     pub documents_in_collection: u64,
     pub elapsed_s: f64,
-    /// The first problems met, each naming its file and byte offset.
-    pub problems: Vec<String>,
+    /// The first problems met, each with its file and position.
+    pub problems: Vec<Problem>,
 }
 
 const MAX_PROBLEMS_KEPT: usize = 100;
+
+/// A problem a build met: a malformed document, a duplicate docid, a file that holds no documents.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Problem {
+    pub file: String,
+    /// The line, in line-based formats (JSON lines, TSV).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u64>,
+    /// The byte offset of the document in the (decompressed) file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub docid: Option<String>,
+    pub message: String,
+}
+
+impl Problem {
+    fn in_file(file: &Path, message: String) -> Problem {
+        Problem { file: file.display().to_string(), line: None, offset: None, docid: None, message }
+    }
+
+    fn of(e: &CorpusError) -> Problem {
+        match e {
+            CorpusError::Malformed { at, message } => Problem {
+                file: at.path.display().to_string(),
+                line: at.line,
+                offset: Some(at.offset),
+                docid: None,
+                message: message.clone(),
+            },
+            CorpusError::Io { path, source } => Problem::in_file(path, source.to_string()),
+            CorpusError::UnknownFormat { path } | CorpusError::NotDocuments { path, .. } => {
+                let text = e.to_string();
+                let prefix = format!("{}: ", path.display());
+                Problem::in_file(path, text.strip_prefix(&prefix).unwrap_or(&text).to_string())
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.line, self.offset) {
+            (Some(line), Some(offset)) => write!(f, "{}:{line} (byte {offset}): {}", self.file, self.message),
+            (None, Some(offset)) => write!(f, "{} at byte {offset}: {}", self.file, self.message),
+            _ => write!(f, "{}: {}", self.file, self.message),
+        }
+    }
+}
 
 /// An input file as recorded in the commit payload: same path, size and modification time means done.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -175,7 +224,7 @@ pub fn build(
             Ok(docs) => docs,
             Err(e) if e.is_not_documents() => {
                 report.skipped_files += 1;
-                report.note(format!("skipped file {e}"));
+                report.note("skipped file ", Problem::of(&e));
                 continue;
             }
             Err(e) => {
@@ -189,11 +238,9 @@ pub fn build(
                     let first_time = seen.insert(hash_id(&doc.id));
                     if !first_time {
                         report.duplicates += 1;
-                        let id = &doc.id;
-                        report.note(format!(
-                            "{}: duplicate docid {id:?}; the later document replaces it",
-                            file.display()
-                        ));
+                        let message = format!("duplicate docid {:?}; the later document replaces it", doc.id);
+                        let docid = Some(doc.id.clone());
+                        report.note("", Problem { docid, ..Problem::in_file(file, message) });
                     }
                     add_document(&writer, fields, &doc, replace_existing || !first_time).map_err(tantivy_err)?;
                     report.indexed += 1;
@@ -263,10 +310,11 @@ pub fn delete_documents(data_dir: &Path, name: &str, ids: &[String]) -> Result<u
 }
 
 impl BuildReport {
-    fn note(&mut self, message: String) {
-        tracing::warn!("{message}");
+    /// Logs a problem after `what` and keeps the first ones.
+    fn note(&mut self, what: &str, problem: Problem) {
+        tracing::warn!("{what}{problem}");
         if self.problems.len() < MAX_PROBLEMS_KEPT {
-            self.problems.push(message);
+            self.problems.push(problem);
         }
     }
 
@@ -276,7 +324,7 @@ impl BuildReport {
             return Err(IndexError::Aborted(e.to_string()));
         }
         self.skipped += 1;
-        self.note(format!("skipped: {e}"));
+        self.note("skipped: ", Problem::of(e));
         Ok(())
     }
 }

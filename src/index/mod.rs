@@ -23,7 +23,7 @@ use tantivy::schema::{
 use tantivy::{DocAddress, Index, IndexReader, ReloadPolicy, Searcher, TantivyDocument, Term};
 
 pub use bm25::{Bm25Params, CollectionStats};
-pub use build::{build, delete_documents, searchable_text, BuildOptions, BuildReport, OnError};
+pub use build::{build, delete_documents, searchable_text, BuildOptions, BuildReport, OnError, Problem};
 pub use rm3::{Expanded, Rm3Params};
 
 #[derive(Debug, thiserror::Error)]

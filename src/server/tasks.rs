@@ -69,9 +69,10 @@ pub struct TaskView {
     pub kind: TaskKind,
     pub status: TaskStatus,
     pub documents: TaskDocuments,
-    /// The first problems met (each bad document with its line or byte offset in the upload), skipped under
-    /// `on_error=skip`.
-    pub errors: Vec<String>,
+    /// The first problems met (each bad document with its line or byte offset in the upload, `file` being
+    /// `upload`), skipped under `on_error=skip`.
+    #[schema(value_type = Vec<crate::index::Problem>)]
+    pub errors: Vec<serde_json::Value>,
     /// Why a failed task failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -366,7 +367,16 @@ impl Tasks {
             Ok(report) => report,
             Err(e) => return Err(self.in_upload_terms(e.to_string(), &files).into_error(e)),
         };
-        let errors = report.problems.iter().map(|p| self.in_upload_terms(p.clone(), &files).0).collect();
+        let errors = report
+            .problems
+            .into_iter()
+            .map(|mut problem| {
+                if files.iter().any(|f| f.display().to_string() == problem.file) {
+                    problem.file = "upload".into();
+                }
+                serde_json::to_value(problem).expect("problems serialize")
+            })
+            .collect();
         Ok(TaskOutcome {
             read: (report.indexed + report.skipped) as i64,
             indexed: report.indexed as i64,

@@ -55,7 +55,7 @@ pub struct TaskRow {
     pub indexed: i64,
     pub skipped: i64,
     pub deleted: i64,
-    /// JSON array of strings.
+    /// JSON array of objects.
     pub errors: String,
     pub error: Option<String>,
     pub enqueued_at: String,
@@ -70,7 +70,8 @@ pub struct TaskOutcome {
     pub indexed: i64,
     pub skipped: i64,
     pub deleted: i64,
-    pub errors: Vec<String>,
+    /// The first problems met, as JSON objects.
+    pub errors: Vec<serde_json::Value>,
     pub error: Option<String>,
 }
 
@@ -228,15 +229,20 @@ mod tests {
         assert_eq!(store.unfinished_task_inputs().await.unwrap(), vec!["{\"file\": \"x\"}".to_string()]);
         let second = store.start_next_task().await.unwrap().unwrap();
         assert_eq!(second.id, b, "the cancelled task is passed over");
-        let outcome =
-            TaskOutcome { read: 3, indexed: 2, skipped: 1, errors: vec!["line 2: bad".into()], ..Default::default() };
+        let outcome = TaskOutcome {
+            read: 3,
+            indexed: 2,
+            skipped: 1,
+            errors: vec![serde_json::json!({"line": 2})],
+            ..Default::default()
+        };
         store.finish_task(b, TaskStatus::Succeeded, &outcome).await.unwrap();
         assert!(store.start_next_task().await.unwrap().is_none());
         let listed =
             store.tasks(&TaskFilter { collection: Some("c".into()), limit: 10, ..Default::default() }).await.unwrap();
         assert_eq!(listed.iter().map(|t| t.id).collect::<Vec<_>>(), vec![b, a], "newest first, one collection");
         assert_eq!((listed[0].read, listed[0].indexed, listed[0].skipped), (3, 2, 1));
-        assert_eq!(listed[0].errors, "[\"line 2: bad\"]");
+        assert_eq!(listed[0].errors, "[{\"line\":2}]");
         let page = store.tasks(&TaskFilter { before: Some(b), limit: 10, ..Default::default() }).await.unwrap();
         assert_eq!(page.len(), 1);
         let filter = TaskFilter { status: Some(TaskStatus::Cancelled), limit: 10, ..Default::default() };
