@@ -13,6 +13,7 @@ CREATE TABLE tasks (
     deleted      INTEGER NOT NULL DEFAULT 0,
     errors       TEXT NOT NULL DEFAULT '[]',  -- JSON: the first problems met, each with its position
     error        TEXT,                   -- why a failed task failed
+    cancel_requested INTEGER NOT NULL DEFAULT 0,  -- a running task asked to stop (kept across a stop)
     enqueued_at  TEXT NOT NULL,
     started_at   TEXT,
     finished_at  TEXT

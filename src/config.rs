@@ -356,6 +356,7 @@ impl IndexConfig {
             memory_budget_mb: self.memory_budget_mb,
             threads: self.threads,
             commit_every: self.commit_every,
+            ..BuildOptions::default()
         }
     }
 }

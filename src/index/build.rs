@@ -41,6 +41,8 @@ pub struct BuildOptions {
     pub threads: usize,
     /// Commit after this many documents, so that an interrupted build keeps its progress.
     pub commit_every: u64,
+    /// Stops the build (`IndexError::Cancelled`) at its next document: what it committed before stays.
+    pub cancel: crate::cancel::Cancel,
 }
 
 impl Default for BuildOptions {
@@ -51,6 +53,7 @@ impl Default for BuildOptions {
             memory_budget_mb: 256,
             threads: 0,
             commit_every: 100_000,
+            cancel: crate::cancel::Cancel::default(),
         }
     }
 }
@@ -233,6 +236,9 @@ pub fn build(
             }
         };
         for doc in docs {
+            if opts.cancel.is_cancelled() {
+                return Err(IndexError::Cancelled);
+            }
             match doc {
                 Ok(doc) => {
                     let first_time = seen.insert(hash_id(&doc.id));

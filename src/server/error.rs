@@ -84,7 +84,7 @@ codes! {
     AmbiguousDocument = "ambiguous_document", 409, "The docid exists in several collections; name one.";
     CollectionInUse = "collection_in_use", 409, "The collection is read by a queued or running batch job.";
     JobConflict = "job_conflict", 409, "The job is not in a state that allows this (the run of an unfinished job, cancelling a finished one).";
-    TaskConflict = "task_conflict", 409, "Only a queued task can be cancelled.";
+    TaskConflict = "task_conflict", 409, "A finished task cannot be cancelled.";
     BodyTooLarge = "body_too_large", 413, "The body is larger than `server.max_body_bytes`.";
     UploadTooLarge = "upload_too_large", 413, "A document upload is larger than `limits.max_upload_bytes`; nothing \
         of it is kept.";

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use utoipa::ToSchema;
 
+use crate::cancel::Cancel;
 use crate::config::{Config, IndexConfig};
 use crate::corpus::{Corpus, Format};
 use crate::index::{self, IndexError, OnError};
@@ -33,7 +34,7 @@ pub enum TaskError {
     Index(#[from] IndexError),
     #[error("unknown task {0}")]
     UnknownTask(i64),
-    #[error("task {id} is {status}: only a queued task can be cancelled")]
+    #[error("task {id} is {status}: a finished task cannot be cancelled")]
     NotCancellable { id: i64, status: &'static str },
     #[error("the upload is larger than limits.max_upload_bytes ({limit} bytes)")]
     TooLarge { limit: u64 },
@@ -134,6 +135,8 @@ pub struct Tasks {
     wake: Notify,
     /// The running task's upload progress.
     progress: Mutex<Option<(i64, TaskProgress)>>,
+    /// The running task, and what stops it.
+    running: Mutex<Option<(i64, Cancel)>>,
 }
 
 /// How long a task waits for another process (the CLI) that writes the same collection.
@@ -148,6 +151,7 @@ impl Tasks {
             index: config.index.clone(),
             wake: Notify::new(),
             progress: Mutex::default(),
+            running: Mutex::default(),
         })
     }
 
@@ -250,8 +254,17 @@ impl Tasks {
         }
     }
 
-    /// Cancels a queued task.
+    /// Cancels a queued task, or asks a running one to stop (kept across a stop): an upload stops at its next
+    /// document and ends `cancelled`, keeping what it had committed (every `index.commit_every` documents);
+    /// a deletion finishes.
     pub async fn cancel(&self, id: i64) -> Result<TaskView, TaskError> {
+        let stoppable = self.running.lock().as_ref().filter(|(running, _)| *running == id).map(|(_, c)| c.clone());
+        if let Some(cancel) = stoppable {
+            if self.store.request_cancel(id).await? {
+                cancel.cancel();
+                return self.get(id).await;
+            }
+        }
         if !self.store.cancel_queued_task(id).await? {
             let view = self.get(id).await?;
             let status = match view.status {
@@ -290,9 +303,17 @@ impl Tasks {
                     continue;
                 }
             };
-            let outcome = self.apply(&task).await;
+            let cancel = Cancel::default();
+            *self.running.lock() = Some((task.id, cancel.clone()));
+            let outcome = self.apply(&task, &cancel).await;
             *self.progress.lock() = None;
-            let status = if outcome.error.is_some() { TaskStatus::Failed } else { TaskStatus::Succeeded };
+            *self.running.lock() = None;
+            // Asked to stop, a task that stopped ends cancelled; one that finished anyway, as it finished.
+            let status = match (&outcome.error, cancel.is_cancelled()) {
+                (Some(_), true) => TaskStatus::Cancelled,
+                (Some(_), false) => TaskStatus::Failed,
+                (None, _) => TaskStatus::Succeeded,
+            };
             if let Err(e) = self.store.finish_task(task.id, status, &outcome).await {
                 tracing::error!("task {}: {e}", task.id);
             }
@@ -303,7 +324,7 @@ impl Tasks {
         }
     }
 
-    async fn apply(self: &Arc<Self>, task: &TaskRow) -> TaskOutcome {
+    async fn apply(self: &Arc<Self>, task: &TaskRow, cancel: &Cancel) -> TaskOutcome {
         let input: Input = serde_json::from_str(&task.input).unwrap_or_default();
         let name = task.collection.clone();
         if task.kind == TaskKind::DeleteCollection {
@@ -313,9 +334,9 @@ impl Tasks {
                 Err(e) => TaskOutcome { error: Some(e.to_string()), ..Default::default() },
             };
         }
-        let tasks = self.clone();
+        let (tasks, cancel) = (self.clone(), cancel.clone());
         let (id, kind) = (task.id, task.kind);
-        let applied = tokio::task::spawn_blocking(move || tasks.apply_blocking(id, kind, &name, &input)).await;
+        let applied = tokio::task::spawn_blocking(move || tasks.apply_blocking(id, kind, &name, &input, &cancel)).await;
         match applied {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(e)) => TaskOutcome { error: Some(e.to_string()), ..Default::default() },
@@ -323,7 +344,14 @@ impl Tasks {
         }
     }
 
-    fn apply_blocking(&self, id: i64, kind: TaskKind, name: &str, input: &Input) -> Result<TaskOutcome, TaskError> {
+    fn apply_blocking(
+        &self,
+        id: i64,
+        kind: TaskKind,
+        name: &str,
+        input: &Input,
+        cancel: &Cancel,
+    ) -> Result<TaskOutcome, TaskError> {
         crate::hooks::point("task.start");
         let started = Instant::now();
         let outcome = loop {
@@ -331,10 +359,12 @@ impl Tasks {
                 TaskKind::DeleteDocuments => index::delete_documents(&self.data_dir, name, &input.ids)
                     .map(|deleted| TaskOutcome { deleted: deleted as i64, ..Default::default() })
                     .map_err(TaskError::from),
-                _ => self.add(id, name, input),
+                _ => self.add(id, name, input, cancel),
             };
             match attempt {
-                Err(TaskError::Index(IndexError::Busy(_))) if started.elapsed() < BUSY_WAIT => {
+                Err(TaskError::Index(IndexError::Busy(_)))
+                    if started.elapsed() < BUSY_WAIT && !cancel.is_cancelled() =>
+                {
                     std::thread::sleep(Duration::from_millis(500));
                 }
                 other => break other?,
@@ -346,7 +376,7 @@ impl Tasks {
     }
 
     /// Adds an upload's documents (none: creates the collection).
-    fn add(&self, id: i64, name: &str, input: &Input) -> Result<TaskOutcome, TaskError> {
+    fn add(&self, id: i64, name: &str, input: &Input, cancel: &Cancel) -> Result<TaskOutcome, TaskError> {
         let mut files = Vec::new();
         let mut format = input.format;
         if let Some(file) = &input.file {
@@ -361,7 +391,8 @@ impl Tasks {
             return Ok(TaskOutcome::default()); // creating a collection that exists
         }
         let corpus = Corpus::open(&files, format).map_err(IndexError::from)?;
-        let options = index::BuildOptions { on_error: input.on_error, ..self.index.build_options(false) };
+        let options =
+            index::BuildOptions { on_error: input.on_error, cancel: cancel.clone(), ..self.index.build_options(false) };
         let progress = TaskBytes { id, tasks: self };
         let report = match index::build(&self.data_dir, name, &corpus, &options, &progress) {
             Ok(report) => report,

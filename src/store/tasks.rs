@@ -139,12 +139,28 @@ impl Store {
         row.map(|r| task_row(&r)).transpose()
     }
 
-    /// Tasks a stop interrupted run again, in their turn: running ones go back to the queue.
+    /// Tasks a stop interrupted run again, in their turn: running ones go back to the queue, those asked to
+    /// stop end cancelled.
     pub async fn requeue_running_tasks(&self) -> Result<u64, StoreError> {
+        sqlx::query(
+            "UPDATE tasks SET status = 'cancelled', finished_at = ? WHERE status = 'running' AND cancel_requested",
+        )
+        .bind(now_rfc3339())
+        .execute(&self.pool)
+        .await?;
         let done = sqlx::query("UPDATE tasks SET status = 'queued', started_at = NULL WHERE status = 'running'")
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected())
+    }
+
+    /// Asks a running task to stop; false when it is not running.
+    pub async fn request_cancel(&self, id: i64) -> Result<bool, StoreError> {
+        let done = sqlx::query("UPDATE tasks SET cancel_requested = 1 WHERE id = ? AND status = 'running'")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     /// Finishes a running task.
@@ -222,6 +238,7 @@ mod tests {
         assert_eq!((first.id, first.status, first.kind), (a, TaskStatus::Running, TaskKind::CreateCollection));
         // A stop: the running task goes back first in line.
         assert_eq!(store.requeue_running_tasks().await.unwrap(), 1);
+        assert!(!store.request_cancel(a).await.unwrap(), "a queued task is not running");
         assert_eq!(store.start_next_task().await.unwrap().unwrap().id, a);
         store.finish_task(a, TaskStatus::Succeeded, &TaskOutcome { indexed: 0, ..Default::default() }).await.unwrap();
         assert!(store.cancel_queued_task(c).await.unwrap());

@@ -193,8 +193,9 @@ fn wait_succeeded(server: &TestServer, id: i64) -> Value {
     }
 }
 
-/// kill -9 after the 202 loses nothing: the task that was running is applied again at the next start, the one
-/// queued behind it too, a cancelled one stays cancelled; until then the collection serves its last commit.
+/// kill -9 after the 202 loses nothing: the tasks queued are applied at the next start, a cancelled one stays
+/// cancelled, and one running that was asked to stop ends cancelled; until then the collection serves its last
+/// commit. (A running task killed without a cancel runs again: the next test.)
 #[test]
 fn accepted_uploads_survive_kill_9_and_apply_at_the_next_start() {
     let dir = tempfile::tempdir().unwrap();
@@ -223,8 +224,9 @@ fn accepted_uploads_survive_kill_9_and_apply_at_the_next_start() {
         assert!(std::time::Instant::now() < deadline, "the first task never started");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    send(&server, "DELETE", &format!("/tasks/{}", id(&running)), "application/json", None)
-        .assert_error(409, "task_conflict");
+    // The running task is asked to stop: it is held before it writes, so it never does, even across the kill.
+    let stopping = send(&server, "DELETE", &format!("/tasks/{}", id(&running)), "application/json", None);
+    assert_eq!(stopping.json()["status"], "running", "{}", stopping.body);
     let view = send(&server, "DELETE", &format!("/tasks/{}", id(&cancelled)), "application/json", None);
     assert_eq!(view.json()["status"], "cancelled", "{}", view.body);
     assert_eq!(docids(&server, "live", "harbor"), ["old"], "the last commit serves meanwhile");
@@ -233,11 +235,12 @@ fn accepted_uploads_survive_kill_9_and_apply_at_the_next_start() {
     drop(server);
 
     let server = start(dir.path(), &[]);
-    wait_succeeded(&server, id(&running));
     wait_succeeded(&server, id(&queued));
-    assert_eq!(docids(&server, "live", "harbor"), ["a", "b", "old"]);
-    let (_, view) = get(&server.url(&format!("/tasks/{}", id(&cancelled))));
-    assert!(view.contains("\"cancelled\""), "{view}");
+    assert_eq!(docids(&server, "live", "harbor"), ["b", "old"]);
+    for task in [&running, &cancelled] {
+        let (_, view) = get(&server.url(&format!("/tasks/{}", id(task))));
+        assert!(view.contains("\"cancelled\""), "{view}");
+    }
     let uploads: Vec<_> = std::fs::read_dir(dir.path().join("uploads")).unwrap().collect();
     assert!(uploads.is_empty(), "{uploads:?}");
 }
@@ -340,4 +343,37 @@ fn a_task_killed_mid_build_leaves_its_last_commit_then_completes() {
     wait_succeeded(&server, id);
     assert_eq!(collections(&server), [("pier".to_string(), 55)]);
     assert_eq!(docids(&server, "pier", "harbor").len(), 55);
+}
+
+/// A running upload asked to stop stops at its next document and ends cancelled; a finished task cannot be.
+#[test]
+fn a_running_upload_stops_when_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let release = dir.path().join("release");
+    let hold = format!("index.commit:1:{}", release.display());
+    let server = start(dir.path(), &[("LONGRANK_INDEX_COMMIT_EVERY", "20"), ("LONGRANK_TEST_HOLD", &hold)]);
+    let lines: String = (0..50).map(|i| format!("{}\n", json!({"id": format!("d{i}"), "text": "harbor"}))).collect();
+    let started = task(send(&server, "POST", "/collections/c/documents", "application/x-ndjson", Some(&lines)));
+    let id = started["id"].as_i64().unwrap();
+    // Held after its first commit (20 documents, in its staging directory: a first build).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !dir.path().join("collections/.c.building/meta.json").exists() {
+        assert!(std::time::Instant::now() < deadline, "the build never committed");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let stopping = send(&server, "DELETE", &format!("/tasks/{id}"), "application/json", None);
+    assert_eq!(stopping.json()["status"], "running", "{}", stopping.body);
+    std::fs::write(&release, "").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let view = loop {
+        let (_, body) = get(&server.url(&format!("/tasks/{id}")));
+        let view: Value = serde_json::from_str(&body).unwrap();
+        if view["status"] != "running" {
+            break view;
+        }
+        assert!(std::time::Instant::now() < deadline, "{view}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(view["status"], "cancelled", "{view}");
+    send(&server, "DELETE", &format!("/tasks/{id}"), "application/json", None).assert_error(409, "task_conflict");
 }

@@ -42,7 +42,8 @@ pub async fn get(State(state): State<AppState>, ApiPath(id): ApiPath<i64>) -> Re
     Ok(Json(state.tasks().get(id).await?))
 }
 
-/// Cancel a queued task (a running one finishes; a finished one stays as it is).
+/// Cancel a queued task, or stop a running upload at its next document (it keeps what it had committed); a
+/// finished task stays as it is.
 #[utoipa::path(delete, path = "/tasks/{id}", tag = "collections",
     params(("id" = i64, Path, description = "The task's id")), responses((status = 200, body = TaskView), CancelTaskErrors))]
 pub async fn cancel(State(state): State<AppState>, ApiPath(id): ApiPath<i64>) -> Result<Json<TaskView>, ApiError> {
