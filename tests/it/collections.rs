@@ -377,3 +377,33 @@ fn a_running_upload_stops_when_cancelled() {
     assert_eq!(view["status"], "cancelled", "{view}");
     send(&server, "DELETE", &format!("/tasks/{id}"), "application/json", None).assert_error(409, "task_conflict");
 }
+
+/// BM25's document frequency counts a replaced document until a merge (as Lucene's, ARCHITECTURE.md's
+/// contract), while N and the lengths follow the live documents: replacing a document with the same text
+/// moves another document's score by exactly one extra count of df, or not at all once merged.
+#[test]
+fn df_counts_a_replaced_document_until_a_merge() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), &[]);
+    let upload = |lines: &str| {
+        let reply = send(&server, "POST", "/collections/c/documents?wait=true", "application/x-ndjson", Some(lines));
+        assert_eq!(task(reply)["status"], "succeeded");
+    };
+    let x = format!("{}\n", json!({"id": "x", "text": "harbor"}));
+    upload(&format!("{x}{}\n{}\n", json!({"id": "y", "text": "harbor lantern"}), json!({"id": "z", "text": "meadow"})));
+    let score_of_y = || {
+        let reply = post_json(&server.url("/search"), &json!({"query": "harbor", "collection": "c"}).to_string());
+        let results = reply.json()["results"].as_array().unwrap().clone();
+        results.iter().find(|h| h["docid"] == "y").unwrap()["score"].as_f64().unwrap()
+    };
+    let before = score_of_y();
+    upload(&x);
+    let after = score_of_y();
+    // N = 3 live documents; df of "harbor" 2, then 3 while x's replaced copy is still counted, 2 again once
+    // tantivy's background merge (at its discretion) has dropped it. Nothing else moves.
+    let idf = |df: f64| (1.0 + (3.0 - df + 0.5) / (df + 0.5)).ln();
+    let ratio = after / before;
+    let (counted, merged) = ((ratio - idf(3.0) / idf(2.0)).abs() < 1e-5, (ratio - 1.0).abs() < 1e-6);
+    assert!(counted || merged, "before {before}, after {after}");
+    assert_eq!(collections(&server), [("c".to_string(), 3)]);
+}
