@@ -396,7 +396,7 @@ impl Tasks {
         let progress = TaskBytes { id, tasks: self };
         let report = match index::build(&self.data_dir, name, &corpus, &options, &progress) {
             Ok(report) => report,
-            Err(e) => return Err(self.in_upload_terms(e.to_string(), &files).into_error(e)),
+            Err(e) => return Err(Tasks::upload_error(e, &files)),
         };
         let errors = report
             .problems
@@ -417,28 +417,18 @@ impl Tasks {
         })
     }
 
-    /// A message about an upload, naming it `upload` rather than its file in the data directory
+    /// A build's error about an upload, naming it `upload` rather than its file in the data directory
     /// (`…/uploads/NAME:3 (byte 77): …` becomes `upload line 3 (byte 77): …`).
-    fn in_upload_terms(&self, message: String, files: &[PathBuf]) -> UploadMessage {
-        let mut message = message;
+    fn upload_error(e: IndexError, files: &[PathBuf]) -> TaskError {
+        if !matches!(e, IndexError::Aborted(_) | IndexError::Corpus(_)) {
+            return TaskError::Index(e);
+        }
+        let mut message = e.to_string();
         for file in files {
             let file = file.display().to_string();
             message = message.replace(&format!("{file}:"), "upload line ").replace(&file, "upload");
         }
-        UploadMessage(message)
-    }
-}
-
-/// A problem's message in the upload's terms.
-struct UploadMessage(String);
-
-impl UploadMessage {
-    /// An index error whose message names the upload: aborted builds say where.
-    fn into_error(self, original: IndexError) -> TaskError {
-        match original {
-            IndexError::Aborted(_) | IndexError::Corpus(_) => TaskError::Upload(self.0),
-            other => TaskError::Index(other),
-        }
+        TaskError::Upload(message)
     }
 }
 

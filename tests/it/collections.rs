@@ -76,6 +76,16 @@ fn collections_are_created_fed_updated_and_deleted_over_http_by_tasks_in_order()
     let trec = "<DOC>\n<DOCNO> d5 </DOCNO>\n<TEXT>\nharbor pilots\n</TEXT>\n</DOC>\n";
     let added = task(send(&server, "POST", "/collections/news/documents?wait=true", "text/plain", Some(trec)));
     assert_eq!(added["documents"]["indexed"], 1, "{added}");
+    // Gzipped (known by its bytes), TSV (known by its content).
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut gz, b"d8\tgzipped tab separated pilots\n").unwrap();
+    let reply = ureq::post(&server.url("/collections/news/documents?wait=true"))
+        .set("content-type", "application/gzip")
+        .send_bytes(&gz.finish().unwrap())
+        .unwrap();
+    let added: Value = serde_json::from_str(&reply.into_string().unwrap()).unwrap();
+    assert_eq!(added["documents"]["indexed"], 1, "{added}");
+    assert_eq!(docids(&server, "news", "pilots"), ["d5", "d8"]);
     assert_eq!(docids(&server, "news", "copper"), ["d3"], "d2's old text is gone");
     assert_eq!(docids(&server, "news", "lantern"), ["d1", "d2"]);
     let (_, document) = get(&server.url("/documents/d2?collection=news"));
@@ -122,7 +132,7 @@ fn collections_are_created_fed_updated_and_deleted_over_http_by_tasks_in_order()
         task(send(&server, "POST", "/collections/news/documents/delete?wait=true", "application/json", Some(&body)));
     assert_eq!(deleted["documents"]["deleted"], 1, "{deleted}");
     assert_eq!(docids(&server, "news", "harbor"), ["d5"]);
-    assert_eq!(collections(&server), [("news".to_string(), 4)]);
+    assert_eq!(collections(&server), [("news".to_string(), 5)]);
 
     // An upload larger than max_body_bytes is taken (uploads have their own limit); one over that is refused
     // whole, announced or not.
@@ -406,4 +416,36 @@ fn df_counts_a_replaced_document_until_a_merge() {
     let (counted, merged) = ((ratio - idf(3.0) / idf(2.0)).abs() < 1e-5, (ratio - 1.0).abs() < 1e-6);
     assert!(counted || merged, "before {before}, after {after}");
     assert_eq!(collections(&server), [("c".to_string(), 3)]);
+}
+
+/// Writers of one collection queue, whoever they are: while another process (a running `longrank index`)
+/// holds the collection, its task waits, running; once the other is done, the task applies.
+#[test]
+fn a_task_waits_for_another_process_writing_the_collection() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), &[]);
+    let first = send(
+        &server,
+        "POST",
+        "/collections/c/documents?wait=true",
+        "application/x-ndjson",
+        Some("{\"id\": \"a\", \"text\": \"harbor\"}\n"),
+    );
+    assert_eq!(task(first)["status"], "succeeded");
+    let lock = std::fs::File::options().write(true).open(dir.path().join("collections/.c.lock")).unwrap();
+    lock.lock().unwrap();
+    let waiting = task(send(
+        &server,
+        "POST",
+        "/collections/c/documents",
+        "application/x-ndjson",
+        Some("{\"id\": \"b\", \"text\": \"harbor\"}\n"),
+    ));
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let (_, view) = get(&server.url(&format!("/tasks/{}", waiting["id"])));
+    assert!(view.contains("\"running\""), "{view}");
+    assert_eq!(docids(&server, "c", "harbor"), ["a"]);
+    lock.unlock().unwrap();
+    wait_succeeded(&server, waiting["id"].as_i64().unwrap());
+    assert_eq!(docids(&server, "c", "harbor"), ["a", "b"]);
 }
