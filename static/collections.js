@@ -94,6 +94,7 @@ async function uploadDocuments(collection, file, format) {
   const query = format ? `?format=${encodeURIComponent(format)}` : "";
   $("upload-errors").replaceChildren();
   showProgress(0);
+  setStatus("collections-status", `Uploading ${file.name}…`);
   try {
     let task = await sendFile(`/collections/${encodeURIComponent(collection)}/documents${query}`, file);
     task = await followTask(task, (t) => {
