@@ -330,7 +330,6 @@ impl<'c> Snapshot<'c> {
     }
 }
 
-/// Every collection under `DATA_DIR/collections`.
 /// A directory's device and inode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct DirId(u64, u64);
@@ -358,6 +357,7 @@ impl CatalogChanges {
     }
 }
 
+/// Every collection under `DATA_DIR/collections`.
 pub struct Catalog {
     root: PathBuf,
     collections: RwLock<BTreeMap<String, Arc<Collection>>>,

@@ -134,21 +134,21 @@ impl Reranker {
         }
     }
 
-    pub fn count_tokens(&self, text: &str) -> Result<usize, ModelError> {
+    /// The model's tokenizer.
+    fn pieces(&self) -> &WordPieces {
         match self {
-            Reranker::Cross(m) | Reranker::CoBert(cobert::CoBert { cross: m, .. }) => m.count_tokens(text),
-            Reranker::Bi(m) => m.count_tokens(text),
+            Reranker::Cross(m) | Reranker::CoBert(cobert::CoBert { cross: m, .. }) => &m.backbone.pieces,
+            Reranker::Bi(m) => &m.backbone.pieces,
         }
+    }
+
+    pub fn count_tokens(&self, text: &str) -> Result<usize, ModelError> {
+        self.pieces().count(text)
     }
 
     /// The bytes of `text` that hold its first `n` word pieces, as this model's tokenizer cuts them.
     pub fn prefix_bytes(&self, text: &str, n: usize) -> Result<usize, ModelError> {
-        match self {
-            Reranker::Cross(m) | Reranker::CoBert(cobert::CoBert { cross: m, .. }) => {
-                m.backbone.pieces.prefix_bytes(text, n)
-            }
-            Reranker::Bi(m) => m.backbone.pieces.prefix_bytes(text, n),
-        }
+        self.pieces().prefix_bytes(text, n)
     }
 
     /// The most word pieces a segment may have so that it is never cut: what is left of the input after the

@@ -231,7 +231,8 @@ async fn label_route(request: Request, next: Next) -> Response {
     next.run(request).await
 }
 
-fn new_request_id() -> String {
+/// A new request id: the time in nanoseconds and a counter, unique within the process.
+pub(super) fn new_request_id() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());

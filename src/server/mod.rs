@@ -28,7 +28,7 @@ pub use openapi::ApiDoc;
 use crate::config::{Config, ServerConfig};
 use crate::index::Catalog;
 use crate::model::Cancel;
-use crate::rank::{Engine, RankError, SearchRequest, SearchResponse};
+use crate::rank::{Engine, RankError, RerankRequest, RerankResponse, SearchRequest, SearchResponse};
 use crate::store::{QueryLogEntry, Store};
 use jobs::Jobs;
 
@@ -91,6 +91,11 @@ impl AppState {
             }
         });
         Ok(response)
+    }
+
+    /// Re-ranks the client's candidates (`/rerank` and its compatible forms).
+    async fn rerank(&self, request: RerankRequest) -> Result<RerankResponse, ApiError> {
+        self.run(move |engine, cancel| engine.rerank_documents(request, cancel)).await
     }
 
     pub fn config(&self) -> &Config {

@@ -35,7 +35,7 @@ pub enum TaskError {
     #[error("unknown task {0}")]
     UnknownTask(i64),
     #[error("task {id} is {status}: a finished task cannot be cancelled")]
-    NotCancellable { id: i64, status: &'static str },
+    NotCancellable { id: i64, status: TaskStatus },
     #[error("the upload is larger than limits.max_upload_bytes ({limit} bytes)")]
     TooLarge { limit: u64 },
     #[error("reading the upload: {0}")]
@@ -132,11 +132,18 @@ pub struct Tasks {
     engine: Arc<Engine>,
     data_dir: PathBuf,
     index: IndexConfig,
+    /// Told when a task is queued (the worker waits on it).
     wake: Notify,
-    /// The running task's upload progress.
-    progress: Mutex<Option<(i64, TaskProgress)>>,
-    /// The running task, and what stops it.
-    running: Mutex<Option<(i64, Cancel)>>,
+    /// Told when a task finishes (`?wait=true` waits on it).
+    finished: Notify,
+    running: Mutex<Option<Running>>,
+}
+
+/// The task the worker applies: what stops it, and its upload's progress.
+struct Running {
+    id: i64,
+    cancel: Cancel,
+    progress: Option<TaskProgress>,
 }
 
 /// How long a task waits for another process (the CLI) that writes the same collection.
@@ -150,7 +157,7 @@ impl Tasks {
             data_dir: config.data_dir.clone(),
             index: config.index.clone(),
             wake: Notify::new(),
-            progress: Mutex::default(),
+            finished: Notify::new(),
             running: Mutex::default(),
         })
     }
@@ -201,13 +208,16 @@ impl Tasks {
         limit: u64,
         mut input: Input,
     ) -> Result<TaskView, TaskError> {
+        use tokio::io::AsyncWriteExt;
         index::validate_name(collection)?;
         let dir = self.uploads();
-        std::fs::create_dir_all(&dir)?;
-        let name = unique_name();
+        tokio::fs::create_dir_all(&dir).await?;
+        // Unique within the data directory: the process's request-id form, and its pid.
+        let name = format!("{}-{}", super::middleware::new_request_id(), std::process::id());
         let partial = dir.join(format!("{name}.part"));
+        // Async file I/O: an upload of gigabytes must not hold a runtime worker.
         let stored = async {
-            let mut file = std::io::BufWriter::new(std::fs::File::create(&partial)?);
+            let mut file = tokio::io::BufWriter::new(tokio::fs::File::create(&partial).await?);
             let mut stream = body.into_data_stream();
             let mut size = 0u64;
             while let Some(chunk) = stream.next().await {
@@ -216,16 +226,16 @@ impl Tasks {
                 if size > limit {
                     return Err(TaskError::TooLarge { limit });
                 }
-                file.write_all(&chunk)?;
+                file.write_all(&chunk).await?;
             }
-            let file = file.into_inner().map_err(|e| e.into_error())?;
-            file.sync_all()?;
-            std::fs::rename(&partial, dir.join(&name))?;
-            std::fs::File::open(&dir)?.sync_all()?;
+            file.flush().await?;
+            file.into_inner().sync_all().await?;
+            tokio::fs::rename(&partial, dir.join(&name)).await?;
+            tokio::fs::File::open(&dir).await?.sync_all().await?;
             Ok::<_, TaskError>(())
         };
         if let Err(e) = stored.await {
-            let _ = std::fs::remove_file(&partial);
+            let _ = tokio::fs::remove_file(&partial).await;
             return Err(e);
         }
         input.file = Some(name);
@@ -234,7 +244,7 @@ impl Tasks {
 
     pub async fn get(&self, id: i64) -> Result<TaskView, TaskError> {
         let row = self.store.task(id).await?.ok_or(TaskError::UnknownTask(id))?;
-        let progress = self.progress.lock().filter(|(running, _)| *running == id).map(|(_, p)| p);
+        let progress = self.running.lock().as_ref().filter(|r| r.id == id).and_then(|r| r.progress);
         Ok(TaskView::of(row, progress))
     }
 
@@ -246,11 +256,15 @@ impl Tasks {
     /// The task once finished, or as it is at `deadline`.
     pub async fn wait(&self, id: i64, deadline: Instant) -> Result<TaskView, TaskError> {
         loop {
+            // Listening before reading, so that a finish in between is not missed.
+            let finished = self.finished.notified();
+            tokio::pin!(finished);
+            finished.as_mut().enable();
             let view = self.get(id).await?;
             if view.status.is_finished() || Instant::now() >= deadline {
                 return Ok(view);
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            let _ = tokio::time::timeout_at(deadline.into(), finished).await;
         }
     }
 
@@ -258,33 +272,26 @@ impl Tasks {
     /// document and ends `cancelled`, keeping what it had committed (every `index.commit_every` documents);
     /// a deletion finishes.
     pub async fn cancel(&self, id: i64) -> Result<TaskView, TaskError> {
-        let stoppable = self.running.lock().as_ref().filter(|(running, _)| *running == id).map(|(_, c)| c.clone());
+        let stoppable = self.running.lock().as_ref().filter(|r| r.id == id).map(|r| r.cancel.clone());
         if let Some(cancel) = stoppable {
             if self.store.request_cancel(id).await? {
                 cancel.cancel();
                 return self.get(id).await;
             }
         }
-        if !self.store.cancel_queued_task(id).await? {
-            let view = self.get(id).await?;
-            let status = match view.status {
-                TaskStatus::Running => "running",
-                TaskStatus::Succeeded => "succeeded",
-                TaskStatus::Failed => "failed",
-                TaskStatus::Cancelled => "cancelled",
-                TaskStatus::Queued => "queued",
-            };
-            return Err(TaskError::NotCancellable { id, status });
-        }
-        if let Some(file) = self.get_input(id).await?.file {
-            let _ = std::fs::remove_file(self.uploads().join(file));
-        }
+        let Some(input) = self.store.cancel_queued_task(id).await? else {
+            return Err(TaskError::NotCancellable { id, status: self.get(id).await?.status });
+        };
+        self.remove_upload(&serde_json::from_str(&input).unwrap_or_default()).await;
         self.get(id).await
     }
 
-    async fn get_input(&self, id: i64) -> Result<Input, TaskError> {
-        let row = self.store.task(id).await?.ok_or(TaskError::UnknownTask(id))?;
-        Ok(serde_json::from_str(&row.input).unwrap_or_default())
+    /// Removes what a task's upload left in `uploads/` (the upload, and its JSON lines when it was an array).
+    async fn remove_upload(&self, input: &Input) {
+        if let Some(file) = &input.file {
+            let _ = tokio::fs::remove_file(self.uploads().join(file)).await;
+            let _ = tokio::fs::remove_file(self.uploads().join(format!("{file}.jsonl"))).await;
+        }
     }
 
     /// Applies queued tasks one at a time, oldest first.
@@ -304,9 +311,9 @@ impl Tasks {
                 }
             };
             let cancel = Cancel::default();
-            *self.running.lock() = Some((task.id, cancel.clone()));
-            let outcome = self.apply(&task, &cancel).await;
-            *self.progress.lock() = None;
+            *self.running.lock() = Some(Running { id: task.id, cancel: cancel.clone(), progress: None });
+            let input: Input = serde_json::from_str(&task.input).unwrap_or_default();
+            let outcome = self.apply(&task, &input, &cancel).await;
             *self.running.lock() = None;
             // Asked to stop, a task that stopped ends cancelled; one that finished anyway, as it finished.
             let status = match (&outcome.error, cancel.is_cancelled()) {
@@ -317,15 +324,12 @@ impl Tasks {
             if let Err(e) = self.store.finish_task(task.id, status, &outcome).await {
                 tracing::error!("task {}: {e}", task.id);
             }
-            if let Some(file) = serde_json::from_str::<Input>(&task.input).ok().and_then(|i| i.file) {
-                let _ = std::fs::remove_file(self.uploads().join(&file));
-                let _ = std::fs::remove_file(self.uploads().join(format!("{file}.jsonl")));
-            }
+            self.finished.notify_waiters();
+            self.remove_upload(&input).await;
         }
     }
 
-    async fn apply(self: &Arc<Self>, task: &TaskRow, cancel: &Cancel) -> TaskOutcome {
-        let input: Input = serde_json::from_str(&task.input).unwrap_or_default();
+    async fn apply(self: &Arc<Self>, task: &TaskRow, input: &Input, cancel: &Cancel) -> TaskOutcome {
         let name = task.collection.clone();
         if task.kind == TaskKind::DeleteCollection {
             let engine = &self.engine;
@@ -334,7 +338,7 @@ impl Tasks {
                 Err(e) => TaskOutcome { error: Some(e.to_string()), ..Default::default() },
             };
         }
-        let (tasks, cancel) = (self.clone(), cancel.clone());
+        let (tasks, input, cancel) = (self.clone(), input.clone(), cancel.clone());
         let (id, kind) = (task.id, task.kind);
         let applied = tokio::task::spawn_blocking(move || tasks.apply_blocking(id, kind, &name, &input, &cancel)).await;
         match applied {
@@ -387,7 +391,7 @@ impl Tasks {
                 (path, format) = (lines, Format::Jsonl);
             }
             files.push(path);
-        } else if self.data_dir.join("collections").join(name).is_dir() {
+        } else if self.engine.catalog().collection_dir(name).is_dir() {
             return Ok(TaskOutcome::default()); // creating a collection that exists
         }
         let corpus = Corpus::open(&files, format).map_err(IndexError::from)?;
@@ -440,22 +444,16 @@ struct TaskBytes<'a> {
 
 impl Progress for TaskBytes<'_> {
     fn phase(&self, _: &str, total: u64, _: Unit) {
-        *self.tasks.progress.lock() = Some((self.id, TaskProgress { bytes_read: 0, bytes_total: total }));
+        if let Some(running) = self.tasks.running.lock().as_mut().filter(|r| r.id == self.id) {
+            running.progress = Some(TaskProgress { bytes_read: 0, bytes_total: total });
+        }
     }
 
     fn set(&self, done: u64, _: &str) {
-        if let Some((_, progress)) = self.tasks.progress.lock().as_mut() {
+        if let Some(progress) = self.tasks.running.lock().as_mut().and_then(|r| r.progress.as_mut()) {
             progress.bytes_read = done;
         }
     }
-}
-
-/// A name for an upload, unique within the data directory.
-fn unique_name() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    format!("{nanos:x}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// Rewrites a JSON array of documents as JSON lines, one element at a time (memory bounded by the largest

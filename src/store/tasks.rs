@@ -32,6 +32,12 @@ impl TaskStatus {
     }
 }
 
+impl std::fmt::Display for TaskStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&text(self))
+    }
+}
+
 /// Text of a unit enum as serde writes it (the column's value).
 fn text<T: Serialize>(value: T) -> String {
     serde_json::to_value(value).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
@@ -184,15 +190,16 @@ impl Store {
         Ok(())
     }
 
-    /// Cancels a queued task; false when it is not queued (running or finished).
-    pub async fn cancel_queued_task(&self, id: i64) -> Result<bool, StoreError> {
-        let done =
-            sqlx::query("UPDATE tasks SET status = 'cancelled', finished_at = ? WHERE id = ? AND status = 'queued'")
-                .bind(now_rfc3339())
-                .bind(id)
-                .execute(&self.pool)
-                .await?;
-        Ok(done.rows_affected() == 1)
+    /// Cancels a queued task: its input; none when it is not queued (running or finished).
+    pub async fn cancel_queued_task(&self, id: i64) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query(
+            "UPDATE tasks SET status = 'cancelled', finished_at = ? WHERE id = ? AND status = 'queued' RETURNING input",
+        )
+        .bind(now_rfc3339())
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| r.try_get(0)).transpose()?)
     }
 
     /// The inputs of the tasks not finished (the uploads they still need).
@@ -241,8 +248,8 @@ mod tests {
         assert!(!store.request_cancel(a).await.unwrap(), "a queued task is not running");
         assert_eq!(store.start_next_task().await.unwrap().unwrap().id, a);
         store.finish_task(a, TaskStatus::Succeeded, &TaskOutcome { indexed: 0, ..Default::default() }).await.unwrap();
-        assert!(store.cancel_queued_task(c).await.unwrap());
-        assert!(!store.cancel_queued_task(a).await.unwrap(), "a finished task is not cancelled");
+        assert_eq!(store.cancel_queued_task(c).await.unwrap().as_deref(), Some("{}"));
+        assert!(store.cancel_queued_task(a).await.unwrap().is_none(), "a finished task is not cancelled");
         assert_eq!(store.unfinished_task_inputs().await.unwrap(), vec!["{\"file\": \"x\"}".to_string()]);
         let second = store.start_next_task().await.unwrap().unwrap();
         assert_eq!(second.id, b, "the cancelled task is passed over");

@@ -20,7 +20,7 @@ pub async fn cohere_v2(
     ApiJson(request): ApiJson<CohereV2Request>,
 ) -> Result<Json<CohereV2Response>, ApiError> {
     let (request, translation) = request.translate(&state.engine().models().names());
-    let response = state.run(move |engine, cancel| engine.rerank_documents(request, cancel)).await?;
+    let response = state.rerank(request).await?;
     Ok(Json(translation.cohere_v2(request_id(&headers), response)))
 }
 
@@ -33,7 +33,7 @@ pub async fn v1(
     ApiJson(request): ApiJson<V1Request>,
 ) -> Result<Json<V1Response>, ApiError> {
     let (request, translation) = request.translate(&state.engine().models().names());
-    let response = state.run(move |engine, cancel| engine.rerank_documents(request, cancel)).await?;
+    let response = state.rerank(request).await?;
     Ok(Json(translation.v1(request_id(&headers), response)))
 }
 
@@ -47,7 +47,7 @@ pub async fn tei(
 ) -> Result<Json<Vec<TeiResult>>, ApiError> {
     let raw_scores = request.raw_scores;
     let (request, translation) = request.translate(&state.engine().models().names());
-    let response = state.run(move |engine, cancel| engine.rerank_documents(request, cancel)).await?;
+    let response = state.rerank(request).await?;
     Ok(Json(translation.tei(response, raw_scores)))
 }
 

@@ -15,5 +15,5 @@ pub async fn rerank(
     State(state): State<AppState>,
     ApiJson(request): ApiJson<RerankRequest>,
 ) -> Result<Json<RerankResponse>, ApiError> {
-    state.run(move |engine, cancel| engine.rerank_documents(request, cancel)).await.map(Json)
+    state.rerank(request).await.map(Json)
 }
