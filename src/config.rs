@@ -35,6 +35,7 @@ pub struct Config {
     pub bm25: Bm25Params,
     pub index: IndexConfig,
     pub batch: BatchConfig,
+    pub store: StoreConfig,
     pub model: ModelConfig,
 }
 
@@ -48,6 +49,7 @@ impl Default for Config {
             bm25: Bm25Params::default(),
             index: IndexConfig::default(),
             batch: BatchConfig::default(),
+            store: StoreConfig::default(),
             model: ModelConfig::default(),
         }
     }
@@ -59,6 +61,14 @@ impl Config {
         self.data_dir.join("longrank.db")
     }
 
+    /// The database's URL: `store.url`, else the SQLite file in the data directory.
+    pub fn store_url(&self) -> String {
+        match self.store.url.is_empty() {
+            true => crate::store::sqlite_url(&self.database_path()),
+            false => self.store.url.clone(),
+        }
+    }
+
     /// The configuration as a run records it (a job's provenance, `OUT.provenance.json`): secrets replaced,
     /// paths absolute.
     pub fn recorded(&self) -> Config {
@@ -66,6 +76,7 @@ impl Config {
         let hide = |keys: &mut Vec<String>| keys.iter_mut().for_each(|k| *k = REDACTED.into());
         hide(&mut config.server.admin_keys);
         hide(&mut config.server.search_keys);
+        config.store.url = redact_url(&config.store.url);
         // Relative paths made absolute: a provenance read from another directory still names the same files.
         config.data_dir = absolute(&config.data_dir);
         config.model.path = local_absolute(&config.model.path);
@@ -93,6 +104,26 @@ pub fn local_absolute(source: &str) -> String {
 
 /// What a secret reads as where the configuration is stored or shown.
 pub const REDACTED: &str = "<redacted>";
+
+/// `url` with the password of its `user:password@` part replaced by [`REDACTED`].
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else { return url.to_string() };
+    match rest[..at].split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:{REDACTED}{}", &rest[at..]),
+        None => url.to_string(),
+    }
+}
+
+/// Where jobs, runs, tasks and the query log are kept.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `postgres://USER:PASSWORD@HOST:PORT/DATABASE` (shared by replicas) or `sqlite://PATH`; empty: SQLite
+    /// in the data directory (`longrank.db`).
+    pub url: String,
+}
 
 /// The models the re-ranking pipelines (firstp, maxp, sump, avgp) use, and how they are served.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -546,6 +577,18 @@ mod tests {
         assert_eq!(recorded.model.path, cwd.join("src").to_string_lossy());
         assert_eq!(recorded.model.named["local"].source(), cwd.join("src").to_string_lossy());
         assert_eq!(recorded.model.named["hub"].source(), "org/model");
+    }
+
+    #[test]
+    fn store_passwords_are_redacted() {
+        assert_eq!(redact_url("postgres://u:s3cr%40t@h:5432/db?x=1"), "postgres://u:<redacted>@h:5432/db?x=1");
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("postgres://h/db?options=a@b:c"), "postgres://h/db?options=a@b:c");
+        assert_eq!(redact_url(""), "");
+        let mut c = Config::default();
+        c.store.url = "postgresql://me:pw@db/x".into();
+        assert_eq!(c.recorded().store.url, "postgresql://me:<redacted>@db/x");
+        assert_eq!(Config::default().store_url(), crate::store::sqlite_url(Path::new("data/longrank.db")));
     }
 
     #[test]

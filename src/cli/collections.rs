@@ -1,9 +1,7 @@
 //! `longrank collections`: the data directory's collections, and deleting one.
 
-use anyhow::Context;
 use longrank::config::Config;
 use longrank::index::Catalog;
-use longrank::store::Store;
 
 #[derive(clap::Args)]
 pub struct CollectionsArgs {
@@ -48,10 +46,9 @@ fn list(config: &Config) -> anyhow::Result<()> {
 
 fn delete(config: &Config, name: &str) -> anyhow::Result<()> {
     let (catalog, _) = Catalog::open(&config.data_dir)?;
-    let database = config.database_path();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
-        let store = Store::open(&database).await.with_context(|| format!("opening {}", database.display()))?;
+        let store = super::open_store(config).await?;
         longrank::server::jobs::delete_collection(&catalog, &store, name).await?;
         anyhow::Ok(())
     })?;

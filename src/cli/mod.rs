@@ -23,6 +23,7 @@ use longrank::config::Config;
 use longrank::eval::Run;
 use longrank::index::Catalog;
 use longrank::rank::Engine;
+use longrank::store::Store;
 
 /// The flags of the subcommands that read the configuration and the data directory (not `eval`, `compare`,
 /// `folds`), after the subcommand or before it (`longrank --model DIR search …`).
@@ -115,6 +116,12 @@ pub fn open_engine(config: &Config) -> anyhow::Result<Engine> {
         tracing::warn!("{failure}");
     }
     Ok(Engine::new(Arc::new(catalog), config))
+}
+
+/// The store the configuration names (`[store] url`, else SQLite in the data directory), migrated.
+pub async fn open_store(config: &Config) -> anyhow::Result<Store> {
+    let url = config.store_url();
+    Store::connect(&url).await.with_context(|| format!("opening the store {}", longrank::config::redact_url(&url)))
 }
 
 pub fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {

@@ -9,7 +9,6 @@ use longrank::corpus::{Corpus, Format, DEMO_JSONL};
 use longrank::index::{self, Catalog};
 use longrank::progress::Silent;
 use longrank::server::{self, AppState};
-use longrank::store::Store;
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -37,8 +36,7 @@ pub fn run(args: ServeArgs, mut config: Config) -> anyhow::Result<()> {
         .on_thread_stop(super::release_thread_memory)
         .build()?;
     runtime.block_on(async move {
-        let database = config.database_path();
-        let store = Store::open(&database).await.with_context(|| format!("opening {}", database.display()))?;
+        let store = super::open_store(&config).await?;
         let state = AppState::new(config, catalog, store);
         let on_listening = |addr| {
             println!("longrank listening on http://{addr}");

@@ -1,17 +1,19 @@
-//! The embedded SQLite database (WAL) through sqlx: batch jobs, their runs topic by topic, the tasks that
-//! write collections (`tasks`), and the query log. The schema lives in `migrations/`, applied at start. Queries are checked at run time (sqlx's
-//! compile-time macros would need a database at build time).
+//! The database through sqlx: batch jobs, their runs topic by topic, the tasks that write collections
+//! (`tasks`), and the query log. SQLite (WAL, a file in the data directory) by default, or PostgreSQL, which
+//! several replicas share. One SQL text serves both (`$N` parameters, which sqlx's SQLite driver binds by
+//! number, and no JSON functions), run through sqlx's `Any` driver; each backend's schema lives in
+//! `migrations/sqlite` and `migrations/postgres`, version for version, applied at start. Queries are checked at
+//! run time (sqlx's compile-time macros would need a database at build time).
 
 use std::path::Path;
-use std::str::FromStr;
 
 mod tasks;
 
 pub use tasks::{TaskFilter, TaskKind, TaskOutcome, TaskRow, TaskStatus};
 
 use serde::{Deserialize, Serialize};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{Row, SqlitePool};
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Executor, Row};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -19,6 +21,15 @@ pub enum StoreError {
     Sqlx(#[from] sqlx::Error),
     #[error("database migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("store url {url}: the scheme is neither sqlite: nor postgres:")]
+    Scheme { url: String },
+}
+
+/// The database behind a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
 }
 
 /// A job's lifecycle.
@@ -104,14 +115,14 @@ pub struct QueryLogEntry<'a> {
 
 #[derive(Clone)]
 pub struct Store {
-    pool: SqlitePool,
+    pool: AnyPool,
+    backend: Backend,
 }
 
 /// `JOB_COLUMNS` without the files and with `metrics` cut to the means (`{all}`), for lists.
 const SUMMARY_COLUMNS: &str =
     "id, status, created_at, updated_at, params, '' AS topics, NULL AS qrels, NULL AS rerank, provenance, total, \
-    warnings, CASE WHEN metrics IS NULL THEN NULL ELSE json_object('all', json(json_extract(metrics, '$.all'))) END \
-    AS metrics, error, (SELECT COUNT(*) FROM job_topics t WHERE t.job_id = jobs.id) AS done, \
+    warnings, metrics_all AS metrics, error, (SELECT COUNT(*) FROM job_topics t WHERE t.job_id = jobs.id) AS done, \
     (SELECT SUM(flops) FROM job_topics t WHERE t.job_id = jobs.id) AS flops";
 
 const JOB_COLUMNS: &str =
@@ -120,28 +131,62 @@ const JOB_COLUMNS: &str =
     (SELECT SUM(flops) FROM job_topics t WHERE t.job_id = jobs.id) AS flops";
 
 impl Store {
-    /// Opens (creating if needed) the database and applies the migrations.
+    /// Opens (creating if needed) the SQLite database at `path` and applies the migrations.
     pub async fn open(path: &Path) -> Result<Store, StoreError> {
         if let Some(parent) = path.parent() {
             let _ = std::fs::create_dir_all(parent);
         }
-        let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))?
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            // With WAL, NORMAL survives a process crash (kill -9); only power loss can drop the last commits.
-            .synchronous(SqliteSynchronous::Normal)
-            .foreign_keys(true)
-            .busy_timeout(std::time::Duration::from_secs(10));
-        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
-        sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Store { pool })
+        Store::connect(&sqlite_url(path)).await
+    }
+
+    /// Connects to `sqlite://PATH` (created if missing) or `postgres://…` and applies the migrations.
+    pub async fn connect(url: &str) -> Result<Store, StoreError> {
+        sqlx::any::install_default_drivers();
+        let backend = match url.split(':').next() {
+            Some("sqlite") => Backend::Sqlite,
+            Some("postgres" | "postgresql") => Backend::Postgres,
+            _ => return Err(StoreError::Scheme { url: crate::config::redact_url(url) }),
+        };
+        let options = AnyPoolOptions::new().max_connections(match backend {
+            Backend::Sqlite => 4,
+            Backend::Postgres => 8,
+        });
+        let pool = match backend {
+            Backend::Sqlite => {
+                options
+                    .after_connect(|conn, _| {
+                        Box::pin(async move {
+                            // With WAL, NORMAL survives a process crash (kill -9); only power loss can drop the
+                            // last commits.
+                            conn.execute(
+                                "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON; \
+                                 PRAGMA busy_timeout = 10000;",
+                            )
+                            .await?;
+                            Ok(())
+                        })
+                    })
+                    .connect(url)
+                    .await?
+            }
+            Backend::Postgres => options.connect(url).await?,
+        };
+        match backend {
+            Backend::Sqlite => sqlx::migrate!("./migrations/sqlite").run(&pool).await?,
+            Backend::Postgres => sqlx::migrate!("./migrations/postgres").run(&pool).await?,
+        }
+        Ok(Store { pool, backend })
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
     }
 
     pub async fn create_job(&self, job: NewJob<'_>) -> Result<(), StoreError> {
         let now = now_rfc3339();
         sqlx::query(
             "INSERT INTO jobs (id, status, created_at, updated_at, params, topics, qrels, rerank, provenance, total) \
-             VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?)",
+             VALUES ($1, 'queued', $2, $3, $4, $5, $6, $7, $8, $9)",
         )
         .bind(job.id)
         .bind(&now)
@@ -160,8 +205,8 @@ impl Store {
     /// Moves a job that is not finished to `status` (a cancelled or failed job stays so).
     pub async fn set_status(&self, id: &str, status: JobStatus, error: Option<&str>) -> Result<(), StoreError> {
         sqlx::query(
-            "UPDATE jobs SET status = ?, error = COALESCE(?, error), updated_at = ? \
-             WHERE id = ? AND status IN ('queued', 'running')",
+            "UPDATE jobs SET status = $1, error = COALESCE($2, error), updated_at = $3 \
+             WHERE id = $4 AND status IN ('queued', 'running')",
         )
         .bind(status.as_str())
         .bind(error)
@@ -181,20 +226,23 @@ impl Store {
         run: &str,
         flops: Option<f64>,
     ) -> Result<(), StoreError> {
-        sqlx::query("INSERT OR IGNORE INTO job_topics (job_id, seq, qid, run, flops) VALUES (?, ?, ?, ?, ?)")
-            .bind(id)
-            .bind(seq)
-            .bind(qid)
-            .bind(run)
-            .bind(flops)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(
+            "INSERT INTO job_topics (job_id, seq, qid, run, flops) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(id)
+        .bind(seq)
+        .bind(qid)
+        .bind(run)
+        .bind(flops)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 
     /// Positions of the topics already finished.
     pub async fn finished_topics(&self, id: &str) -> Result<Vec<i64>, StoreError> {
-        let rows = sqlx::query("SELECT seq FROM job_topics WHERE job_id = ? ORDER BY seq")
+        let rows = sqlx::query("SELECT seq FROM job_topics WHERE job_id = $1 ORDER BY seq")
             .bind(id)
             .fetch_all(&self.pool)
             .await?;
@@ -209,11 +257,18 @@ impl Store {
         metrics: Option<&str>,
         warnings: &str,
     ) -> Result<(), StoreError> {
+        // The means beside the whole, for lists.
+        let metrics_all = metrics.and_then(|m| {
+            let all = serde_json::from_str::<serde_json::Value>(m).ok()?.get("all")?.clone();
+            Some(serde_json::json!({ "all": all }).to_string())
+        });
         sqlx::query(
-            "UPDATE jobs SET status = ?, metrics = ?, warnings = ?, updated_at = ? WHERE id = ? AND status = 'running'",
+            "UPDATE jobs SET status = $1, metrics = $2, metrics_all = $3, warnings = $4, updated_at = $5 \
+             WHERE id = $6 AND status = 'running'",
         )
         .bind(status.as_str())
         .bind(metrics)
+        .bind(metrics_all)
         .bind(warnings)
         .bind(now_rfc3339())
         .bind(id)
@@ -223,7 +278,7 @@ impl Store {
     }
 
     pub async fn job(&self, id: &str) -> Result<Option<JobRow>, StoreError> {
-        let row = sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?"))
+        let row = sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1"))
             .bind(id)
             .fetch_optional(&self.pool)
             .await?;
@@ -234,7 +289,7 @@ impl Store {
     /// files, per-topic metrics), and how many jobs there are.
     pub async fn jobs(&self, offset: usize, limit: usize) -> Result<(Vec<JobRow>, i64), StoreError> {
         let rows = sqlx::query(&format!(
-            "SELECT {SUMMARY_COLUMNS} FROM jobs ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?"
+            "SELECT {SUMMARY_COLUMNS} FROM jobs ORDER BY created_at DESC, id DESC LIMIT $1 OFFSET $2"
         ))
         .bind(limit as i64)
         .bind(offset as i64)
@@ -246,7 +301,7 @@ impl Store {
 
     /// Deletes a job with its run.
     pub async fn delete_job(&self, id: &str) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM jobs WHERE id = ?").bind(id).execute(&self.pool).await?;
+        sqlx::query("DELETE FROM jobs WHERE id = $1").bind(id).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -256,8 +311,9 @@ impl Store {
             return Ok(0);
         }
         let deleted = sqlx::query(
-            "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE status IN ('done', 'failed', 'cancelled', \
-             'interrupted') ORDER BY created_at DESC, id DESC LIMIT -1 OFFSET ?)",
+            "DELETE FROM jobs WHERE status IN ('done', 'failed', 'cancelled', 'interrupted') AND id NOT IN \
+             (SELECT id FROM jobs WHERE status IN ('done', 'failed', 'cancelled', 'interrupted') \
+             ORDER BY created_at DESC, id DESC LIMIT $1)",
         )
         .bind(keep as i64)
         .execute(&self.pool)
@@ -277,19 +333,22 @@ impl Store {
 
     /// The ids of the jobs queued or running on `collection` (as their provenance records it).
     pub async fn unfinished_jobs_on(&self, collection: &str) -> Result<Vec<String>, StoreError> {
+        // Unfinished jobs are few: their provenance is read here rather than with each backend's JSON functions.
         let rows = sqlx::query(
-            "SELECT id FROM jobs WHERE status IN ('queued', 'running') \
-             AND json_extract(provenance, '$.collection.name') = ? ORDER BY created_at, id",
+            "SELECT id, provenance FROM jobs WHERE status IN ('queued', 'running') ORDER BY created_at, id",
         )
-        .bind(collection)
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows.iter().map(|r| r.get::<String, _>("id")).collect())
+        let on = |provenance: &str| {
+            let provenance = serde_json::from_str::<serde_json::Value>(provenance).unwrap_or_default();
+            provenance.pointer("/collection/name").and_then(|n| n.as_str()) == Some(collection)
+        };
+        Ok(rows.iter().filter(|r| on(r.get("provenance"))).map(|r| r.get::<String, _>("id")).collect())
     }
 
     /// The job's TREC run, topics in topic-file order.
     pub async fn run_text(&self, id: &str) -> Result<String, StoreError> {
-        let rows = sqlx::query("SELECT run FROM job_topics WHERE job_id = ? ORDER BY seq")
+        let rows = sqlx::query("SELECT run FROM job_topics WHERE job_id = $1 ORDER BY seq")
             .bind(id)
             .fetch_all(&self.pool)
             .await?;
@@ -303,7 +362,7 @@ impl Store {
     /// Part of the job's TREC run: up to `topics` topics after position `after`, and the last position read
     /// (`None` past the end). A run streams in parts, so its size never sits in memory whole.
     pub async fn run_part(&self, id: &str, after: i64, topics: i64) -> Result<(String, Option<i64>), StoreError> {
-        let rows = sqlx::query("SELECT seq, run FROM job_topics WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?")
+        let rows = sqlx::query("SELECT seq, run FROM job_topics WHERE job_id = $1 AND seq > $2 ORDER BY seq LIMIT $3")
             .bind(id)
             .bind(after)
             .bind(topics)
@@ -323,8 +382,9 @@ impl Store {
         if keep == 0 {
             return Ok(());
         }
-        let id = sqlx::query(
-            "INSERT INTO query_log (at, query, collection, pipeline, latency_ms, results) VALUES (?, ?, ?, ?, ?, ?)",
+        let id: i64 = sqlx::query(
+            "INSERT INTO query_log (at, query, collection, pipeline, latency_ms, results) VALUES ($1, $2, $3, $4, $5, $6) \
+             RETURNING id",
         )
         .bind(now_rfc3339())
         .bind(entry.query)
@@ -332,11 +392,11 @@ impl Store {
         .bind(entry.pipeline)
         .bind(entry.latency_ms)
         .bind(entry.results)
-        .execute(&self.pool)
+        .fetch_one(&self.pool)
         .await?
-        .last_insert_rowid();
+        .try_get(0)?;
         // Ids grow by one per entry: everything `keep` behind the newest goes (a range on the primary key).
-        sqlx::query("DELETE FROM query_log WHERE id <= ?").bind(id - keep as i64).execute(&self.pool).await?;
+        sqlx::query("DELETE FROM query_log WHERE id <= $1").bind(id - keep as i64).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -350,13 +410,23 @@ impl Store {
         Ok(sqlx::query("SELECT COALESCE(MAX(id), 0) FROM query_log").fetch_one(&self.pool).await?.try_get(0)?)
     }
 
-    /// `PRAGMA integrity_check`: "ok" when the database is sound.
-    pub async fn integrity_check(&self) -> Result<String, StoreError> {
-        Ok(sqlx::query("PRAGMA integrity_check").fetch_one(&self.pool).await?.try_get::<String, _>(0)?)
+    /// SQLite's `PRAGMA integrity_check`: "ok" when the file is sound (none for PostgreSQL, which checks its
+    /// own pages).
+    pub async fn integrity_check(&self) -> Result<Option<String>, StoreError> {
+        if self.backend != Backend::Sqlite {
+            return Ok(None);
+        }
+        Ok(Some(sqlx::query("PRAGMA integrity_check").fetch_one(&self.pool).await?.try_get::<String, _>(0)?))
     }
 }
 
-fn job_row(r: &sqlx::sqlite::SqliteRow) -> Result<JobRow, StoreError> {
+/// The URL of the SQLite file at `path` (created if missing); `%`, `?` and `#` escaped, as sqlx decodes them.
+pub fn sqlite_url(path: &Path) -> String {
+    let path = path.to_string_lossy().replace('%', "%25").replace('?', "%3F").replace('#', "%23");
+    format!("sqlite://{path}?mode=rwc")
+}
+
+fn job_row(r: &AnyRow) -> Result<JobRow, StoreError> {
     Ok(JobRow {
         id: r.try_get("id")?,
         status: JobStatus::parse(r.try_get("status")?),
@@ -381,14 +451,62 @@ pub fn now_rfc3339() -> String {
     crate::timestamp::rfc3339(std::time::SystemTime::now())
 }
 
+/// Stores for the tests to run against: SQLite, and PostgreSQL when `LONGRANK_TEST_POSTGRES` names a server
+/// (`postgres://USER:PASSWORD@HOST:PORT/DB`, a user that may create databases; `scripts/postgres.sh start`
+/// makes one), each a fresh database. `LONGRANK_EXPECT_POSTGRES` (set by CI) makes a missing server an error.
+#[doc(hidden)]
+pub mod testing {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use sqlx::Connection;
+
+    #[cfg(test)]
+    use super::Store;
+
+    /// The stores, with the SQLite one's directory (kept while the test runs).
+    #[cfg(test)]
+    pub async fn stores() -> (Vec<Store>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut stores = vec![Store::open(&dir.path().join("db.sqlite")).await.unwrap()];
+        if let Some(url) = fresh_postgres().await {
+            stores.push(Store::connect(&url).await.unwrap());
+        }
+        (stores, dir)
+    }
+
+    /// The URL of a new, empty database on the test server.
+    pub async fn fresh_postgres() -> Option<String> {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let Ok(url) = std::env::var("LONGRANK_TEST_POSTGRES") else {
+            assert!(
+                std::env::var_os("LONGRANK_EXPECT_POSTGRES").is_none(),
+                "LONGRANK_EXPECT_POSTGRES is set but LONGRANK_TEST_POSTGRES names no server"
+            );
+            return None;
+        };
+        sqlx::any::install_default_drivers();
+        let name = format!("longrank_test_{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+        let mut admin = sqlx::AnyConnection::connect(&url).await.expect("connecting to LONGRANK_TEST_POSTGRES");
+        sqlx::query(&format!("DROP DATABASE IF EXISTS {name}")).execute(&mut admin).await.unwrap();
+        sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut admin).await.unwrap();
+        let (server, query) = url.split_once('?').map_or((url.as_str(), None), |(s, q)| (s, Some(q)));
+        let server = server.rsplit_once('/').map_or(server, |(s, _)| s);
+        Some(format!("{server}/{name}{}", query.map(|q| format!("?{q}")).unwrap_or_default()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[tokio::test]
     async fn jobs_round_trip_and_resume_points() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("db.sqlite")).await.unwrap();
+        for store in testing::stores().await.0 {
+            jobs_round_trip(&store).await;
+        }
+    }
+
+    async fn jobs_round_trip(store: &Store) {
         let job =
             NewJob { id: "j1", params: "{}", topics: "1\tx\n", qrels: None, rerank: None, provenance: "{}", total: 2 };
         store.create_job(job).await.unwrap();
@@ -406,6 +524,56 @@ mod tests {
         store.set_status("j1", JobStatus::Cancelled, None).await.unwrap();
         assert_eq!(store.job("j1").await.unwrap().unwrap().status, JobStatus::Done, "finished jobs stay finished");
         assert!(store.unfinished_jobs().await.unwrap().is_empty());
-        assert_eq!(store.integrity_check().await.unwrap(), "ok");
+        let sound = store.integrity_check().await.unwrap();
+        assert_eq!(sound.as_deref(), (store.backend() == Backend::Sqlite).then_some("ok"));
+    }
+
+    #[tokio::test]
+    async fn lists_retention_and_the_query_log() {
+        for store in testing::stores().await.0 {
+            lists_and_retention(&store).await;
+            query_log(&store).await;
+        }
+    }
+
+    async fn lists_and_retention(store: &Store) {
+        for (id, collection) in [("a", "robust04"), ("b", "gov2"), ("c", "robust04")] {
+            let provenance = format!("{{\"collection\": {{\"name\": \"{collection}\"}}}}");
+            let job =
+                NewJob { id, params: "{}", topics: "", qrels: None, rerank: None, provenance: &provenance, total: 3 };
+            store.create_job(job).await.unwrap();
+            for seq in 0..3 {
+                store.add_topic(id, seq, &seq.to_string(), &format!("{seq} Q0 d 1 1 t\n"), None).await.unwrap();
+            }
+        }
+        assert_eq!(store.unfinished_jobs_on("robust04").await.unwrap(), ["a", "c"]);
+        assert_eq!(store.run_part("a", 0, 1).await.unwrap(), ("1 Q0 d 1 1 t\n".to_string(), Some(1)));
+        assert_eq!(store.run_part("a", 2, 1).await.unwrap(), (String::new(), None));
+        let metrics = r#"{"all": {"map": 0.5}, "per_topic": {"1": {"map": 0.5}}}"#;
+        for id in ["a", "b"] {
+            store.set_status(id, JobStatus::Running, None).await.unwrap();
+            store.finish(id, JobStatus::Done, Some(metrics), "[]").await.unwrap();
+        }
+        let (page, total) = store.jobs(0, 10).await.unwrap();
+        assert_eq!(total, 3);
+        let summary = page.iter().find(|j| j.id == "a").unwrap();
+        assert_eq!(summary.metrics.as_deref(), Some(r#"{"all":{"map":0.5}}"#), "lists carry the means only");
+        assert_eq!((summary.done, summary.topics.as_str(), summary.flops), (3, "", None));
+        assert_eq!(store.job("a").await.unwrap().unwrap().metrics.as_deref(), Some(metrics));
+        assert_eq!(store.keep_finished(1).await.unwrap(), 1, "one of the two finished jobs goes");
+        assert_eq!(store.jobs(0, 10).await.unwrap().1, 2);
+        assert!(store.job("c").await.unwrap().is_some(), "an unfinished job is never deleted");
+        store.delete_job("c").await.unwrap();
+        assert!(store.job("c").await.unwrap().is_none());
+        assert_eq!(store.run_text("c").await.unwrap(), "", "its run goes with it");
+    }
+
+    async fn query_log(store: &Store) {
+        let entry = || QueryLogEntry { query: "q", collection: None, pipeline: "bm25", latency_ms: 1.5, results: 3 };
+        for _ in 0..5 {
+            store.log_query(entry(), 2).await.unwrap();
+        }
+        store.log_query(entry(), 0).await.unwrap();
+        assert_eq!((store.query_log_len().await.unwrap(), store.queries_logged().await.unwrap()), (2, 5));
     }
 }

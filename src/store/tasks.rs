@@ -98,7 +98,7 @@ impl Store {
     /// Queues a task; its id.
     pub async fn create_task(&self, collection: &str, kind: TaskKind, input: &str) -> Result<i64, StoreError> {
         let row = sqlx::query(
-            "INSERT INTO tasks (collection, kind, status, input, enqueued_at) VALUES (?, ?, 'queued', ?, ?) \
+            "INSERT INTO tasks (collection, kind, status, input, enqueued_at) VALUES ($1, $2, 'queued', $3, $4) \
              RETURNING id",
         )
         .bind(collection)
@@ -111,7 +111,7 @@ impl Store {
     }
 
     pub async fn task(&self, id: i64) -> Result<Option<TaskRow>, StoreError> {
-        let row = sqlx::query(&format!("SELECT {COLUMNS} FROM tasks WHERE id = ?"))
+        let row = sqlx::query(&format!("SELECT {COLUMNS} FROM tasks WHERE id = $1"))
             .bind(id)
             .fetch_optional(&self.pool)
             .await?;
@@ -121,8 +121,8 @@ impl Store {
     /// Tasks, newest first.
     pub async fn tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskRow>, StoreError> {
         let rows = sqlx::query(&format!(
-            "SELECT {COLUMNS} FROM tasks WHERE (?1 IS NULL OR collection = ?1) AND (?2 IS NULL OR status = ?2) \
-             AND (?3 IS NULL OR id < ?3) ORDER BY id DESC LIMIT ?4"
+            "SELECT {COLUMNS} FROM tasks WHERE ($1 IS NULL OR collection = $1) AND ($2 IS NULL OR status = $2) \
+             AND ($3 IS NULL OR id < $3) ORDER BY id DESC LIMIT $4"
         ))
         .bind(&filter.collection)
         .bind(filter.status.map(text))
@@ -136,8 +136,9 @@ impl Store {
     /// The oldest queued task, marked running.
     pub async fn start_next_task(&self) -> Result<Option<TaskRow>, StoreError> {
         let row = sqlx::query(&format!(
-            "UPDATE tasks SET status = 'running', started_at = ? \
-             WHERE id = (SELECT id FROM tasks WHERE status = 'queued' ORDER BY id LIMIT 1) RETURNING {COLUMNS}"
+            "UPDATE tasks SET status = 'running', started_at = $1 \
+             WHERE id = (SELECT id FROM tasks WHERE status = 'queued' ORDER BY id LIMIT 1) AND status = 'queued' \
+             RETURNING {COLUMNS}"
         ))
         .bind(now_rfc3339())
         .fetch_optional(&self.pool)
@@ -149,7 +150,7 @@ impl Store {
     /// stop end cancelled.
     pub async fn requeue_running_tasks(&self) -> Result<u64, StoreError> {
         sqlx::query(
-            "UPDATE tasks SET status = 'cancelled', finished_at = ? WHERE status = 'running' AND cancel_requested",
+            "UPDATE tasks SET status = 'cancelled', finished_at = $1 WHERE status = 'running' AND cancel_requested = 1",
         )
         .bind(now_rfc3339())
         .execute(&self.pool)
@@ -162,7 +163,7 @@ impl Store {
 
     /// Asks a running task to stop; false when it is not running.
     pub async fn request_cancel(&self, id: i64) -> Result<bool, StoreError> {
-        let done = sqlx::query("UPDATE tasks SET cancel_requested = 1 WHERE id = ? AND status = 'running'")
+        let done = sqlx::query("UPDATE tasks SET cancel_requested = 1 WHERE id = $1 AND status = 'running'")
             .bind(id)
             .execute(&self.pool)
             .await?;
@@ -173,8 +174,8 @@ impl Store {
     pub async fn finish_task(&self, id: i64, status: TaskStatus, outcome: &TaskOutcome) -> Result<(), StoreError> {
         let errors = serde_json::to_string(&outcome.errors).unwrap_or_else(|_| "[]".into());
         sqlx::query(
-            "UPDATE tasks SET status = ?, read = ?, indexed = ?, skipped = ?, deleted = ?, errors = ?, error = ?, \
-             finished_at = ? WHERE id = ? AND status = 'running'",
+            "UPDATE tasks SET status = $1, read = $2, indexed = $3, skipped = $4, deleted = $5, errors = $6, error = $7, \
+             finished_at = $8 WHERE id = $9 AND status = 'running'",
         )
         .bind(text(status))
         .bind(outcome.read)
@@ -193,7 +194,7 @@ impl Store {
     /// Cancels a queued task: its input; none when it is not queued (running or finished).
     pub async fn cancel_queued_task(&self, id: i64) -> Result<Option<String>, StoreError> {
         let row = sqlx::query(
-            "UPDATE tasks SET status = 'cancelled', finished_at = ? WHERE id = ? AND status = 'queued' RETURNING input",
+            "UPDATE tasks SET status = 'cancelled', finished_at = $1 WHERE id = $2 AND status = 'queued' RETURNING input",
         )
         .bind(now_rfc3339())
         .bind(id)
@@ -210,7 +211,7 @@ impl Store {
     }
 }
 
-fn task_row(r: &sqlx::sqlite::SqliteRow) -> Result<TaskRow, StoreError> {
+fn task_row(r: &sqlx::any::AnyRow) -> Result<TaskRow, StoreError> {
     Ok(TaskRow {
         id: r.try_get("id")?,
         collection: r.try_get("collection")?,
@@ -235,8 +236,12 @@ mod tests {
 
     #[tokio::test]
     async fn tasks_run_in_order_resume_and_cancel() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("db.sqlite")).await.unwrap();
+        for store in crate::store::testing::stores().await.0 {
+            tasks_in_order(&store).await;
+        }
+    }
+
+    async fn tasks_in_order(store: &Store) {
         let a = store.create_task("c", TaskKind::CreateCollection, "{}").await.unwrap();
         let b = store.create_task("c", TaskKind::AddDocuments, "{\"file\": \"x\"}").await.unwrap();
         let c = store.create_task("d", TaskKind::DeleteCollection, "{}").await.unwrap();

@@ -335,8 +335,49 @@ fn integrity(data_dir: &Path) -> String {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     runtime.block_on(async {
         let store = longrank::store::Store::open(&data_dir.join("longrank.db")).await.unwrap();
-        store.integrity_check().await.unwrap()
+        store.integrity_check().await.unwrap().expect("a SQLite store")
     })
+}
+
+#[test]
+fn a_job_on_postgresql_survives_kill_9_and_equals_the_sqlite_run() {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let Some(url) = runtime.block_on(longrank::store::testing::fresh_postgres()) else {
+        return; // no PostgreSQL server here (CI has one and sets LONGRANK_EXPECT_POSTGRES)
+    };
+    let password = url.split_once("://").unwrap().1.split_once('@').unwrap().0.split_once(':').unwrap().1.to_string();
+    let dir = crate::fixtures::cranfield_data_dir();
+    let env = [("LONGRANK_STORE_URL", url.as_str()), ("LONGRANK_TEST_HOLD", "batch.topic:20")];
+    let mut server = TestServer::start(dir.path(), &env).wait_ready();
+    let topics = many_topics(300);
+    let body = json!({"collection": "cranfield", "topics": topics, "k": 100, "qrels": read("cranfield/qrels.txt"),
+                      "pipeline": "bm25+rm3"});
+    let id = post_json(&server.url("/batch"), &body.to_string()).json()["id"].as_str().unwrap().to_string();
+    wait_for(&server, &id, |v| v["progress"]["done"].as_i64().unwrap() == 20);
+    server.child.kill().unwrap(); // SIGKILL
+    server.child.wait().unwrap();
+    drop(server);
+    assert!(!dir.path().join("longrank.db").exists(), "the store is PostgreSQL, not the data directory's file");
+
+    let server = TestServer::start(dir.path(), &[("LONGRANK_STORE_URL", url.as_str())]).wait_ready();
+    let job = wait_for(&server, &id, |v| v["status"] != "running" && v["status"] != "queued");
+    assert_eq!((&job["status"], &job["progress"]["done"]), (&json!("done"), &json!(300)), "{job}");
+    let (status, text) = get(&server.url(&format!("/batch/{id}")));
+    assert_eq!(status, 200);
+    assert!(!text.contains(&password), "the store's password is shown: {text}");
+    assert_eq!(
+        job["provenance"]["configuration"]["store"]["url"].as_str().unwrap(),
+        longrank::config::redact_url(&url)
+    );
+    let (_, list) = get(&server.url("/batch"));
+    assert!(!list.contains(&password) && list.contains(&id), "{list}");
+
+    // The same job on the SQLite store: byte-identical run, equal metrics.
+    let (_, run) = get(&server.url(&format!("/batch/{id}/run")));
+    let sqlite = post_json(&fixture().server.url("/batch?wait=true"), &body.to_string()).json();
+    let (_, sqlite_run) = get(&fixture().server.url(&format!("/batch/{}/run", sqlite["id"].as_str().unwrap())));
+    assert!(run == sqlite_run, "the run on PostgreSQL differs from the run on SQLite");
+    assert_eq!(job["metrics"], sqlite["metrics"]);
 }
 
 #[test]
