@@ -237,8 +237,12 @@ impl Default for ModelConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BatchConfig {
-    /// Batch jobs running at once; the others wait in the queue.
-    pub max_concurrent_jobs: usize,
+    /// Topics this replica runs at once (each worker claims one topic at a time, of the oldest job first).
+    #[serde(alias = "max_concurrent_jobs")]
+    pub workers: usize,
+    /// How long a worker holds a claimed topic without renewing its lease (renewed every third of it); past
+    /// it, another worker (of any replica) runs the topic again.
+    pub lease_ms: u64,
     /// At start, resume the jobs a crash or restart cut off from their last finished topic (false: mark
     /// them interrupted).
     pub resume_interrupted: bool,
@@ -248,7 +252,7 @@ pub struct BatchConfig {
 
 impl Default for BatchConfig {
     fn default() -> Self {
-        BatchConfig { max_concurrent_jobs: 1, resume_interrupted: true, keep_finished_jobs: 1000 }
+        BatchConfig { workers: 1, lease_ms: 30_000, resume_interrupted: true, keep_finished_jobs: 1000 }
     }
 }
 
@@ -289,6 +293,9 @@ pub struct ServerConfig {
     /// How often the server looks at the data directory for collections another process built, rebuilt with
     /// `--replace` or deleted (0: never; documents added to an open collection show without it).
     pub catalog_poll_ms: u64,
+    /// This replica's name in the leases of batch topics, `/health` and `/metrics`; empty: the host:port it
+    /// listens on. Replicas that share a store need distinct names.
+    pub replica_id: String,
 }
 
 impl ServerConfig {
@@ -319,6 +326,7 @@ impl Default for ServerConfig {
             max_waiting_requests: 1000,
             header_read_timeout_ms: 10_000,
             catalog_poll_ms: 1000,
+            replica_id: String::new(),
         }
     }
 }

@@ -5,7 +5,8 @@
 //!
 //! Points: `index.commit` (after each commit of an index build), `train.checkpoint` (after each checkpoint of
 //! a model in training), `model.batch` (before each forward pass of a model's inference thread), `batch.topic`
-//! (after each topic a batch job stores), `task.start` (a task marked running, before it writes anything; not
+//! (after each topic a batch job stores), `batch.commit` (a batch topic run, before its commit: a test stops the
+//! process there to let its lease run out), `task.start` (a task marked running, before it writes anything; not
 //! a collection's deletion).
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,6 +33,14 @@ fn hold() -> Option<&'static Hold> {
         Some(Hold { point, at, until, passes: AtomicU64::new(0) })
     })
     .as_ref()
+}
+
+/// `point` in async code: a hold waits on a blocking thread, never on a runtime worker (a task the worker had
+/// just queued, such as a database connection going back to its pool, would wait with it).
+pub async fn reached(name: &'static str) {
+    if hold().is_some_and(|h| h.point == name) {
+        let _ = tokio::task::spawn_blocking(move || point(name)).await;
+    }
 }
 
 /// A named point: holds here when a test asks for it (see the module).

@@ -12,7 +12,7 @@
 //! | `model` | BERT-class models: loading, encoders, Co-BERT's heads, CPU kernels, serving queues |
 //! | `rank` | the pipeline: parameters, validation, retrieval, re-ranking, batch runs |
 //! | `eval` | topics, qrels, runs, trec_eval's measures, comparisons |
-//! | `store` | the embedded database of jobs and the query log |
+//! | `store` | the database (SQLite or PostgreSQL) of jobs, their topics' leases, tasks and the query log |
 //! | `server` | HTTP: routes, decoding, errors, middleware, metrics, OpenAPI, batch jobs |
 //! | `train` | fine-tuning: FirstP, all segments, BeST, Co-BERT |
 //! | `progress` | how long jobs report progress |

@@ -1,14 +1,17 @@
-//! Batch jobs over HTTP: submitted runs wait in a queue bounded by `batch.max_concurrent_jobs`, run topic by
-//! topic through the same `BatchPlan` as `longrank batch`, and persist every finished topic, so a job cut
-//! off by a crash or restart resumes from its last finished topic (or is marked interrupted).
+//! Batch jobs over HTTP. A submitted job is stored with one task per topic; `batch.workers` workers in every
+//! replica that shares the store claim topics one at a time with a lease (`store::leases`), run each through
+//! the same `BatchPlan` as `longrank batch`, and commit its run lines, so a job survives the death of any
+//! replica: a topic whose lease runs out is run by another worker, and the commit of the last topic computes
+//! the metrics. The run is the topics in file order, whichever replica ran each.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::Notify;
 use utoipa::ToSchema;
 
 use crate::config::Config;
@@ -16,7 +19,7 @@ use crate::eval::{self, Comparison, EvalError, EvalOptions, Measure, Qrels, Run,
 use crate::index::Catalog;
 use crate::model::Cancel;
 use crate::rank::{BatchParams, BatchPlan, Engine, RankError};
-use crate::store::{JobRow, JobStatus, NewJob, Store, StoreError};
+use crate::store::{Backend, Claim, Committed, Completion, JobRow, JobStatus, NewJob, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
@@ -102,26 +105,59 @@ pub struct Metrics {
     pub per_topic: Option<BTreeMap<String, BTreeMap<String, f64>>>,
 }
 
-/// The job queue and its workers.
+/// The job queue and this replica's workers.
 pub struct Jobs {
     engine: Arc<Engine>,
     store: Store,
     config: Config,
-    permits: Arc<Semaphore>,
-    /// Cancellation flags and completion signals of jobs queued or running in this process.
-    live: Mutex<HashMap<String, Live>>,
+    /// This replica's name in the leases it takes (set by `start`).
+    replica: OnceLock<String>,
+    /// Wakes idle workers when a job is submitted here (others' jobs are found by polling).
+    submitted: Notify,
+    /// Told whenever a job finishes or is cancelled here.
+    finished: Notify,
+    /// The plans of the jobs this replica works on, each built once from its stored row.
+    plans: Mutex<HashMap<String, Arc<Planned>>>,
+    /// The cancel flags of the topics running here, by job and topic.
+    running: Mutex<HashMap<(String, i64), Cancel>>,
+    pub counters: Counters,
 }
 
-#[derive(Clone)]
-struct Live {
-    cancel: Cancel,
-    finished: watch::Receiver<bool>,
+/// What this replica's workers did with topics, for `/metrics`.
+#[derive(Default)]
+pub struct Counters {
+    pub claimed: AtomicU64,
+    pub renewed: AtomicU64,
+    /// Leases lost while the topic ran (they ran out, or the job stopped).
+    pub expired: AtomicU64,
+    /// Claims of a topic that an earlier claim had held.
+    pub retried: AtomicU64,
+    /// Commits refused because the lease had been lost.
+    pub fenced: AtomicU64,
 }
+
+struct Planned {
+    plan: BatchPlan,
+    qrels: Option<String>,
+}
+
+/// How long an idle worker waits before looking for topics again (jobs submitted to other replicas, leases
+/// that ran out), and how often a waiting client looks at a job that runs elsewhere.
+const IDLE_POLL: Duration = Duration::from_millis(250);
 
 impl Jobs {
     pub fn new(engine: Arc<Engine>, store: Store, config: Config) -> Arc<Jobs> {
-        let permits = Arc::new(Semaphore::new(config.batch.max_concurrent_jobs.max(1)));
-        Arc::new(Jobs { engine, store, config, permits, live: Mutex::new(HashMap::new()) })
+        Arc::new(Jobs {
+            engine,
+            store,
+            config,
+            replica: OnceLock::new(),
+            submitted: Notify::new(),
+            finished: Notify::new(),
+            plans: Mutex::new(HashMap::new()),
+            running: Mutex::new(HashMap::new()),
+            counters: Counters::default(),
+        })
     }
 
     pub fn store(&self) -> &Store {
@@ -151,125 +187,169 @@ impl Jobs {
             total,
         };
         self.store.create_job(job).await?;
-        self.spawn(id.clone(), plan, submission.qrels);
+        self.plans.lock().insert(id.clone(), Arc::new(Planned { plan, qrels: submission.qrels }));
+        self.submitted.notify_waiters();
         Ok(id)
     }
 
-    /// Resumes (or marks interrupted) the jobs a previous process left queued or running.
-    pub async fn recover(self: &Arc<Self>) -> Result<(), JobError> {
-        for row in self.store.unfinished_jobs().await? {
-            if !self.config.batch.resume_interrupted {
+    /// Starts this replica's workers, named `replica` in their leases. First the leases a previous run of this
+    /// replica held are freed (on SQLite every lease: one process owns the file), so its topics run again at
+    /// once; with `batch.resume_interrupted = false` their jobs (on SQLite every unfinished job) are marked
+    /// interrupted instead.
+    pub async fn start(self: &Arc<Self>, replica: String) -> Result<(), JobError> {
+        let sqlite = self.store.backend() == Backend::Sqlite;
+        let stale = self.store.release_leases((!sqlite).then_some(replica.as_str())).await?;
+        let _ = self.replica.set(replica);
+        if !self.config.batch.resume_interrupted {
+            let cut_off = match sqlite {
+                true => self.store.unfinished_jobs().await?.into_iter().map(|j| j.id).collect(),
+                false => stale,
+            };
+            for id in cut_off {
                 self.store
-                    .set_status(&row.id, JobStatus::Interrupted, Some("the server stopped while the job ran"))
+                    .set_status(&id, JobStatus::Interrupted, Some("the server stopped while the job ran"))
                     .await?;
-                continue;
             }
-            let plan = serde_json::from_str::<BatchParams>(&row.params).map_err(|e| e.to_string()).and_then(|params| {
-                let topics = eval::formats::parse_topics(&row.topics, &eval::formats::upload_path("topics"))
-                    .map_err(|e| e.to_string())?;
-                let rerank = parse_rerank(row.rerank.as_deref()).map_err(|e| e.to_string())?;
-                let mut plan = self.engine.plan_batch(&params, topics, rerank).map_err(|e| e.to_string())?;
-                // As submitted, whatever the configuration says today.
-                plan.restore(&self.engine, &row.provenance).map_err(|e| e.to_string())?;
-                Ok(plan)
-            });
-            match plan {
-                Ok(plan) => {
-                    tracing::info!(job = %row.id, done = row.done, total = row.total, "resuming batch job");
-                    self.spawn(row.id.clone(), plan, row.qrels.clone());
+        }
+        for _ in 0..self.config.batch.workers.max(1) {
+            tokio::spawn(self.clone().work());
+        }
+        Ok(())
+    }
+
+    /// One worker: claims a topic, runs it, commits it; waits when there is none.
+    async fn work(self: Arc<Self>) {
+        let replica = self.replica.get().cloned().unwrap_or_default();
+        loop {
+            match self.store.claim_topic(&replica, self.config.batch.lease_ms as i64).await {
+                Ok(Some(claim)) => {
+                    self.counters.claimed.fetch_add(1, Ordering::Relaxed);
+                    if claim.attempt > 1 {
+                        self.counters.retried.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(job = %claim.job_id, topic = claim.seq, attempt = claim.attempt, "retrying a topic");
+                    }
+                    if let Err(e) = self.run_topic(&claim).await {
+                        tracing::error!(job = %claim.job_id, "batch job failed: {e}");
+                        let _ = self.store.set_status(&claim.job_id, JobStatus::Failed, Some(&e.to_string())).await;
+                        self.forget(&claim.job_id);
+                        self.finished.notify_waiters();
+                    }
+                }
+                Ok(None) => {
+                    let _ = tokio::time::timeout(IDLE_POLL, self.submitted.notified()).await;
                 }
                 Err(e) => {
-                    let message = format!("could not resume after a restart: {e}");
-                    self.store.set_status(&row.id, JobStatus::Interrupted, Some(&message)).await?;
+                    tracing::warn!("claiming a topic: {e}");
+                    tokio::time::sleep(IDLE_POLL).await;
                 }
             }
         }
-        Ok(())
     }
 
-    fn spawn(self: &Arc<Self>, id: String, plan: BatchPlan, qrels: Option<String>) {
+    /// Runs one claimed topic, renewing its lease meanwhile, and commits it.
+    async fn run_topic(self: &Arc<Self>, claim: &Claim) -> Result<(), JobError> {
+        let planned = self.plan(&claim.job_id).await?;
         let cancel = Cancel::default();
-        let (done_tx, done_rx) = watch::channel(false);
-        self.live_map().insert(id.clone(), Live { cancel: cancel.clone(), finished: done_rx });
-        let jobs = self.clone();
-        tokio::spawn(async move {
-            let result = jobs.run(&id, Arc::new(plan), qrels, &cancel).await;
-            if let Err(e) = result {
-                tracing::error!(job = %id, "batch job failed: {e}");
-                let _ = jobs.store.set_status(&id, JobStatus::Failed, Some(&e.to_string())).await;
+        let key = (claim.job_id.clone(), claim.seq);
+        self.running.lock().insert(key.clone(), cancel.clone());
+        let renewal = tokio::spawn(self.clone().renew(claim.clone(), cancel.clone()));
+        let seq = claim.seq as usize;
+        let (engine, topic_planned, topic_cancel) = (self.engine.clone(), planned.clone(), cancel.clone());
+        let ranked = tokio::task::spawn_blocking(move || {
+            let plan = &topic_planned.plan;
+            plan.run_topic(&engine, &plan.topics[seq], &topic_cancel)
+        })
+        .await;
+        renewal.abort();
+        self.running.lock().remove(&key);
+        let ranked = match ranked.map_err(|e| JobError::Worker(e.to_string()))? {
+            // The lease was lost or the job stopped while the topic ran: another claim runs it, or none.
+            Err(_) if cancel.is_cancelled() => return Ok(()),
+            ranked => ranked?,
+        };
+        let plan = &planned.plan;
+        let qid = &plan.topics[seq].qid;
+        let mut run = Run { tag: plan.tag.clone(), ..Default::default() };
+        run.topics.insert(qid.clone(), ranked.scored);
+        let mut text = Vec::new();
+        run.write(&mut text).expect("writing to memory");
+        let mut failure = None;
+        let complete = |whole: &str| {
+            completion(plan, whole, planned.qrels.as_deref()).unwrap_or_else(|e| {
+                failure = Some(e.to_string());
+                Completion { metrics: None, warnings: "[]".into() }
+            })
+        };
+        crate::hooks::reached("batch.commit").await;
+        let committed =
+            self.store.commit_topic(claim, qid, &String::from_utf8_lossy(&text), ranked.flops, complete).await?;
+        match committed {
+            Committed::Topic => crate::hooks::reached("batch.topic").await,
+            Committed::Job => {
+                crate::hooks::reached("batch.topic").await;
+                self.forget(&claim.job_id);
+                if let Some(e) = failure {
+                    self.store.set_status(&claim.job_id, JobStatus::Failed, Some(&e)).await?;
+                }
+                self.finished.notify_waiters();
+                // Retention: the newest finished jobs stay, older ones go with their runs.
+                match self.store.keep_finished(self.config.batch.keep_finished_jobs).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!("deleted {n} finished jobs beyond batch.keep_finished_jobs"),
+                    Err(e) => tracing::warn!("job retention: {e}"),
+                }
             }
-            // Retention: the newest finished jobs stay, older ones go with their runs.
-            match jobs.store.keep_finished(jobs.config.batch.keep_finished_jobs).await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!("deleted {n} finished jobs beyond batch.keep_finished_jobs"),
-                Err(e) => tracing::warn!("job retention: {e}"),
+            Committed::Fenced => {
+                self.counters.fenced.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(job = %claim.job_id, topic = claim.seq, "the topic's lease was lost: its result is dropped");
             }
-            jobs.live_map().remove(&id);
-            let _ = done_tx.send(true);
-        });
-    }
-
-    async fn run(
-        &self,
-        id: &str,
-        plan: Arc<BatchPlan>,
-        qrels: Option<String>,
-        cancel: &Cancel,
-    ) -> Result<(), JobError> {
-        let _permit = self.permits.clone().acquire_owned().await.map_err(|e| JobError::Worker(e.to_string()))?;
-        if cancel.is_cancelled() {
-            return Ok(());
+            Committed::Stopped => self.forget(&claim.job_id),
         }
-        self.store.set_status(id, JobStatus::Running, None).await?;
-        let finished: std::collections::HashSet<i64> = self.store.finished_topics(id).await?.into_iter().collect();
-        for seq in 0..plan.topics.len() {
-            if finished.contains(&(seq as i64)) {
-                continue;
-            }
-            if cancel.is_cancelled() {
-                return Ok(());
-            }
-            let (engine, plan_ref, topic_cancel) = (self.engine.clone(), plan.clone(), cancel.clone());
-            let ranked =
-                tokio::task::spawn_blocking(move || plan_ref.run_topic(&engine, &plan_ref.topics[seq], &topic_cancel))
-                    .await
-                    .map_err(|e| JobError::Worker(e.to_string()))?;
-            let ranked = match ranked {
-                // Cancelled while the model scored this topic: the job stops where it was.
-                Err(_) if cancel.is_cancelled() => return Ok(()),
-                ranked => ranked?,
-            };
-            let qid = &plan.topics[seq].qid;
-            let mut run = Run { tag: plan.tag.clone(), ..Default::default() };
-            run.topics.insert(qid.clone(), ranked.scored);
-            let mut text = Vec::new();
-            run.write(&mut text).expect("writing to memory");
-            self.store.add_topic(id, seq as i64, qid, &String::from_utf8_lossy(&text), ranked.flops).await?;
-            crate::hooks::point("batch.topic");
-        }
-        let (metrics, warnings) = self.evaluate(id, &plan, qrels.as_deref()).await?;
-        let metrics = metrics.map(|m| serde_json::to_string(&m).unwrap_or_default());
-        let warnings = serde_json::to_string(&warnings).unwrap_or_default();
-        self.store.finish(id, JobStatus::Done, metrics.as_deref(), &warnings).await?;
         Ok(())
     }
 
-    /// Metrics of the run exactly as `GET /batch/{id}/run` serves it.
-    /// The run's warnings, and its metrics when there are qrels.
-    async fn evaluate(
-        &self,
-        id: &str,
-        plan: &BatchPlan,
-        qrels: Option<&str>,
-    ) -> Result<(Option<Metrics>, Vec<Warning>), JobError> {
-        let run = Run::parse(&self.store.run_text(id).await?, &eval::formats::upload_path("run"))?;
-        let qrels = qrels.map(|q| Qrels::parse(q, &eval::formats::upload_path("qrels"))).transpose()?;
-        let topics: Vec<&str> = plan.topics.iter().map(|t| t.qid.as_str()).collect();
-        let warnings = eval::warnings::of_batch(&run, &topics, qrels.as_ref()).list();
-        let Some(qrels) = qrels else { return Ok((None, warnings)) };
-        let evaluation = eval::evaluate(&run, &qrels, &Measure::all(), EvalOptions::default());
-        let per_topic = evaluation.per_topic.iter().map(|(q, v)| (q.clone(), v.iter().cloned().collect())).collect();
-        Ok((Some(Metrics { all: evaluation.all_map(), per_topic: Some(per_topic) }), warnings))
+    /// Renews a claim's lease every third of it; cancels the topic when the lease is lost.
+    async fn renew(self: Arc<Self>, claim: Claim, cancel: Cancel) {
+        let lease_ms = self.config.batch.lease_ms;
+        loop {
+            tokio::time::sleep(Duration::from_millis(lease_ms / 3)).await;
+            match self.store.renew(&claim, lease_ms as i64).await {
+                Ok(true) => {
+                    self.counters.renewed.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(false) => {
+                    self.counters.expired.fetch_add(1, Ordering::Relaxed);
+                    cancel.cancel();
+                    return;
+                }
+                Err(e) => tracing::warn!(job = %claim.job_id, "renewing a lease: {e}"),
+            }
+        }
+    }
+
+    /// The job's plan, built from its row the first time this replica works on it, with the options it was
+    /// submitted with whatever the configuration says today.
+    async fn plan(&self, id: &str) -> Result<Arc<Planned>, JobError> {
+        if let Some(planned) = self.plans.lock().get(id) {
+            return Ok(planned.clone());
+        }
+        let row = self.store.job(id).await?.ok_or_else(|| JobError::UnknownJob(id.to_string()))?;
+        let params = serde_json::from_str::<BatchParams>(&row.params).map_err(|e| JobError::Worker(e.to_string()))?;
+        let topics = eval::formats::parse_topics(&row.topics, &eval::formats::upload_path("topics"))?;
+        let rerank = parse_rerank(row.rerank.as_deref())?;
+        let engine = self.engine.clone();
+        let mut plan = tokio::task::spawn_blocking(move || engine.plan_batch(&params, topics, rerank))
+            .await
+            .map_err(|e| JobError::Worker(e.to_string()))??;
+        plan.restore(&self.engine, &row.provenance)?;
+        let planned = Arc::new(Planned { plan, qrels: row.qrels });
+        self.plans.lock().insert(id.to_string(), planned.clone());
+        Ok(planned)
+    }
+
+    /// Drops the plan of a job this replica will not run again.
+    fn forget(&self, id: &str) {
+        self.plans.lock().remove(id);
     }
 
     pub async fn get(&self, id: &str) -> Result<JobView, JobError> {
@@ -284,13 +364,17 @@ impl Jobs {
         Ok((rows.into_iter().map(view).collect(), total))
     }
 
-    /// Waits until a job of this process finishes (immediately for others).
+    /// Waits until a job finishes, here or on another replica.
     pub async fn wait(&self, id: &str) -> Result<JobView, JobError> {
-        let live = self.live_map().get(id).cloned();
-        if let Some(mut live) = live {
-            let _ = live.finished.wait_for(|done| *done).await;
+        loop {
+            // Listening before reading, so a finish between the two is not missed.
+            let finished = self.finished.notified();
+            let view = self.get(id).await?;
+            if view.status.is_finished() {
+                return Ok(view);
+            }
+            let _ = tokio::time::timeout(IDLE_POLL, finished).await;
         }
-        self.get(id).await
     }
 
     /// The TREC run of a finished job.
@@ -327,10 +411,15 @@ impl Jobs {
             self.store.delete_job(id).await?;
             return Ok(None);
         }
-        if let Some(live) = self.live_map().get(id) {
-            live.cancel.cancel();
-        }
         self.store.set_status(id, JobStatus::Cancelled, None).await?;
+        // Topics running here stop now; other replicas' stop when they next renew their leases.
+        for ((job, _), cancel) in self.running.lock().iter() {
+            if job == id {
+                cancel.cancel();
+            }
+        }
+        self.forget(id);
+        self.finished.notify_waiters();
         self.get(id).await.map(Some)
     }
 
@@ -360,10 +449,21 @@ impl Jobs {
         }
         Ok(eval::compare(&evaluations[0], &evaluations[1]))
     }
+}
 
-    fn live_map(&self) -> parking_lot::MutexGuard<'_, HashMap<String, Live>> {
-        self.live.lock()
-    }
+/// A finished job's warnings, and its metrics when there are qrels, from its whole run as `GET
+/// /batch/{id}/run` serves it.
+fn completion(plan: &BatchPlan, run: &str, qrels: Option<&str>) -> Result<Completion, JobError> {
+    let run = Run::parse(run, &eval::formats::upload_path("run"))?;
+    let qrels = qrels.map(|q| Qrels::parse(q, &eval::formats::upload_path("qrels"))).transpose()?;
+    let topics: Vec<&str> = plan.topics.iter().map(|t| t.qid.as_str()).collect();
+    let warnings = eval::warnings::of_batch(&run, &topics, qrels.as_ref()).list();
+    let metrics = qrels.map(|qrels| {
+        let evaluation = eval::evaluate(&run, &qrels, &Measure::all(), EvalOptions::default());
+        let per_topic = evaluation.per_topic.iter().map(|(q, v)| (q.clone(), v.iter().cloned().collect())).collect();
+        serde_json::to_string(&Metrics { all: evaluation.all_map(), per_topic: Some(per_topic) }).unwrap_or_default()
+    });
+    Ok(Completion { metrics, warnings: serde_json::to_string(&warnings).unwrap_or_default() })
 }
 
 fn view(row: JobRow) -> JobView {

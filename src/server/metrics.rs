@@ -25,6 +25,25 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition.
+    /// The batch workers' counters, labelled with this replica's name.
+    pub fn render_batch(&self, replica: &str, counters: &crate::server::jobs::Counters) -> String {
+        let mut out = String::new();
+        let name = "longrank_batch_topics_total";
+        header(&mut out, name, "Topics of batch jobs this replica's workers claimed, renewed the lease of, lost the lease of while running (expired), claimed again after another claim (retried), or had a commit refused for (fenced).", "counter");
+        let events = [
+            ("claimed", &counters.claimed),
+            ("renewed", &counters.renewed),
+            ("expired", &counters.expired),
+            ("retried", &counters.retried),
+            ("fenced", &counters.fenced),
+        ];
+        for (event, count) in events {
+            let count = count.load(std::sync::atomic::Ordering::Relaxed);
+            let _ = writeln!(out, "{name}{{replica=\"{}\",event=\"{event}\"}} {count}", escape(replica));
+        }
+        out
+    }
+
     pub fn render(&self, catalog: &Catalog, models: &[ModelStatus], waiting: usize) -> String {
         let mut out = String::new();
         let series = self.series.lock();

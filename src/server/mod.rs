@@ -116,6 +116,14 @@ impl AppState {
         self.inner.bound.get().is_some_and(|addr| addr.ip().is_loopback())
     }
 
+    /// This replica's name: `server.replica_id`, else the address it listens on.
+    pub fn replica(&self) -> String {
+        match &self.inner.config.server.replica_id {
+            id if id.is_empty() => self.inner.bound.get().map(|a| a.to_string()).unwrap_or_default(),
+            id => id.clone(),
+        }
+    }
+
     /// Requests waiting for a turn at the engine.
     pub fn waiting(&self) -> usize {
         self.inner.admission.waiting()
@@ -223,8 +231,8 @@ pub async fn serve(
                 }
                 preparing.set_ready();
                 tokio::spawn(follow_data_dir(preparing.clone()));
-                if let Err(e) = preparing.jobs().recover().await {
-                    tracing::error!("recovering batch jobs: {e}");
+                if let Err(e) = preparing.jobs().start(preparing.replica()).await {
+                    tracing::error!("starting the batch workers: {e}");
                 }
             }
             Ok(Err(e)) => tracing::error!("start-up failed, staying unready: {e:#}"),

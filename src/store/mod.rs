@@ -7,8 +7,10 @@
 
 use std::path::Path;
 
+mod leases;
 mod tasks;
 
+pub use leases::{Claim, Committed, Completion};
 pub use tasks::{TaskFilter, TaskKind, TaskOutcome, TaskRow, TaskStatus};
 
 use serde::{Deserialize, Serialize};
@@ -182,8 +184,10 @@ impl Store {
         self.backend
     }
 
+    /// Stores a queued job with its topics, free for any replica's workers to claim.
     pub async fn create_job(&self, job: NewJob<'_>) -> Result<(), StoreError> {
         let now = now_rfc3339();
+        let mut tx = self.pool.begin().await?;
         sqlx::query(
             "INSERT INTO jobs (id, status, created_at, updated_at, params, topics, qrels, rerank, provenance, total) \
              VALUES ($1, 'queued', $2, $3, $4, $5, $6, $7, $8, $9)",
@@ -197,8 +201,17 @@ impl Store {
         .bind(job.rerank)
         .bind(job.provenance)
         .bind(job.total)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        sqlx::query(
+            "WITH RECURSIVE s(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM s WHERE n + 1 < $2) \
+             INSERT INTO job_tasks (job_id, seq) SELECT $1, n FROM s WHERE n < $2",
+        )
+        .bind(job.id)
+        .bind(job.total)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
         Ok(())
     }
 
@@ -210,66 +223,6 @@ impl Store {
         )
         .bind(status.as_str())
         .bind(error)
-        .bind(now_rfc3339())
-        .bind(id)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
-
-    /// Records a finished topic; a topic already recorded (a resumed job) is left as it was.
-    pub async fn add_topic(
-        &self,
-        id: &str,
-        seq: i64,
-        qid: &str,
-        run: &str,
-        flops: Option<f64>,
-    ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO job_topics (job_id, seq, qid, run, flops) VALUES ($1, $2, $3, $4, $5) \
-             ON CONFLICT DO NOTHING",
-        )
-        .bind(id)
-        .bind(seq)
-        .bind(qid)
-        .bind(run)
-        .bind(flops)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
-
-    /// Positions of the topics already finished.
-    pub async fn finished_topics(&self, id: &str) -> Result<Vec<i64>, StoreError> {
-        let rows = sqlx::query("SELECT seq FROM job_topics WHERE job_id = $1 ORDER BY seq")
-            .bind(id)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(|r| r.try_get::<i64, _>("seq").map_err(StoreError::from)).collect()
-    }
-
-    /// Completes a running job (unless it was cancelled meanwhile).
-    pub async fn finish(
-        &self,
-        id: &str,
-        status: JobStatus,
-        metrics: Option<&str>,
-        warnings: &str,
-    ) -> Result<(), StoreError> {
-        // The means beside the whole, for lists.
-        let metrics_all = metrics.and_then(|m| {
-            let all = serde_json::from_str::<serde_json::Value>(m).ok()?.get("all")?.clone();
-            Some(serde_json::json!({ "all": all }).to_string())
-        });
-        sqlx::query(
-            "UPDATE jobs SET status = $1, metrics = $2, metrics_all = $3, warnings = $4, updated_at = $5 \
-             WHERE id = $6 AND status = 'running'",
-        )
-        .bind(status.as_str())
-        .bind(metrics)
-        .bind(metrics_all)
-        .bind(warnings)
         .bind(now_rfc3339())
         .bind(id)
         .execute(&self.pool)
@@ -420,6 +373,12 @@ impl Store {
     }
 }
 
+/// `{"all": …}` of a job's metrics, for lists.
+fn means_of(metrics: Option<&str>) -> Option<String> {
+    let all = serde_json::from_str::<serde_json::Value>(metrics?).ok()?.get("all")?.clone();
+    Some(serde_json::json!({ "all": all }).to_string())
+}
+
 /// The URL of the SQLite file at `path` (created if missing); `%`, `?` and `#` escaped, as sqlx decodes them.
 pub fn sqlite_url(path: &Path) -> String {
     let path = path.to_string_lossy().replace('%', "%25").replace('?', "%3F").replace('#', "%23");
@@ -506,20 +465,26 @@ mod tests {
         }
     }
 
+    /// Claims and commits `n` topics (the oldest job's first), finishing jobs with `metrics`.
+    async fn run_topics(store: &Store, n: usize, metrics: &str) {
+        for _ in 0..n {
+            let claim = store.claim_topic("r", 60_000).await.unwrap().unwrap();
+            let line = format!("{} Q0 d 1 1 t\n", claim.seq);
+            let complete = |_: &str| Completion { metrics: Some(metrics.into()), warnings: "[]".into() };
+            store.commit_topic(&claim, &claim.seq.to_string(), &line, Some(1.5), complete).await.unwrap();
+        }
+    }
+
     async fn jobs_round_trip(store: &Store) {
         let job =
             NewJob { id: "j1", params: "{}", topics: "1\tx\n", qrels: None, rerank: None, provenance: "{}", total: 2 };
         store.create_job(job).await.unwrap();
-        store.add_topic("j1", 1, "2", "2 Q0 d 1 1 t\n", Some(2.5)).await.unwrap();
-        store.add_topic("j1", 0, "1", "1 Q0 d 1 1 t\n", Some(1.0)).await.unwrap();
-        store.add_topic("j1", 0, "1", "ignored\n", Some(9.0)).await.unwrap();
-        assert_eq!(store.finished_topics("j1").await.unwrap(), vec![0, 1]);
-        assert_eq!(store.run_text("j1").await.unwrap(), "1 Q0 d 1 1 t\n2 Q0 d 1 1 t\n");
-        let row = store.job("j1").await.unwrap().unwrap();
-        assert_eq!((row.status, row.done, row.total, row.flops), (JobStatus::Queued, 2, 2, Some(3.5)));
         assert_eq!(store.unfinished_jobs().await.unwrap().len(), 1);
-        store.set_status("j1", JobStatus::Running, None).await.unwrap();
-        store.finish("j1", JobStatus::Done, Some("{}"), "[]").await.unwrap();
+        run_topics(store, 1, "{}").await;
+        let row = store.job("j1").await.unwrap().unwrap();
+        assert_eq!((row.status, row.done, row.total, row.flops), (JobStatus::Running, 1, 2, Some(1.5)));
+        run_topics(store, 1, "{}").await;
+        assert_eq!(store.run_text("j1").await.unwrap(), "0 Q0 d 1 1 t\n1 Q0 d 1 1 t\n");
         assert_eq!(store.job("j1").await.unwrap().unwrap().status, JobStatus::Done);
         store.set_status("j1", JobStatus::Cancelled, None).await.unwrap();
         assert_eq!(store.job("j1").await.unwrap().unwrap().status, JobStatus::Done, "finished jobs stay finished");
@@ -542,23 +507,17 @@ mod tests {
             let job =
                 NewJob { id, params: "{}", topics: "", qrels: None, rerank: None, provenance: &provenance, total: 3 };
             store.create_job(job).await.unwrap();
-            for seq in 0..3 {
-                store.add_topic(id, seq, &seq.to_string(), &format!("{seq} Q0 d 1 1 t\n"), None).await.unwrap();
-            }
         }
         assert_eq!(store.unfinished_jobs_on("robust04").await.unwrap(), ["a", "c"]);
+        let metrics = r#"{"all": {"map": 0.5}, "per_topic": {"1": {"map": 0.5}}}"#;
+        run_topics(store, 6, metrics).await; // a and b
         assert_eq!(store.run_part("a", 0, 1).await.unwrap(), ("1 Q0 d 1 1 t\n".to_string(), Some(1)));
         assert_eq!(store.run_part("a", 2, 1).await.unwrap(), (String::new(), None));
-        let metrics = r#"{"all": {"map": 0.5}, "per_topic": {"1": {"map": 0.5}}}"#;
-        for id in ["a", "b"] {
-            store.set_status(id, JobStatus::Running, None).await.unwrap();
-            store.finish(id, JobStatus::Done, Some(metrics), "[]").await.unwrap();
-        }
         let (page, total) = store.jobs(0, 10).await.unwrap();
         assert_eq!(total, 3);
         let summary = page.iter().find(|j| j.id == "a").unwrap();
         assert_eq!(summary.metrics.as_deref(), Some(r#"{"all":{"map":0.5}}"#), "lists carry the means only");
-        assert_eq!((summary.done, summary.topics.as_str(), summary.flops), (3, "", None));
+        assert_eq!((summary.done, summary.topics.as_str(), summary.flops), (3, "", Some(4.5)));
         assert_eq!(store.job("a").await.unwrap().unwrap().metrics.as_deref(), Some(metrics));
         assert_eq!(store.keep_finished(1).await.unwrap(), 1, "one of the two finished jobs goes");
         assert_eq!(store.jobs(0, 10).await.unwrap().1, 2);

@@ -15,6 +15,7 @@ mod gpu;
 mod indexing;
 mod model;
 mod preselect;
+mod replicas;
 mod scoring;
 mod server;
 mod serving;

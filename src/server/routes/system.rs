@@ -16,6 +16,8 @@ pub struct Health {
     pub status: &'static str,
     pub collections: usize,
     pub version: &'static str,
+    /// This replica's name (`server.replica_id`, else host:port).
+    pub replica: String,
 }
 
 /// Readiness: 200 once the indexes are open, 503 before.
@@ -26,12 +28,13 @@ pub async fn health(State(state): State<AppState>) -> Result<Json<Health>, ApiEr
         return Err(ApiError::not_ready());
     }
     let collections = state.engine().catalog().names().len();
-    Ok(Json(Health { status: "ready", collections, version: env!("CARGO_PKG_VERSION") }))
+    Ok(Json(Health { status: "ready", collections, version: env!("CARGO_PKG_VERSION"), replica: state.replica() }))
 }
 
 /// Prometheus metrics (text exposition format).
 #[utoipa::path(get, path = "/metrics", tag = "system", responses((status = 200, content_type = "text/plain", body = String), PlainErrors))]
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let text = state.metrics().render(state.engine().catalog(), &state.engine().models().status(), state.waiting());
+    let text = text + &state.metrics().render_batch(&state.replica(), &state.jobs().counters);
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }

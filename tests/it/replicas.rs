@@ -1,0 +1,142 @@
+//! Replicas sharing a PostgreSQL store and one data directory: a batch job's topics are claimed with leases by
+//! every replica's workers, so the job survives a replica's kill -9 and a replica stopped past its lease
+//! cannot commit a stale result. Each test gets a fresh database; without a PostgreSQL server (CI has one and
+//! sets LONGRANK_EXPECT_POSTGRES) they return at once.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::batch::wait_for;
+use crate::common::{data, get, post_json, TestServer};
+
+const LEASE_MS: &str = "1500";
+
+fn fresh_postgres() -> Option<String> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(longrank::store::testing::fresh_postgres())
+}
+
+/// A replica named `name` on `url`'s store, with a short lease, logging to `log`.
+fn replica(dir: &Path, url: &str, name: &str, hold: Option<&str>, log: &Path) -> TestServer {
+    let mut env = vec![("LONGRANK_STORE_URL", url), ("LONGRANK_BATCH_LEASE_MS", LEASE_MS)];
+    env.push(("LONGRANK_SERVER_REPLICA_ID", name));
+    if let Some(hold) = hold {
+        env.push(("LONGRANK_TEST_HOLD", hold));
+    }
+    TestServer::start_logging(dir, &env, log).wait_ready()
+}
+
+/// 60 topics made from cranfield's, with qrels.
+fn job_body() -> Value {
+    let topics: String = std::fs::read_to_string(data("cranfield/topics.tsv"))
+        .unwrap()
+        .lines()
+        .take(60)
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let qrels = std::fs::read_to_string(data("cranfield/qrels.txt")).unwrap();
+    json!({"collection": "cranfield", "topics": topics, "qrels": qrels, "k": 100, "pipeline": "bm25+rm3"})
+}
+
+/// The same job run by one process on a SQLite store: its run and metrics.
+fn single_process_run(body: &Value) -> (String, Value) {
+    let dir = crate::fixtures::cranfield_data_dir();
+    let server = TestServer::start(dir.path(), &[]).wait_ready();
+    let job = post_json(&server.url("/batch?wait=true"), &body.to_string()).json();
+    assert_eq!(job["status"], "done", "{job}");
+    (get(&server.url(&format!("/batch/{}/run", job["id"].as_str().unwrap()))).1, job["metrics"].clone())
+}
+
+/// A counter of `/metrics`, summed over events named `event`.
+fn topics_counter(server: &TestServer, event: &str) -> u64 {
+    let (_, text) = get(&server.url("/metrics"));
+    let prefix = "longrank_batch_topics_total{";
+    text.lines()
+        .filter(|l| l.starts_with(prefix) && l.contains(&format!("event=\"{event}\"")))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
+/// Topics in the run, in order of appearance, each once.
+fn topics_in(run: &str) -> Vec<&str> {
+    let mut topics: Vec<&str> = run.lines().map(|l| l.split(' ').next().unwrap()).collect();
+    topics.dedup();
+    topics
+}
+
+#[test]
+fn a_job_survives_the_kill_of_a_replica_and_equals_a_single_process_run() {
+    let Some(url) = fresh_postgres() else { return };
+    let dir = crate::fixtures::cranfield_data_dir();
+    let logs = tempfile::tempdir().unwrap();
+    let log = |name: &str| logs.path().join(format!("{name}.log"));
+    // r1 holds, lease in hand, before its third commit: killed there, it dies holding a topic.
+    let mut r1 = replica(dir.path(), &url, "r1", Some("batch.commit:3"), &log("r1"));
+    let r2 = replica(dir.path(), &url, "r2", None, &log("r2"));
+    let r3 = replica(dir.path(), &url, "r3", None, &log("r3"));
+    let health: Value = serde_json::from_str(&get(&r2.url("/health")).1).unwrap();
+    assert_eq!(health["replica"], "r2");
+
+    let body = job_body();
+    let id = post_json(&r1.url("/batch"), &body.to_string()).json()["id"].as_str().unwrap().to_string();
+    r1.wait_log(&log("r1"), "holding at batch.commit");
+    wait_for(&r2, &id, |v| v["progress"]["done"].as_i64().unwrap() >= 20);
+    r1.child.kill().unwrap(); // SIGKILL, holding a lease
+    r1.child.wait().unwrap();
+
+    // Any replica answers for the job; it completes once the dead replica's lease runs out.
+    let job = wait_for(&r3, &id, |v| v["status"] != "running" && v["status"] != "queued");
+    assert_eq!((&job["status"], &job["progress"]), (&json!("done"), &json!({"done": 60, "total": 60})), "{job}");
+    assert!(topics_counter(&r2, "retried") + topics_counter(&r3, "retried") >= 1, "no topic was retried");
+    let (_, run) = get(&r2.url(&format!("/batch/{id}/run")));
+    assert_eq!(topics_in(&run).len(), 60, "every topic exactly once, in order");
+    let (single_run, single_metrics) = single_process_run(&body);
+    assert!(run == single_run, "the replicas' run differs from a single process's");
+    assert_eq!(job["metrics"], single_metrics);
+
+    // The killed replica comes back under its name, passes its health check and takes topics again.
+    drop(r1);
+    let r1 = replica(dir.path(), &url, "r1", None, &log("r1-again"));
+    let body = json!({"collection": "cranfield", "topics": body["topics"], "k": 10});
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while topics_counter(&r1, "claimed") == 0 {
+        let job = post_json(&r1.url("/batch?wait=true"), &body.to_string()).json();
+        assert_eq!(job["status"], "done", "{job}");
+        assert!(Instant::now() < deadline, "the restarted replica never claimed a topic");
+    }
+    drop((r2, r3));
+}
+
+#[test]
+fn a_replica_stopped_past_its_lease_cannot_commit_its_late_result() {
+    let Some(url) = fresh_postgres() else { return };
+    let dir = crate::fixtures::cranfield_data_dir();
+    let logs = tempfile::tempdir().unwrap();
+    let go = logs.path().join("go");
+    let hold = format!("batch.commit:1:{}", go.display());
+    let stalled = replica(dir.path(), &url, "stalled", Some(&hold), &logs.path().join("stalled.log"));
+    let body = job_body();
+    let id = post_json(&stalled.url("/batch"), &body.to_string()).json()["id"].as_str().unwrap().to_string();
+    stalled.wait_log(&logs.path().join("stalled.log"), "holding at batch.commit");
+    let pid = stalled.child.id() as i32;
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    // Its lease runs out while it is stopped; another replica runs every topic, the held one included.
+    let other = replica(dir.path(), &url, "other", None, &logs.path().join("other.log"));
+    let job = wait_for(&other, &id, |v| v["status"] != "running" && v["status"] != "queued");
+    assert_eq!(job["status"], "done", "{job}");
+    assert_eq!(topics_counter(&other, "retried"), 1);
+    std::fs::write(&go, "").unwrap();
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while topics_counter(&stalled, "fenced") == 0 {
+        assert!(Instant::now() < deadline, "the late commit was not refused");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (_, run) = get(&other.url(&format!("/batch/{id}/run")));
+    assert_eq!(topics_in(&run).len(), 60, "no topic twice");
+    let after = other.url(&format!("/batch/{id}"));
+    assert_eq!(serde_json::from_str::<Value>(&get(&after).1).unwrap()["progress"]["done"], 60);
+    assert!(run == single_process_run(&body).0, "the run differs from a single process's");
+}
