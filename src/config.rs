@@ -264,7 +264,8 @@ pub struct ServerConfig {
     pub request_timeout_ms: u64,
     /// Larger request bodies are answered 413.
     pub max_body_bytes: usize,
-    /// Index the built-in demo collection at start when the data directory holds no collection.
+    /// Index the built-in demo collection at start when the data directory holds no collection (never on a
+    /// replica, which does not write its collections).
     pub demo_when_empty: bool,
     /// Keys that open every route (`Authorization: Bearer KEY`): batch jobs and everything that writes.
     pub admin_keys: Vec<String>,

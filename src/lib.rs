@@ -18,6 +18,7 @@
 //! | `progress` | how long jobs report progress |
 //! | `cancel` | cancelling work whose requester is gone or whose deadline passed |
 //! | `hooks` | test hooks that hold the process at named points |
+//! | `hash` | stable hashes (FNV-1a) for cache keys and fingerprints |
 //! | `histogram` | Prometheus histograms for the server's and the model's metrics |
 //! | `rng` | seeded random streams |
 //! | `timestamp` | RFC 3339 timestamps |
@@ -26,6 +27,7 @@ pub mod cancel;
 pub mod config;
 pub mod corpus;
 pub mod eval;
+pub mod hash;
 pub mod histogram;
 pub mod hooks;
 pub mod index;

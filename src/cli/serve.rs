@@ -9,6 +9,7 @@ use longrank::corpus::{Corpus, Format, DEMO_JSONL};
 use longrank::index::{self, Catalog};
 use longrank::progress::Silent;
 use longrank::server::{self, AppState};
+use longrank::store::Backend;
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -23,8 +24,11 @@ pub fn run(args: ServeArgs, mut config: Config) -> anyhow::Result<()> {
     if let Some(addr) = args.addr {
         config.server.addr = addr;
     }
-    let (catalog, failures) = Catalog::open(&config.data_dir)
-        .with_context(|| format!("opening the data directory {}", config.data_dir.display()))?;
+    // Servers sharing a PostgreSQL store are replicas: each serves its copy of the collections, never writing it.
+    let replica = Backend::of_url(&config.store_url()) == Some(Backend::Postgres);
+    let open = if replica { Catalog::open_read_only } else { Catalog::open };
+    let (catalog, failures) =
+        open(&config.data_dir).with_context(|| format!("opening the data directory {}", config.data_dir.display()))?;
     for failure in &failures {
         tracing::warn!("collection not served: {failure}");
     }
@@ -55,7 +59,10 @@ fn prepare(state: &AppState) -> anyhow::Result<()> {
         tracing::warn!("model {name} is unavailable, its re-ranking pipelines are refused (bm25 serves): {reason}");
     }
     let catalog = state.engine().catalog();
-    if !config.server.demo_when_empty || !catalog.is_empty() {
+    // Fingerprints hash every index file once (then only new ones): before readiness, not in a request.
+    let _ = state.engine().fingerprints();
+    let replica = state.jobs().store().backend() == Backend::Postgres;
+    if !config.server.demo_when_empty || !catalog.is_empty() || replica {
         return Ok(());
     }
     tracing::info!("no collection in {}: indexing the demo collection", config.data_dir.display());

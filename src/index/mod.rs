@@ -4,6 +4,7 @@
 pub mod analyzer;
 pub mod bm25;
 mod build;
+mod fingerprint;
 mod porter;
 mod rm3;
 mod search;
@@ -208,6 +209,11 @@ impl Collection {
         self.path.join("meta.json").metadata().ok()?.modified().ok()
     }
 
+    /// The fingerprint of the index files as last committed (`index::fingerprint`): equal on every copy.
+    pub fn fingerprint(&self) -> Result<String, IndexError> {
+        fingerprint::fingerprint(&self.path)
+    }
+
     /// Bytes the index takes on disk.
     pub fn size_bytes(&self) -> u64 {
         std::fs::read_dir(&self.path)
@@ -369,16 +375,28 @@ impl Catalog {
     /// Opens every collection in the data directory (creating the directory if needed). Collections that
     /// fail to open are reported in the second value and left out.
     pub fn open(data_dir: &Path) -> Result<(Catalog, Vec<IndexError>), IndexError> {
+        Catalog::open_with(data_dir, true)
+    }
+
+    /// `open` for a replica, which never writes its copy: an interrupted swap or deletion is left alone (and
+    /// its directory unserved) rather than repaired.
+    pub fn open_read_only(data_dir: &Path) -> Result<(Catalog, Vec<IndexError>), IndexError> {
+        Catalog::open_with(data_dir, false)
+    }
+
+    fn open_with(data_dir: &Path, repair: bool) -> Result<(Catalog, Vec<IndexError>), IndexError> {
         let root = data_dir.join("collections");
         std::fs::create_dir_all(&root).map_err(|source| IndexError::Io { path: root.clone(), source })?;
-        build::recover_interrupted_swaps(&root)?;
+        if repair {
+            build::recover_interrupted_swaps(&root)?;
+        }
         let mut collections = BTreeMap::new();
         let mut failures = Vec::new();
         let entries = std::fs::read_dir(&root).map_err(|source| IndexError::Io { path: root.clone(), source })?;
         for entry in entries.filter_map(|e| e.ok()) {
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().to_string();
-            if name.starts_with('.') && name.ends_with(".deleting") {
+            if repair && name.starts_with('.') && name.ends_with(".deleting") {
                 // A deletion cut short: finish it.
                 std::fs::remove_dir_all(&path).map_err(|source| IndexError::Io { path: path.clone(), source })?;
                 continue;

@@ -59,28 +59,11 @@ pub fn pairs_hash(dir: &Path) -> Result<String, ModelError> {
 
 /// 64-bit FNV-1a over the files' bytes, in order, in hex.
 pub(super) fn files_hash(files: &[PathBuf]) -> Result<String, ModelError> {
-    let mut hash = Fnv::default();
+    let mut hash = crate::hash::Fnv::default();
     for file in files {
         hash.write(&std::fs::read(file).map_err(|e| load_err(file, e))?);
     }
-    Ok(format!("{:016x}", hash.0))
-}
-
-/// 64-bit FNV-1a: stable across processes and Rust versions (cache keys that persist on disk use it).
-pub(crate) struct Fnv(pub u64);
-
-impl Default for Fnv {
-    fn default() -> Fnv {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Fnv {
-    pub(crate) fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
+    Ok(hash.hex())
 }
 
 /// A device by name: `cpu`, `cuda` or `cuda:N` (the latter with the `cuda` feature).

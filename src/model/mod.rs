@@ -20,10 +20,10 @@ use candle_core::{DType, Device};
 use serde::Deserialize;
 
 pub use crate::cancel::Cancel;
+pub(crate) use crate::hash::Fnv;
 use encoder::Inputs;
 pub use encoder::{encoder_flops, BiEncoder, CrossEncoder, Pooling};
 pub use hub::resolve;
-pub(crate) use load::Fnv;
 pub use load::{device, dtype, pairs_hash, weights_hash};
 use load::{load_err, read_config, read_json, weights};
 pub use serve::queue::{BatchStats, JobTiming};

@@ -305,6 +305,9 @@ pub struct CollectionInfo {
     /// Mean length in analyzed terms.
     pub average_length: f64,
     pub size_bytes: u64,
+    /// A hash of the committed index files: equal on every copy of the collection (replicas compare it); null
+    /// when they cannot be read (the directory is being replaced or deleted).
+    pub fingerprint: Option<String>,
     pub bm25: Bm25Params,
 }
 

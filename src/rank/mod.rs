@@ -562,10 +562,23 @@ impl Engine {
                     documents: snapshot.num_docs(),
                     average_length: stats.avg_len,
                     size_bytes: c.size_bytes(),
+                    fingerprint: c.fingerprint().ok(),
                     bm25: self.bm25,
                 })
             })
             .collect()
+    }
+
+    /// The fingerprint of each collection served (one that cannot be read is left out, with a warning).
+    pub fn fingerprints(&self) -> std::collections::BTreeMap<String, String> {
+        let fingerprint = |c: &Arc<Collection>| match c.fingerprint() {
+            Ok(f) => Some((c.name().to_string(), f)),
+            Err(e) => {
+                tracing::warn!("fingerprint of {}: {e}", c.name());
+                None
+            }
+        };
+        self.catalog.all().iter().filter_map(fingerprint).collect()
     }
 
     /// The named collection, else the configured default, else the only one.

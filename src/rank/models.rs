@@ -150,6 +150,12 @@ impl Models {
         })
     }
 
+    /// The weights hashes of the models loaded.
+    pub fn weights_hashes(&self) -> Vec<String> {
+        let loaded = self.slots.iter().filter_map(|slot| slot.state.get()?.as_ref().ok());
+        loaded.map(|m| m.weights_hash.clone()).collect()
+    }
+
     pub fn status(&self) -> Vec<ModelStatus> {
         self.slots
             .iter()

@@ -85,6 +85,8 @@ codes! {
     CollectionInUse = "collection_in_use", 409, "The collection is read by a queued or running batch job.";
     JobConflict = "job_conflict", 409, "The job is not in a state that allows this (the run of an unfinished job, cancelling a finished one).";
     TaskConflict = "task_conflict", 409, "A finished task cannot be cancelled.";
+    ReadOnlyReplica = "read_only_replica", 409, "This server is a replica (its store is PostgreSQL): its collections \
+        are read-only; build a collection with `longrank index` and copy its directory to each replica.";
     BodyTooLarge = "body_too_large", 413, "The body is larger than `server.max_body_bytes`.";
     UploadTooLarge = "upload_too_large", 413, "A document upload is larger than `limits.max_upload_bytes`; nothing \
         of it is kept.";
@@ -336,6 +338,7 @@ impl From<TaskError> for ApiError {
         let code = match &e {
             TaskError::UnknownTask(_) => ErrorCode::UnknownTask,
             TaskError::NotCancellable { .. } => ErrorCode::TaskConflict,
+            TaskError::ReadOnly => ErrorCode::ReadOnlyReplica,
             TaskError::TooLarge { .. } => ErrorCode::UploadTooLarge,
             TaskError::Upload(_) => ErrorCode::InvalidBody,
             TaskError::Index(IndexError::InvalidName(_)) => ErrorCode::InvalidCollectionName,
@@ -430,13 +433,13 @@ route_errors! {
         RerankingPipelineRequired, CollectionRequired, UnknownCollection, UnknownPipeline, PipelineUnavailable,
         ModelRequired, UnknownModel, NotABiEncoder, MalformedFile, ModelUnavailable, InvalidQueryString, IndexError];
     /// Writing a collection: a task queued.
-    TaskSubmitErrors(Admin): [InvalidPath, InvalidQueryString, ForbiddenOrigin, InvalidCollectionName];
+    TaskSubmitErrors(Admin): [InvalidPath, InvalidQueryString, ForbiddenOrigin, InvalidCollectionName, ReadOnlyReplica];
     /// Uploading documents: a task queued once the upload is stored.
     UploadErrors(Admin): [InvalidPath, InvalidQueryString, ForbiddenOrigin, InvalidCollectionName, InvalidBody,
-        UploadTooLarge];
+        UploadTooLarge, ReadOnlyReplica];
     /// Deleting documents by id.
     DeleteDocumentsErrors(Admin): [InvalidPath, InvalidQueryString, ForbiddenOrigin, InvalidCollectionName,
-        MalformedJson, InvalidBody, BodyTooLarge, UnsupportedMediaType];
+        MalformedJson, InvalidBody, BodyTooLarge, UnsupportedMediaType, ReadOnlyReplica];
     /// Reading a task, or the list.
     TaskErrors(Read): [InvalidPath, InvalidQueryString, UnknownTask];
     /// Cancelling a task.

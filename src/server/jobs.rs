@@ -19,7 +19,7 @@ use crate::eval::{self, Comparison, EvalError, EvalOptions, Measure, Qrels, Run,
 use crate::index::Catalog;
 use crate::model::Cancel;
 use crate::rank::{BatchParams, BatchPlan, Engine, RankError};
-use crate::store::{Backend, Claim, Committed, Completion, JobRow, JobStatus, NewJob, Store, StoreError};
+use crate::store::{Backend, Claim, Committed, Completion, JobRow, JobStatus, NewJob, Serves, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
@@ -177,6 +177,8 @@ impl Jobs {
         let params = serde_json::to_string(&submission.params).unwrap_or_default();
         let provenance =
             serde_json::to_string(&plan.provenance(&self.engine, &self.config.recorded())).unwrap_or_default();
+        let fingerprint = plan.collection.fingerprint().map_err(RankError::from)?;
+        let weights = self.engine.model_for(&plan.options)?.map(|m| m.weights_hash.clone());
         let job = NewJob {
             id: &id,
             params: &params,
@@ -185,6 +187,8 @@ impl Jobs {
             rerank: submission.rerank.as_deref(),
             provenance: &provenance,
             total,
+            fingerprint: Some(&fingerprint),
+            weights: weights.as_deref(),
         };
         self.store.create_job(job).await?;
         self.plans.lock().insert(id.clone(), Arc::new(Planned { plan, qrels: submission.qrels }));
@@ -221,7 +225,17 @@ impl Jobs {
     async fn work(self: Arc<Self>) {
         let replica = self.replica.get().cloned().unwrap_or_default();
         loop {
-            match self.store.claim_topic(&replica, self.config.batch.lease_ms as i64).await {
+            // Replicas take only jobs they can run exactly; a SQLite store has one process, which runs all.
+            let serves = match self.store.backend() {
+                Backend::Sqlite => None,
+                Backend::Postgres => {
+                    let engine = self.engine.clone();
+                    let fingerprints = tokio::task::spawn_blocking(move || engine.fingerprints()).await;
+                    let fingerprints = fingerprints.unwrap_or_default().into_values().collect();
+                    Some(Serves { fingerprints, weights: self.engine.models().weights_hashes() })
+                }
+            };
+            match self.store.claim_topic(&replica, self.config.batch.lease_ms as i64, serves.as_ref()).await {
                 Ok(Some(claim)) => {
                     self.counters.claimed.fetch_add(1, Ordering::Relaxed);
                     if claim.attempt > 1 {

@@ -106,6 +106,11 @@ impl AppState {
         &self.inner.engine
     }
 
+    /// The engine, to move onto a blocking thread.
+    pub fn engine_arc(&self) -> Arc<Engine> {
+        self.inner.engine.clone()
+    }
+
     fn metrics(&self) -> &metrics::Metrics {
         &self.inner.metrics
     }

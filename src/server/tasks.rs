@@ -24,7 +24,7 @@ use crate::corpus::{Corpus, Format};
 use crate::index::{self, IndexError, OnError};
 use crate::progress::{Progress, Unit};
 use crate::rank::Engine;
-use crate::store::{Store, StoreError, TaskFilter, TaskKind, TaskOutcome, TaskRow, TaskStatus};
+use crate::store::{Backend, Store, StoreError, TaskFilter, TaskKind, TaskOutcome, TaskRow, TaskStatus};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TaskError {
@@ -42,6 +42,8 @@ pub enum TaskError {
     Upload(String),
     #[error("storing the upload: {0}")]
     Io(#[from] std::io::Error),
+    #[error("this server is a replica (its store is PostgreSQL): collections are read-only here; build them with `longrank index` and copy the directory to each replica")]
+    ReadOnly,
 }
 
 /// What a task applies, as stored with it.
@@ -169,6 +171,9 @@ impl Tasks {
     /// Queues the tasks a stop interrupted again, removes uploads no task needs (a stop between storing one
     /// and writing its row: never acknowledged), and starts the worker.
     pub async fn start(self: &Arc<Self>) -> Result<(), TaskError> {
+        if self.read_only() {
+            return Ok(());
+        }
         let requeued = self.store.requeue_running_tasks().await?;
         if requeued > 0 {
             tracing::warn!("{requeued} task(s) interrupted by a stop: applying them again");
@@ -191,8 +196,16 @@ impl Tasks {
         Ok(())
     }
 
+    /// Replicas (servers sharing a PostgreSQL store) never write their collections: each serves a copy.
+    fn read_only(&self) -> bool {
+        self.store.backend() == Backend::Postgres
+    }
+
     /// Queues a task on a collection (its name checked first).
     pub async fn enqueue(&self, collection: &str, kind: TaskKind, input: &Input) -> Result<TaskView, TaskError> {
+        if self.read_only() {
+            return Err(TaskError::ReadOnly);
+        }
         index::validate_name(collection)?;
         let text = serde_json::to_string(input).expect("inputs serialize");
         let id = self.store.create_task(collection, kind, &text).await?;
@@ -209,6 +222,9 @@ impl Tasks {
         mut input: Input,
     ) -> Result<TaskView, TaskError> {
         use tokio::io::AsyncWriteExt;
+        if self.read_only() {
+            return Err(TaskError::ReadOnly);
+        }
         index::validate_name(collection)?;
         let dir = self.uploads();
         tokio::fs::create_dir_all(&dir).await?;

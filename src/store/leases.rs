@@ -19,6 +19,21 @@ pub struct Claim {
     pub owner: String,
 }
 
+/// What a replica can run exactly: the fingerprints of the collections it serves and the weights hashes of
+/// its models. A job submitted against other index files or weights is left to replicas that have them.
+#[derive(Debug, Clone, Default)]
+pub struct Serves {
+    pub fingerprints: Vec<String>,
+    pub weights: Vec<String>,
+}
+
+impl Serves {
+    /// `,a,b,`: a list SQL matches a value in with LIKE on either backend.
+    fn list(values: &[String]) -> String {
+        format!(",{},", values.join(","))
+    }
+}
+
 /// What a topic's commit did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Committed {
@@ -49,8 +64,13 @@ impl Store {
     }
 
     /// Claims the first topic free to run (of the oldest job still queued or running, in file order) for
-    /// `lease_ms`, and marks its job running.
-    pub async fn claim_topic(&self, owner: &str, lease_ms: i64) -> Result<Option<Claim>, StoreError> {
+    /// `lease_ms`, among the jobs this replica `serves` (any, when none is given), and marks its job running.
+    pub async fn claim_topic(
+        &self,
+        owner: &str,
+        lease_ms: i64,
+        serves: Option<&Serves>,
+    ) -> Result<Option<Claim>, StoreError> {
         let now = self.now_ms();
         let skip_locked = match self.backend {
             Backend::Sqlite => "",
@@ -62,11 +82,15 @@ impl Store {
             "UPDATE job_tasks SET owner = $1, attempt = attempt + 1, lease_until = {now} + $2 \
              WHERE (job_id, seq) = (SELECT t.job_id, t.seq FROM job_tasks t JOIN jobs j ON j.id = t.job_id \
              WHERE j.status IN ('queued', 'running') AND (t.lease_until IS NULL OR t.lease_until < {now}) \
+             AND ($3 IS NULL OR j.fingerprint IS NULL OR $3 LIKE ('%,' || j.fingerprint || ',%')) \
+             AND ($4 IS NULL OR j.weights IS NULL OR $4 LIKE ('%,' || j.weights || ',%')) \
              ORDER BY j.created_at, j.id, t.seq LIMIT 1 {skip_locked}) \
              AND (lease_until IS NULL OR lease_until < {now}) RETURNING job_id, seq, attempt"
         ))
         .bind(owner)
         .bind(lease_ms)
+        .bind(serves.map(|s| Serves::list(&s.fingerprints)))
+        .bind(serves.map(|s| Serves::list(&s.weights)))
         .fetch_optional(&self.pool)
         .await?;
         let Some(row) = row else { return Ok(None) };
@@ -213,7 +237,7 @@ mod tests {
     use crate::store::{testing, NewJob};
 
     async fn job(store: &Store, id: &str, total: i64) {
-        let job = NewJob { id, params: "{}", topics: "", qrels: None, rerank: None, provenance: "{}", total };
+        let job = NewJob { id, total, ..NewJob::default() };
         store.create_job(job).await.unwrap();
     }
 
@@ -231,26 +255,26 @@ mod tests {
     async fn claims_in_order(store: &Store) {
         job(store, "a", 2).await;
         job(store, "b", 1).await;
-        let first = store.claim_topic("r1", 60_000).await.unwrap().unwrap();
+        let first = store.claim_topic("r1", 60_000, None).await.unwrap().unwrap();
         assert_eq!((first.job_id.as_str(), first.seq, first.attempt), ("a", 0, 1));
         assert_eq!(store.job("a").await.unwrap().unwrap().status, JobStatus::Running);
         assert_eq!(store.job("b").await.unwrap().unwrap().status, JobStatus::Queued);
-        let second = store.claim_topic("r2", 60_000).await.unwrap().unwrap();
+        let second = store.claim_topic("r2", 60_000, None).await.unwrap().unwrap();
         assert_eq!((second.job_id.as_str(), second.seq), ("a", 1));
         assert!(store.renew(&first, 60_000).await.unwrap());
 
         // A lease that runs out is taken by another replica under a new attempt; the first holder's renewal
         // and commit are refused, the new holder's commit stands.
-        let third = store.claim_topic("r3", 1).await.unwrap().unwrap();
+        let third = store.claim_topic("r3", 1, None).await.unwrap().unwrap();
         assert_eq!((third.job_id.as_str(), third.seq), ("b", 0));
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        let retry = store.claim_topic("r1", 60_000).await.unwrap().unwrap();
+        let retry = store.claim_topic("r1", 60_000, None).await.unwrap().unwrap();
         assert_eq!((retry.job_id.as_str(), retry.seq, retry.attempt), ("b", 0, 2));
         assert!(!store.renew(&third, 60_000).await.unwrap());
         assert_eq!(store.commit_topic(&third, "q", "stale\n", None, done("{}")).await.unwrap(), Committed::Fenced);
         assert_eq!(store.commit_topic(&retry, "q", "b0\n", None, done("{}")).await.unwrap(), Committed::Job);
         assert_eq!(store.run_text("b").await.unwrap(), "b0\n");
-        assert!(store.claim_topic("r4", 60_000).await.unwrap().is_none(), "every topic is held or done");
+        assert!(store.claim_topic("r4", 60_000, None).await.unwrap().is_none(), "every topic is held or done");
 
         // The last commit finishes the job once, with the whole run in file order.
         assert_eq!(store.commit_topic(&second, "2", "a1\n", Some(1.0), done("{}")).await.unwrap(), Committed::Topic);
@@ -276,18 +300,42 @@ mod tests {
 
     async fn cancel_and_release(store: &Store) {
         job(store, "c", 2).await;
-        let held = store.claim_topic("r1", 60_000).await.unwrap().unwrap();
-        let other = store.claim_topic("r2", 60_000).await.unwrap().unwrap();
+        let held = store.claim_topic("r1", 60_000, None).await.unwrap().unwrap();
+        let other = store.claim_topic("r2", 60_000, None).await.unwrap().unwrap();
         // A restarted r1 frees what it held: the topic is claimed again at once, and the old claim is fenced.
         assert_eq!(store.release_leases(Some("r1")).await.unwrap(), ["c"]);
-        let again = store.claim_topic("r1", 60_000).await.unwrap().unwrap();
+        let again = store.claim_topic("r1", 60_000, None).await.unwrap().unwrap();
         assert_eq!((again.seq, again.attempt), (held.seq, 2));
         assert_eq!(store.commit_topic(&held, "1", "x\n", None, done("{}")).await.unwrap(), Committed::Fenced);
         store.set_status("c", JobStatus::Cancelled, None).await.unwrap();
         assert!(!store.renew(&other, 60_000).await.unwrap(), "a cancelled job's leases are not renewed");
         assert_eq!(store.commit_topic(&again, "1", "x\n", None, done("{}")).await.unwrap(), Committed::Stopped);
-        assert!(store.claim_topic("r3", 60_000).await.unwrap().is_none());
+        assert!(store.claim_topic("r3", 60_000, None).await.unwrap().is_none());
         assert_eq!(store.run_text("c").await.unwrap(), "");
+    }
+
+    #[tokio::test]
+    async fn replicas_run_only_jobs_on_the_index_files_and_weights_they_serve() {
+        for store in testing::stores().await.0 {
+            for (id, fingerprint, weights) in
+                [("e", Some("f1"), None), ("f", Some("f2"), Some("w2")), ("g", None, None)]
+            {
+                let job = NewJob { id, total: 1, fingerprint, weights, ..NewJob::default() };
+                store.create_job(job).await.unwrap();
+            }
+            let serves = |f: &[&str], w: &[&str]| Serves {
+                fingerprints: f.iter().map(|s| s.to_string()).collect(),
+                weights: w.iter().map(|s| s.to_string()).collect(),
+            };
+            let claim = |serves: Serves| {
+                let store = store.clone();
+                async move { store.claim_topic("r", 60_000, Some(&serves)).await.unwrap().map(|c| c.job_id) }
+            };
+            assert_eq!(claim(serves(&["f2", "f3"], &["w1"])).await.as_deref(), Some("g"), "other files, other weights");
+            assert_eq!(claim(serves(&["f3", "f2"], &["w1", "w2"])).await.as_deref(), Some("f"));
+            assert_eq!(claim(serves(&["f11"], &[])).await, None, "f11 is not f1");
+            assert_eq!(store.claim_topic("r", 60_000, None).await.unwrap().unwrap().job_id, "e");
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -298,7 +346,7 @@ mod tests {
                 let store = store.clone();
                 tokio::spawn(async move {
                     let mut mine = Vec::new();
-                    while let Some(claim) = store.claim_topic(&format!("r{i}"), 60_000).await.unwrap() {
+                    while let Some(claim) = store.claim_topic(&format!("r{i}"), 60_000, None).await.unwrap() {
                         mine.push(claim.seq);
                     }
                     mine

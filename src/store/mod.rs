@@ -10,7 +10,7 @@ use std::path::Path;
 mod leases;
 mod tasks;
 
-pub use leases::{Claim, Committed, Completion};
+pub use leases::{Claim, Committed, Completion, Serves};
 pub use tasks::{TaskFilter, TaskKind, TaskOutcome, TaskRow, TaskStatus};
 
 use serde::{Deserialize, Serialize};
@@ -32,6 +32,17 @@ pub enum StoreError {
 pub enum Backend {
     Sqlite,
     Postgres,
+}
+
+impl Backend {
+    /// The backend a store URL names by its scheme.
+    pub fn of_url(url: &str) -> Option<Backend> {
+        match url.split(':').next()? {
+            "sqlite" => Some(Backend::Sqlite),
+            "postgres" | "postgresql" => Some(Backend::Postgres),
+            _ => None,
+        }
+    }
 }
 
 /// A job's lifecycle.
@@ -96,6 +107,7 @@ pub struct JobRow {
 }
 
 /// What a new job starts with.
+#[derive(Default)]
 pub struct NewJob<'a> {
     pub id: &'a str,
     pub params: &'a str,
@@ -104,6 +116,10 @@ pub struct NewJob<'a> {
     pub rerank: Option<&'a str>,
     pub provenance: &'a str,
     pub total: i64,
+    /// The collection's fingerprint at submission.
+    pub fingerprint: Option<&'a str>,
+    /// The model's weights hash (re-ranking pipelines).
+    pub weights: Option<&'a str>,
 }
 
 /// One search, for the query log.
@@ -144,11 +160,7 @@ impl Store {
     /// Connects to `sqlite://PATH` (created if missing) or `postgres://…` and applies the migrations.
     pub async fn connect(url: &str) -> Result<Store, StoreError> {
         sqlx::any::install_default_drivers();
-        let backend = match url.split(':').next() {
-            Some("sqlite") => Backend::Sqlite,
-            Some("postgres" | "postgresql") => Backend::Postgres,
-            _ => return Err(StoreError::Scheme { url: crate::config::redact_url(url) }),
-        };
+        let backend = Backend::of_url(url).ok_or_else(|| StoreError::Scheme { url: crate::config::redact_url(url) })?;
         let options = AnyPoolOptions::new().max_connections(match backend {
             Backend::Sqlite => 4,
             Backend::Postgres => 8,
@@ -189,8 +201,8 @@ impl Store {
         let now = now_rfc3339();
         let mut tx = self.pool.begin().await?;
         sqlx::query(
-            "INSERT INTO jobs (id, status, created_at, updated_at, params, topics, qrels, rerank, provenance, total) \
-             VALUES ($1, 'queued', $2, $3, $4, $5, $6, $7, $8, $9)",
+            "INSERT INTO jobs (id, status, created_at, updated_at, params, topics, qrels, rerank, provenance, total, \
+             fingerprint, weights) VALUES ($1, 'queued', $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
         )
         .bind(job.id)
         .bind(&now)
@@ -201,6 +213,8 @@ impl Store {
         .bind(job.rerank)
         .bind(job.provenance)
         .bind(job.total)
+        .bind(job.fingerprint)
+        .bind(job.weights)
         .execute(&mut *tx)
         .await?;
         sqlx::query(
@@ -468,7 +482,7 @@ mod tests {
     /// Claims and commits `n` topics (the oldest job's first), finishing jobs with `metrics`.
     async fn run_topics(store: &Store, n: usize, metrics: &str) {
         for _ in 0..n {
-            let claim = store.claim_topic("r", 60_000).await.unwrap().unwrap();
+            let claim = store.claim_topic("r", 60_000, None).await.unwrap().unwrap();
             let line = format!("{} Q0 d 1 1 t\n", claim.seq);
             let complete = |_: &str| Completion { metrics: Some(metrics.into()), warnings: "[]".into() };
             store.commit_topic(&claim, &claim.seq.to_string(), &line, Some(1.5), complete).await.unwrap();
@@ -476,8 +490,7 @@ mod tests {
     }
 
     async fn jobs_round_trip(store: &Store) {
-        let job =
-            NewJob { id: "j1", params: "{}", topics: "1\tx\n", qrels: None, rerank: None, provenance: "{}", total: 2 };
+        let job = NewJob { id: "j1", topics: "1\tx\n", total: 2, ..NewJob::default() };
         store.create_job(job).await.unwrap();
         assert_eq!(store.unfinished_jobs().await.unwrap().len(), 1);
         run_topics(store, 1, "{}").await;
@@ -504,8 +517,7 @@ mod tests {
     async fn lists_and_retention(store: &Store) {
         for (id, collection) in [("a", "robust04"), ("b", "gov2"), ("c", "robust04")] {
             let provenance = format!("{{\"collection\": {{\"name\": \"{collection}\"}}}}");
-            let job =
-                NewJob { id, params: "{}", topics: "", qrels: None, rerank: None, provenance: &provenance, total: 3 };
+            let job = NewJob { id, provenance: &provenance, total: 3, ..NewJob::default() };
             store.create_job(job).await.unwrap();
         }
         assert_eq!(store.unfinished_jobs_on("robust04").await.unwrap(), ["a", "c"]);

@@ -4,12 +4,13 @@
 //! sets LONGRANK_EXPECT_POSTGRES) they return at once.
 
 use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use crate::batch::wait_for;
-use crate::common::{data, get, post_json, TestServer};
+use crate::common::{data, get, post_json, TestServer, BIN};
 
 const LEASE_MS: &str = "1500";
 
@@ -139,4 +140,149 @@ fn a_replica_stopped_past_its_lease_cannot_commit_its_late_result() {
     let after = other.url(&format!("/batch/{id}"));
     assert_eq!(serde_json::from_str::<Value>(&get(&after).1).unwrap()["progress"]["done"], 60);
     assert!(run == single_process_run(&body).0, "the run differs from a single process's");
+}
+
+/// `scripts/cluster.sh up` on a data directory, taken down when dropped.
+struct Cluster {
+    run: tempfile::TempDir,
+    front: String,
+}
+
+impl Cluster {
+    fn up(data: &Path) -> Option<Cluster> {
+        let installed = |tool: &str| {
+            Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().unwrap().status.success()
+        };
+        if !installed("haproxy") || !Path::new("/usr/lib/postgresql").exists() {
+            assert!(std::env::var_os("LONGRANK_EXPECT_POSTGRES").is_none(), "CI installs HAProxy and PostgreSQL");
+            return None;
+        }
+        let run = tempfile::tempdir().unwrap();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .args(["up", run.path().join("cluster").to_str().unwrap(), data.to_str().unwrap()])
+            .env("LONGRANK_BIN", BIN)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .unwrap();
+        let front = String::from_utf8(out.stdout).unwrap().trim().lines().last().unwrap_or_default().to_string();
+        let cluster = Cluster { run, front };
+        assert!(
+            out.status.success() && cluster.front.starts_with("http://"),
+            "cluster.sh up failed: {:?}",
+            cluster.front
+        );
+        Some(cluster)
+    }
+
+    fn file(&self, name: &str) -> String {
+        std::fs::read_to_string(self.run.path().join("cluster").join(name)).unwrap().trim().to_string()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster.sh");
+        let _ =
+            Command::new("bash").arg(script).args(["down", self.run.path().join("cluster").to_str().unwrap()]).status();
+    }
+}
+
+#[test]
+fn searches_through_haproxy_lose_none_while_a_replica_is_killed() {
+    let dir = crate::fixtures::cranfield_data_dir();
+    let Some(cluster) = Cluster::up(dir.path()) else { return };
+    // Balanced per request: consecutive requests on one client reach several replicas.
+    let replicas: std::collections::BTreeSet<String> = (0..6)
+        .map(|_| {
+            serde_json::from_str::<Value>(&get(&format!("{}/health", cluster.front)).1).unwrap()["replica"].to_string()
+        })
+        .collect();
+    assert!(replicas.len() >= 2, "one replica served every request: {replicas:?}");
+    let failed = std::sync::atomic::AtomicUsize::new(0);
+    let sent = std::sync::atomic::AtomicUsize::new(0);
+    let queries = ["wing flutter", "heat transfer", "boundary layer", "supersonic flow", "shock waves"];
+    std::thread::scope(|scope| {
+        for client in 0..4 {
+            let (failed, sent, front) = (&failed, &sent, &cluster.front);
+            scope.spawn(move || {
+                for i in 0..75 {
+                    let url = format!(
+                        "{front}/search?query={}&k=10",
+                        queries[(client + i) % queries.len()].replace(' ', "+")
+                    );
+                    let ok = ureq::get(&url).timeout(Duration::from_secs(30)).call().is_ok_and(|r| r.status() == 200);
+                    if !ok {
+                        failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+        // A replica dies a third of the way through.
+        while sent.load(std::sync::atomic::Ordering::Relaxed) < 100 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let pid: i32 = cluster.file("r2.pid").parse().unwrap();
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    });
+    assert_eq!(sent.into_inner(), 300);
+    assert_eq!(failed.into_inner(), 0, "requests failed while a replica died");
+    let killed = format!("http://{}/health", cluster.file("r2.addr"));
+    assert!(ureq::get(&killed).call().is_err(), "the killed replica still answers");
+}
+
+/// The fingerprint of cranfield as a replica's `/health` and `/collections` show it (the two agree).
+fn cranfield_fingerprint(server: &TestServer) -> String {
+    let health: Value = serde_json::from_str(&get(&server.url("/health")).1).unwrap();
+    let collections: Value = serde_json::from_str(&get(&server.url("/collections")).1).unwrap();
+    assert_eq!(health["fingerprints"]["cranfield"], collections[0]["fingerprint"]);
+    health["fingerprints"]["cranfield"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn replicas_leave_jobs_on_other_index_files_to_the_replicas_that_serve_them() {
+    let Some(url) = fresh_postgres() else { return };
+    let original = crate::fixtures::cranfield_data_dir();
+    let copy = tempfile::tempdir().unwrap();
+    let status = Command::new("cp").arg("-r").arg(original.path().join("collections")).arg(copy.path()).status();
+    assert!(status.unwrap().success());
+    // Another index: the same collection with one more document.
+    let other = crate::fixtures::cranfield_data_dir();
+    let extra = other.path().join("extra.jsonl");
+    std::fs::write(
+        &extra,
+        "{\"id\": \"extra-1\", \"title\": \"extra\", \"text\": \"wing flutter at supersonic speed\"}\n",
+    )
+    .unwrap();
+    crate::common::cli_ok(other.path(), &["index", "--collection", "cranfield", extra.to_str().unwrap()]);
+
+    let logs = tempfile::tempdir().unwrap();
+    let log = |name: &str| logs.path().join(format!("{name}.log"));
+    // The submitting replica holds before its first commit, lease in hand, until it is killed.
+    let mut a = replica(original.path(), &url, "a", Some("batch.commit:1"), &log("a"));
+    let b = replica(other.path(), &url, "b", None, &log("b"));
+    let fingerprint = cranfield_fingerprint(&a);
+    assert_ne!(cranfield_fingerprint(&b), fingerprint, "one more document, another fingerprint");
+    let job = post_json(&a.url("/batch"), &job_body().to_string()).json();
+    let id = job["id"].as_str().unwrap().to_string();
+    a.wait_log(&log("a"), "holding at batch.commit");
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(topics_counter(&b, "claimed"), 0, "a replica on other index files ran the job's topics");
+    let (_, view) = get(&b.url(&format!("/batch/{id}")));
+    assert_eq!(serde_json::from_str::<Value>(&view).unwrap()["progress"]["done"], 0);
+
+    // A copy of the same files runs the rest, and the held topic once the holder dies.
+    let c = replica(copy.path(), &url, "c", None, &log("c"));
+    assert_eq!(cranfield_fingerprint(&c), fingerprint, "a copy has the same fingerprint");
+    wait_for(&c, &id, |v| v["progress"]["done"].as_i64().unwrap() == 59);
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    let job = wait_for(&c, &id, |v| v["status"] != "running" && v["status"] != "queued");
+    assert_eq!((&job["status"], &job["progress"]["done"]), (&json!("done"), &json!(60)), "{job}");
+    assert_eq!(topics_counter(&b, "claimed"), 0);
+    assert!(topics_counter(&c, "retried") >= 1);
+    // Replicas do not write their collections.
+    crate::common::request("PUT", &c.url("/collections/new"), &[], None).assert_error(409, "read_only_replica");
 }

@@ -18,6 +18,8 @@ pub struct Health {
     pub version: &'static str,
     /// This replica's name (`server.replica_id`, else host:port).
     pub replica: String,
+    /// The fingerprint of each collection this replica serves (`/collections`).
+    pub fingerprints: std::collections::BTreeMap<String, String>,
 }
 
 /// Readiness: 200 once the indexes are open, 503 before.
@@ -28,7 +30,12 @@ pub async fn health(State(state): State<AppState>) -> Result<Json<Health>, ApiEr
         return Err(ApiError::not_ready());
     }
     let collections = state.engine().catalog().names().len();
-    Ok(Json(Health { status: "ready", collections, version: env!("CARGO_PKG_VERSION"), replica: state.replica() }))
+    // Hashing a collection's files first (a few hundred MB/s; after a start they are cached) must not hold a
+    // runtime worker.
+    let engine = state.engine_arc();
+    let fingerprints = tokio::task::spawn_blocking(move || engine.fingerprints()).await.unwrap_or_default();
+    let (version, replica) = (env!("CARGO_PKG_VERSION"), state.replica());
+    Ok(Json(Health { status: "ready", collections, version, replica, fingerprints }))
 }
 
 /// Prometheus metrics (text exposition format).
