@@ -250,6 +250,7 @@ impl Jobs {
                     }
                 }
                 Ok(None) => {
+                    self.prune().await;
                     let _ = tokio::time::timeout(IDLE_POLL, self.submitted.notified()).await;
                 }
                 Err(e) => {
@@ -359,6 +360,18 @@ impl Jobs {
         let planned = Arc::new(Planned { plan, qrels: row.qrels });
         self.plans.lock().insert(id.to_string(), planned.clone());
         Ok(planned)
+    }
+
+    /// Drops the plans of jobs that finished elsewhere (another replica committed their last topic).
+    async fn prune(&self) {
+        let planned: Vec<String> = self.plans.lock().keys().cloned().collect();
+        for id in planned {
+            if let Ok(status) = self.store.job_status(&id).await {
+                if status.is_none_or(|s| s.is_finished()) {
+                    self.forget(&id);
+                }
+            }
+        }
     }
 
     /// Drops the plan of a job this replica will not run again.

@@ -25,9 +25,14 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition.
-    /// The batch workers' counters, labelled with this replica's name.
+    /// This replica's identity, and its batch workers' counters labelled with its name.
     pub fn render_batch(&self, replica: &str, counters: &crate::server::jobs::Counters) -> String {
         let mut out = String::new();
+        // The replica's name as a label every series of this target can be joined on (Prometheus's info idiom).
+        let name = "longrank_replica_info";
+        header(&mut out, name, "This replica's name (server.replica_id, else host:port) and version.", "gauge");
+        let version = env!("CARGO_PKG_VERSION");
+        let _ = writeln!(out, "{name}{{replica=\"{}\",version=\"{version}\"}} 1", escape(replica));
         let name = "longrank_batch_topics_total";
         header(&mut out, name, "Topics of batch jobs this replica's workers claimed, renewed the lease of, lost the lease of while running (expired), claimed again after another claim (retried), or had a commit refused for (fenced).", "counter");
         let events = [

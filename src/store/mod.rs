@@ -244,6 +244,12 @@ impl Store {
         Ok(())
     }
 
+    /// A job's status alone (none: no such job).
+    pub async fn job_status(&self, id: &str) -> Result<Option<JobStatus>, StoreError> {
+        let row = sqlx::query("SELECT status FROM jobs WHERE id = $1").bind(id).fetch_optional(&self.pool).await?;
+        row.map(|r| Ok(JobStatus::parse(r.try_get(0)?))).transpose()
+    }
+
     pub async fn job(&self, id: &str) -> Result<Option<JobRow>, StoreError> {
         let row = sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1"))
             .bind(id)
@@ -502,6 +508,8 @@ mod tests {
         store.set_status("j1", JobStatus::Cancelled, None).await.unwrap();
         assert_eq!(store.job("j1").await.unwrap().unwrap().status, JobStatus::Done, "finished jobs stay finished");
         assert!(store.unfinished_jobs().await.unwrap().is_empty());
+        assert_eq!(store.job_status("j1").await.unwrap(), Some(JobStatus::Done));
+        assert_eq!(store.job_status("nope").await.unwrap(), None);
         let sound = store.integrity_check().await.unwrap();
         assert_eq!(sound.as_deref(), (store.backend() == Backend::Sqlite).then_some("ok"));
     }

@@ -79,6 +79,7 @@ fn a_job_survives_the_kill_of_a_replica_and_equals_a_single_process_run() {
     let r3 = replica(dir.path(), &url, "r3", None, &log("r3"));
     let health: Value = serde_json::from_str(&get(&r2.url("/health")).1).unwrap();
     assert_eq!(health["replica"], "r2");
+    assert!(get(&r2.url("/metrics")).1.contains("longrank_replica_info{replica=\"r2\""));
 
     let body = job_body();
     let id = post_json(&r1.url("/batch"), &body.to_string()).json()["id"].as_str().unwrap().to_string();
@@ -285,4 +286,39 @@ fn replicas_leave_jobs_on_other_index_files_to_the_replicas_that_serve_them() {
     assert!(topics_counter(&c, "retried") >= 1);
     // Replicas do not write their collections.
     crate::common::request("PUT", &c.url("/collections/new"), &[], None).assert_error(409, "read_only_replica");
+}
+
+#[test]
+fn a_job_cancelled_on_one_replica_stops_on_every_replica() {
+    let Some(url) = fresh_postgres() else { return };
+    let dir = crate::fixtures::cranfield_data_dir();
+    let logs = tempfile::tempdir().unwrap();
+    let a = replica(dir.path(), &url, "a", None, &logs.path().join("a.log"));
+    let b = replica(dir.path(), &url, "b", None, &logs.path().join("b.log"));
+    let topics: String = std::fs::read_to_string(data("cranfield/topics.tsv"))
+        .unwrap()
+        .lines()
+        .cycle()
+        .take(3000)
+        .enumerate()
+        .map(|(i, l)| format!("x{i}\t{}\n", l.split_once('\t').unwrap().1))
+        .collect();
+    let body = json!({"collection": "cranfield", "topics": topics, "k": 100, "pipeline": "bm25+rm3"});
+    let id = post_json(&a.url("/batch"), &body.to_string()).json()["id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while topics_counter(&a, "claimed") == 0 || topics_counter(&b, "claimed") == 0 {
+        assert!(Instant::now() < deadline, "both replicas never worked on the job");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let r = crate::common::request("DELETE", &b.url(&format!("/batch/{id}")), &[], None);
+    assert_eq!((r.status, &r.json()["status"]), (200, &json!("cancelled")), "{}", r.body);
+    // Within a lease renewal (a third of the lease) every replica has stopped.
+    std::thread::sleep(Duration::from_millis(1000));
+    let done =
+        |server: &TestServer| -> Value { serde_json::from_str(&get(&server.url(&format!("/batch/{id}"))).1).unwrap() };
+    let before = done(&a)["progress"]["done"].as_i64().unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    let after = done(&a);
+    assert_eq!((after["status"].as_str(), after["progress"]["done"].as_i64()), (Some("cancelled"), Some(before)));
+    assert!(before < 3000, "the job finished before it was cancelled");
 }
