@@ -48,7 +48,7 @@ up)
     wait_healthy "http://$(cat "$dir/r$i.addr")" 120
   done
   front="127.0.0.1:$(free_port)"
-  LONGRANK_FRONT="$front" haproxy -D -p "$dir/haproxy.pid" -f deploy/haproxy.cfg
+  LONGRANK_FRONT="$front" haproxy -q -D -p "$dir/haproxy.pid" -f deploy/haproxy.cfg
   echo "$front" >"$dir/front.addr"
   wait_healthy "http://$front" 30
   echo "http://$front"

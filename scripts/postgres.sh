@@ -11,7 +11,7 @@ usage() { echo "usage: $0 start|stop DIR" >&2; exit 2; }
 action=$1
 dir=$(realpath -m "$2")
 
-bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
+bin=$(printf "%s\n" /usr/lib/postgresql/*/bin | sort -V | tail -1)
 [ -x "$bin/initdb" ] || { echo "ERROR: PostgreSQL is not installed (apt-get install postgresql)" >&2; exit 1; }
 
 as_owner() {

@@ -13,7 +13,8 @@ pub struct CollectionsArgs {
 
 #[derive(clap::Subcommand)]
 enum Action {
-    /// List the collections: documents, mean length, size on disk (what no subcommand does too).
+    /// List the collections: documents, mean length, size on disk, and the fingerprint of the index files
+    /// (equal on every exact copy: compare it with a replica's `/health`). What no subcommand does too.
     List,
     /// Delete a collection and its index; refused while a queued or running batch job of the server reads it.
     Delete {
@@ -36,10 +37,15 @@ fn list(config: &Config) -> anyhow::Result<()> {
         return Ok(());
     }
     let width = collections.iter().map(|c| c.name.chars().count()).max().unwrap_or(0).max("collection".len());
-    println!("{:<width$}  {:>12}  {:>11}  {:>10}", "collection", "documents", "mean length", "size (MB)");
+    let header = ("collection", "documents", "mean length", "size (MB)", "fingerprint");
+    println!("{:<width$}  {:>12}  {:>11}  {:>10}  {:<16}", header.0, header.1, header.2, header.3, header.4);
     for c in &collections {
         let mb = c.size_bytes as f64 / 1e6;
-        println!("{:<width$}  {:>12}  {:>11.1}  {:>10.1}", c.name, c.documents, c.average_length, mb);
+        let fingerprint = c.fingerprint.as_deref().unwrap_or("-");
+        println!(
+            "{:<width$}  {:>12}  {:>11.1}  {:>10.1}  {fingerprint:<16}",
+            c.name, c.documents, c.average_length, mb
+        );
     }
     Ok(())
 }

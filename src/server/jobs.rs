@@ -177,7 +177,12 @@ impl Jobs {
         let params = serde_json::to_string(&submission.params).unwrap_or_default();
         let provenance =
             serde_json::to_string(&plan.provenance(&self.engine, &self.config.recorded())).unwrap_or_default();
-        let fingerprint = plan.collection.fingerprint().map_err(RankError::from)?;
+        // Hashing new index files reads them: on a blocking thread.
+        let collection = plan.collection.clone();
+        let fingerprint = tokio::task::spawn_blocking(move || collection.fingerprint())
+            .await
+            .map_err(|e| JobError::Worker(e.to_string()))?
+            .map_err(RankError::from)?;
         let weights = self.engine.model_for(&plan.options)?.map(|m| m.weights_hash.clone());
         let job = NewJob {
             id: &id,

@@ -130,6 +130,15 @@ fn collections_are_listed_and_deleted_but_not_under_a_running_job() {
     let names: Vec<&str> = list.lines().skip(1).filter_map(|l| l.split_whitespace().next()).collect();
     assert_eq!(names, ["cranfield", "time"], "{list}");
     assert!(list.lines().nth(1).unwrap().contains("1400"), "{list}");
+    // The fingerprint the server shows for the same files.
+    let fingerprint = list.lines().nth(1).unwrap().split_whitespace().last().unwrap().to_string();
+    let server = TestServer::start(d, &[]).wait_ready();
+    let (_, health) = crate::common::get(&server.url("/health"));
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&health).unwrap()["fingerprints"]["cranfield"],
+        fingerprint.as_str()
+    );
+    drop(server);
 
     // A job held after its first topic reads cranfield: deleting it is refused, naming the job.
     let release = d.join("release");
