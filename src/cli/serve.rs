@@ -9,7 +9,6 @@ use longrank::corpus::{Corpus, Format, DEMO_JSONL};
 use longrank::index::{self, Catalog};
 use longrank::progress::Silent;
 use longrank::server::{self, AppState};
-use longrank::store::Backend;
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -24,15 +23,6 @@ pub fn run(args: ServeArgs, mut config: Config) -> anyhow::Result<()> {
     if let Some(addr) = args.addr {
         config.server.addr = addr;
     }
-    // Servers sharing a PostgreSQL store are replicas: each serves its copy of the collections, never writing it.
-    let replica = Backend::of_url(&config.store_url()) == Some(Backend::Postgres);
-    let open = if replica { Catalog::open_read_only } else { Catalog::open };
-    let (catalog, failures) =
-        open(&config.data_dir).with_context(|| format!("opening the data directory {}", config.data_dir.display()))?;
-    for failure in &failures {
-        tracing::warn!("collection not served: {failure}");
-    }
-    let catalog = Arc::new(catalog);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         // A blocking thread ending after a load (idle for tokio's keep-alive) hands back the memory it freed;
@@ -41,6 +31,14 @@ pub fn run(args: ServeArgs, mut config: Config) -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async move {
         let store = super::open_store(&config).await?;
+        // Servers sharing a store are replicas: each serves its copy of the collections, never writing it.
+        let open = if store.shared() { Catalog::open_read_only } else { Catalog::open };
+        let (catalog, failures) = open(&config.data_dir)
+            .with_context(|| format!("opening the data directory {}", config.data_dir.display()))?;
+        for failure in &failures {
+            tracing::warn!("collection not served: {failure}");
+        }
+        let catalog = Arc::new(catalog);
         let state = AppState::new(config, catalog, store);
         let on_listening = |addr| {
             println!("longrank listening on http://{addr}");
@@ -61,8 +59,7 @@ fn prepare(state: &AppState) -> anyhow::Result<()> {
     let catalog = state.engine().catalog();
     // Fingerprints hash every index file once (then only new ones): before readiness, not in a request.
     let _ = state.engine().fingerprints();
-    let replica = state.jobs().store().backend() == Backend::Postgres;
-    if !config.server.demo_when_empty || !catalog.is_empty() || replica {
+    if !config.server.demo_when_empty || !catalog.is_empty() || state.jobs().store().shared() {
         return Ok(());
     }
     tracing::info!("no collection in {}: indexing the demo collection", config.data_dir.display());

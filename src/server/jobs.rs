@@ -19,7 +19,7 @@ use crate::eval::{self, Comparison, EvalError, EvalOptions, Measure, Qrels, Run,
 use crate::index::Catalog;
 use crate::model::Cancel;
 use crate::rank::{BatchParams, BatchPlan, Engine, RankError};
-use crate::store::{Backend, Claim, Committed, Completion, JobRow, JobStatus, NewJob, Serves, Store, StoreError};
+use crate::store::{Claim, Committed, Completion, JobRow, JobStatus, NewJob, Serves, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
@@ -202,17 +202,17 @@ impl Jobs {
     }
 
     /// Starts this replica's workers, named `replica` in their leases. First the leases a previous run of this
-    /// replica held are freed (on SQLite every lease: one process owns the file), so its topics run again at
-    /// once; with `batch.resume_interrupted = false` their jobs (on SQLite every unfinished job) are marked
-    /// interrupted instead.
+    /// replica held are freed (on an unshared store every lease: one process owns it), so its topics run again
+    /// at once; with `batch.resume_interrupted = false` their jobs (on an unshared store every unfinished job)
+    /// are marked interrupted instead.
     pub async fn start(self: &Arc<Self>, replica: String) -> Result<(), JobError> {
-        let sqlite = self.store.backend() == Backend::Sqlite;
-        let stale = self.store.release_leases((!sqlite).then_some(replica.as_str())).await?;
+        let shared = self.store.shared();
+        let stale = self.store.release_leases(shared.then_some(replica.as_str())).await?;
         let _ = self.replica.set(replica);
         if !self.config.batch.resume_interrupted {
-            let cut_off = match sqlite {
-                true => self.store.unfinished_jobs().await?.into_iter().map(|j| j.id).collect(),
-                false => stale,
+            let cut_off = match shared {
+                true => stale,
+                false => self.store.unfinished_jobs().await?,
             };
             for id in cut_off {
                 self.store
@@ -230,10 +230,10 @@ impl Jobs {
     async fn work(self: Arc<Self>) {
         let replica = self.replica.get().cloned().unwrap_or_default();
         loop {
-            // Replicas take only jobs they can run exactly; a SQLite store has one process, which runs all.
-            let serves = match self.store.backend() {
-                Backend::Sqlite => None,
-                Backend::Postgres => {
+            // Replicas take only jobs they can run exactly; an unshared store has one process, which runs all.
+            let serves = match self.store.shared() {
+                false => None,
+                true => {
                     let engine = self.engine.clone();
                     let fingerprints = tokio::task::spawn_blocking(move || engine.fingerprints()).await;
                     let fingerprints = fingerprints.unwrap_or_default().into_values().collect();
@@ -293,24 +293,17 @@ impl Jobs {
         run.topics.insert(qid.clone(), ranked.scored);
         let mut text = Vec::new();
         run.write(&mut text).expect("writing to memory");
-        let mut failure = None;
-        let complete = |whole: &str| {
-            completion(plan, whole, planned.qrels.as_deref()).unwrap_or_else(|e| {
-                failure = Some(e.to_string());
-                Completion { metrics: None, warnings: "[]".into() }
-            })
-        };
+        let complete = |whole: &str| completion(plan, whole, planned.qrels.as_deref()).map_err(|e| e.to_string());
         crate::hooks::reached("batch.commit").await;
         let committed =
             self.store.commit_topic(claim, qid, &String::from_utf8_lossy(&text), ranked.flops, complete).await?;
+        if matches!(committed, Committed::Topic | Committed::Job) {
+            crate::hooks::reached("batch.topic").await;
+        }
         match committed {
-            Committed::Topic => crate::hooks::reached("batch.topic").await,
+            Committed::Topic => {}
             Committed::Job => {
-                crate::hooks::reached("batch.topic").await;
                 self.forget(&claim.job_id);
-                if let Some(e) = failure {
-                    self.store.set_status(&claim.job_id, JobStatus::Failed, Some(&e)).await?;
-                }
                 self.finished.notify_waiters();
                 // Retention: the newest finished jobs stay, older ones go with their runs.
                 match self.store.keep_finished(self.config.batch.keep_finished_jobs).await {

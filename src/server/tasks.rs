@@ -24,7 +24,7 @@ use crate::corpus::{Corpus, Format};
 use crate::index::{self, IndexError, OnError};
 use crate::progress::{Progress, Unit};
 use crate::rank::Engine;
-use crate::store::{Backend, Store, StoreError, TaskFilter, TaskKind, TaskOutcome, TaskRow, TaskStatus};
+use crate::store::{Store, StoreError, TaskFilter, TaskKind, TaskOutcome, TaskRow, TaskStatus};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TaskError {
@@ -196,9 +196,9 @@ impl Tasks {
         Ok(())
     }
 
-    /// Replicas (servers sharing a PostgreSQL store) never write their collections: each serves a copy.
+    /// Replicas (servers sharing a store) never write their collections: each serves a copy.
     fn read_only(&self) -> bool {
-        self.store.backend() == Backend::Postgres
+        self.store.shared()
     }
 
     /// Queues a task on a collection (its name checked first).

@@ -48,7 +48,8 @@ pub enum Committed {
     Stopped,
 }
 
-/// A finished job's metrics (JSON, when there are qrels) and warnings (JSON).
+/// A finished job's metrics (JSON, when there are qrels) and warnings (JSON); `complete`'s error fails the job
+/// instead.
 pub struct Completion {
     pub metrics: Option<String>,
     pub warnings: String,
@@ -131,7 +132,7 @@ impl Store {
         qid: &str,
         run: &str,
         flops: Option<f64>,
-        complete: impl FnOnce(&str) -> Completion,
+        complete: impl FnOnce(&str) -> Result<Completion, String>,
     ) -> Result<Committed, StoreError> {
         let mut tx = self.pool.begin().await?;
         // A write first: it locks the job row (PostgreSQL), or takes SQLite's write lock, before anything
@@ -187,16 +188,20 @@ impl Store {
         for row in rows {
             whole.push_str(row.try_get::<&str, _>(0)?);
         }
-        let completion = complete(&whole);
+        let (status, completion, error) = match complete(&whole) {
+            Ok(completion) => (JobStatus::Done, completion, None),
+            Err(e) => (JobStatus::Failed, Completion { metrics: None, warnings: "[]".into() }, Some(e)),
+        };
         sqlx::query(
-            "UPDATE jobs SET status = $1, metrics = $2, metrics_all = $3, warnings = $4, updated_at = $5 \
-             WHERE id = $6",
+            "UPDATE jobs SET status = $1, metrics = $2, metrics_all = $3, warnings = $4, updated_at = $5, \
+             error = COALESCE($6, error) WHERE id = $7",
         )
-        .bind(JobStatus::Done.as_str())
+        .bind(status.as_str())
         .bind(&completion.metrics)
         .bind(super::means_of(completion.metrics.as_deref()))
         .bind(&completion.warnings)
         .bind(now_rfc3339())
+        .bind(error)
         .bind(&claim.job_id)
         .execute(&mut *tx)
         .await?;
@@ -220,13 +225,6 @@ impl Store {
         jobs.dedup();
         Ok(jobs)
     }
-
-    /// Topics of the job not yet committed.
-    pub async fn topics_left(&self, job_id: &str) -> Result<i64, StoreError> {
-        let row =
-            sqlx::query("SELECT COUNT(*) FROM job_tasks WHERE job_id = $1").bind(job_id).fetch_one(&self.pool).await?;
-        Ok(row.try_get(0)?)
-    }
 }
 
 #[cfg(test)]
@@ -241,8 +239,8 @@ mod tests {
         store.create_job(job).await.unwrap();
     }
 
-    fn done(metrics: &'static str) -> impl FnOnce(&str) -> Completion {
-        move |_| Completion { metrics: Some(metrics.into()), warnings: "[]".into() }
+    fn done(metrics: &'static str) -> impl FnOnce(&str) -> Result<Completion, String> {
+        move |_| Ok(Completion { metrics: Some(metrics.into()), warnings: "[]".into() })
     }
 
     #[tokio::test]
@@ -281,14 +279,14 @@ mod tests {
         let mut seen = None;
         let complete = |run: &str| {
             seen = Some(run.to_string());
-            Completion { metrics: Some(r#"{"all": {"map": 1.0}, "per_topic": {}}"#.into()), warnings: "[]".into() }
+            Ok(Completion { metrics: Some(r#"{"all": {"map": 1.0}, "per_topic": {}}"#.into()), warnings: "[]".into() })
         };
         assert_eq!(store.commit_topic(&first, "1", "a0\n", Some(2.0), complete).await.unwrap(), Committed::Job);
         assert_eq!(seen.as_deref(), Some("a0\na1\n"));
         let a = store.job("a").await.unwrap().unwrap();
         assert_eq!((a.status, a.done, a.flops), (JobStatus::Done, 2, Some(3.0)));
         assert_eq!(store.jobs(0, 10).await.unwrap().0[1].metrics.as_deref(), Some(r#"{"all":{"map":1.0}}"#));
-        assert_eq!(store.topics_left("a").await.unwrap(), 0);
+        assert!(store.claim_topic("r9", 60_000, None).await.unwrap().is_none(), "no topic left to run");
     }
 
     #[tokio::test]
@@ -312,6 +310,14 @@ mod tests {
         assert_eq!(store.commit_topic(&again, "1", "x\n", None, done("{}")).await.unwrap(), Committed::Stopped);
         assert!(store.claim_topic("r3", 60_000, None).await.unwrap().is_none());
         assert_eq!(store.run_text("c").await.unwrap(), "");
+
+        // A job whose completion fails ends failed, with the reason, in the last commit's transaction.
+        job(store, "h", 1).await;
+        let last = store.claim_topic("r1", 60_000, None).await.unwrap().unwrap();
+        let failing = |_: &str| Err("the run does not read".to_string());
+        assert_eq!(store.commit_topic(&last, "1", "x\n", None, failing).await.unwrap(), Committed::Job);
+        let h = store.job("h").await.unwrap().unwrap();
+        assert_eq!((h.status, h.error.as_deref(), h.metrics), (JobStatus::Failed, Some("the run does not read"), None));
     }
 
     #[tokio::test]

@@ -36,7 +36,7 @@ pub enum Backend {
 
 impl Backend {
     /// The backend a store URL names by its scheme.
-    pub fn of_url(url: &str) -> Option<Backend> {
+    fn of_url(url: &str) -> Option<Backend> {
         match url.split(':').next()? {
             "sqlite" => Some(Backend::Sqlite),
             "postgres" | "postgresql" => Some(Backend::Postgres),
@@ -196,6 +196,12 @@ impl Store {
         self.backend
     }
 
+    /// Whether replicas share this store (PostgreSQL): each then serves a read-only copy of the collections
+    /// and takes only the batch topics it can run exactly. A SQLite store has one process.
+    pub fn shared(&self) -> bool {
+        self.backend == Backend::Postgres
+    }
+
     /// Stores a queued job with its topics, free for any replica's workers to claim.
     pub async fn create_job(&self, job: NewJob<'_>) -> Result<(), StoreError> {
         let now = now_rfc3339();
@@ -294,14 +300,12 @@ impl Store {
         Ok(deleted.rows_affected())
     }
 
-    /// Jobs a crash or restart cut off.
-    pub async fn unfinished_jobs(&self) -> Result<Vec<JobRow>, StoreError> {
-        let rows = sqlx::query(&format!(
-            "SELECT {JOB_COLUMNS} FROM jobs WHERE status IN ('queued', 'running') ORDER BY created_at, id"
-        ))
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(job_row).collect()
+    /// The ids of the jobs queued or running.
+    pub async fn unfinished_jobs(&self) -> Result<Vec<String>, StoreError> {
+        let rows = sqlx::query("SELECT id FROM jobs WHERE status IN ('queued', 'running') ORDER BY created_at, id")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(|r| r.try_get::<String, _>(0).map_err(StoreError::from)).collect()
     }
 
     /// The ids of the jobs queued or running on `collection` (as their provenance records it).
@@ -490,7 +494,7 @@ mod tests {
         for _ in 0..n {
             let claim = store.claim_topic("r", 60_000, None).await.unwrap().unwrap();
             let line = format!("{} Q0 d 1 1 t\n", claim.seq);
-            let complete = |_: &str| Completion { metrics: Some(metrics.into()), warnings: "[]".into() };
+            let complete = |_: &str| Ok(Completion { metrics: Some(metrics.into()), warnings: "[]".into() });
             store.commit_topic(&claim, &claim.seq.to_string(), &line, Some(1.5), complete).await.unwrap();
         }
     }
