@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::index::{Bm25Params, BuildOptions, OnError};
 use crate::model::{Kind, Quantize};
-use crate::preselect::Preselect;
+use crate::preselect::{Preselect, Selector};
 use crate::segment::SegmentOptions;
 
 #[derive(Debug, thiserror::Error)]
@@ -164,7 +164,8 @@ pub struct ModelConfig {
     pub store_scores: bool,
     /// How documents are cut into segments, unless a request says otherwise.
     pub segments: SegmentOptions,
-    /// Which segments the model reads, unless a request says otherwise (`preselect`).
+    /// Which segments `maxp` reads, unless a request says otherwise (`preselect`): by default each
+    /// candidate's two best by BM25 (EXPERIMENTS.md, "Preselection in front of a cross-encoder").
     pub preselect: Preselect,
 }
 
@@ -229,7 +230,7 @@ impl Default for ModelConfig {
             cache_entries: 100_000,
             store_scores: false,
             segments: SegmentOptions::default(),
-            preselect: Preselect::default(),
+            preselect: Preselect { selector: Selector::Bm25, per_doc: Some(2), ..Preselect::default() },
         }
     }
 }

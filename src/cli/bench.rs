@@ -11,6 +11,7 @@ use anyhow::{bail, Context};
 
 use longrank::config::Config;
 use longrank::index::Catalog;
+use longrank::preselect::Preselect;
 use longrank::server::{self, AppState};
 
 #[derive(clap::Subcommand)]
@@ -65,6 +66,10 @@ pub struct SearchBench {
     /// First-stage candidates re-ranked per HTTP request.
     #[arg(long, default_value_t = 10)]
     depth: usize,
+    /// The HTTP requests' `preselect`, as JSON (`'{"selector": "bm25", "per_doc": 2}'`)
+    /// [default: none, the server's `[model.preselect]`].
+    #[arg(long, value_parser = longrank::rank::json_arg::<Preselect>, value_name = "JSON")]
+    preselect: Option<Preselect>,
     /// A running server to load instead (`http://HOST:PORT`): no in-process runs, no server of its own
     /// [default: none].
     #[arg(long)]
@@ -89,6 +94,7 @@ fn search(b: SearchBench, config: Config) -> anyhow::Result<()> {
     };
     let url = format!("{base}/search");
     let (pipeline, depth) = (b.pipeline.to_string(), b.depth);
+    let preselect = b.preselect.as_ref().map(serde_json::to_value).transpose()?;
     // Resident memory, and of it the heap (the rest is mapped index files: page cache).
     let memory = |pid: u32| format!("rss_mb={:.0} heap_mb={:.0}", rss_mb(pid, "VmRSS:"), rss_mb(pid, "RssAnon:"));
     if let Some(pid) = b.pid {
@@ -101,14 +107,17 @@ fn search(b: SearchBench, config: Config) -> anyhow::Result<()> {
         let mut handles = Vec::new();
         for c in 0..clients {
             let (url, queries, collection, k) = (url.clone(), queries.clone(), b.collection.clone(), b.http_k);
-            let pipeline = pipeline.clone();
+            let (pipeline, preselect) = (pipeline.clone(), preselect.clone());
             handles.push(std::thread::spawn(move || -> anyhow::Result<(Vec<Duration>, usize)> {
-                let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(60)).build();
+                let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(300)).build();
                 let (mut lat, mut refused) = (Vec::new(), 0);
                 let mut i = c * 7919;
                 while Instant::now() < deadline {
-                    let body = serde_json::json!({"query": queries[i % queries.len()], "k": k, "collection": collection,
-                        "pipeline": pipeline, "depth": depth.max(k)});
+                    let mut body = serde_json::json!({"query": queries[i % queries.len()], "k": k,
+                        "collection": collection, "pipeline": pipeline, "depth": depth.max(k)});
+                    if let Some(preselect) = &preselect {
+                        body["preselect"] = preselect.clone();
+                    }
                     let t = Instant::now();
                     match agent.post(&url).send_json(body) {
                         Ok(answer) => {
@@ -135,9 +144,10 @@ fn search(b: SearchBench, config: Config) -> anyhow::Result<()> {
             refused += r;
         }
         let what = format!(
-            "longrank-http collection={} pipeline={} k={} depth={} clients={clients} refused={refused}",
+            "longrank-http collection={} pipeline={} preselect={} k={} depth={} clients={clients} refused={refused}",
             b.collection,
             b.pipeline,
+            preselect.as_ref().map_or("default".to_string(), |p| p.to_string()),
             b.http_k,
             b.depth.max(b.http_k)
         );

@@ -31,7 +31,7 @@ pub struct EvalSegmentsArgs {
     name: Option<String>,
     /// Which segments the model reads, as JSON (`'{"selector": "bm25", "per_doc": 1}'`): P@1 is then of the
     /// model's best among them, and `best_recall` says how often they include the best of every segment
-    /// [default: `[model.preselect]` (configuration)].
+    /// [default: none, every segment].
     #[arg(long, value_parser = longrank::rank::json_arg::<Preselect>, value_name = "JSON")]
     preselect: Option<Preselect>,
 }
@@ -41,8 +41,12 @@ pub fn run(args: EvalSegmentsArgs, config: &Config) -> anyhow::Result<()> {
     let collection = engine.collection(args.collection.as_deref())?;
     let topics = eval::read_topics(&args.topics)?;
     let passages = eval::passages::read_passages(&args.passages)?;
-    let params =
-        RankParams { pipeline: Some("maxp".into()), model: args.name, preselect: args.preselect, ..Default::default() };
+    let params = RankParams {
+        pipeline: Some("maxp".into()),
+        model: args.name,
+        preselect: Some(args.preselect.unwrap_or_default()),
+        ..Default::default()
+    };
     let options = engine.options(&params, Usage::Search)?;
     let preselected = options.rerank.as_ref().is_some_and(|r| r.preselect.active());
     let bar = Bar::counting(topics.len() as u64, "topics");

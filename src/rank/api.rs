@@ -150,7 +150,8 @@ pub struct RankParams {
     pub interpolate: Option<f32>,
     /// Which segments the model reads (maxp, sump, avgp, cobert's first round; FirstP reads one): a cheap
     /// selector's best per candidate and/or a budget of pairs per query, as JSON on the command line.
-    /// `{"selector": "none"}` reads every segment. Default: `[model.preselect]` (configuration).
+    /// `{"selector": "none"}` reads every segment. Default: `[model.preselect]` (configuration) for maxp
+    /// (each candidate's two best segments by BM25), every segment for the others.
     #[arg(long, value_parser = json_arg::<Preselect>, value_name = "JSON")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preselect: Option<Preselect>,

@@ -78,7 +78,12 @@ impl Engine {
                 unit("interpolate", weight)?;
             }
             let model = self.models.check(params.model.as_deref())?;
-            let preselect = params.preselect.clone().unwrap_or_else(|| self.default_preselect.clone());
+            // The configured preselection is MaxP's: a best segment among the selector's picks is most often
+            // the best of all (measured), while a sum or a mean over some segments is another score.
+            let preselect = params.preselect.clone().unwrap_or_else(|| match pipeline {
+                Pipeline::MaxP => self.default_preselect.clone(),
+                _ => Preselect::default(),
+            });
             self.check_preselect(&preselect)?;
             Some(RerankOptions { model, depth, segments, interpolate: params.interpolate, preselect })
         } else {

@@ -211,6 +211,19 @@ fn search_shows_segment_evidence_and_the_best_segment_in_the_document() {
     );
     let expected = if count > 40 { json!([count.div_ceil(count.div_ceil(40)), 0]) } else { json!([0, count]) };
     assert_eq!(shown, expected, "{count} segments");
+    // Segments the model did not read (by default MaxP reads each candidate's two best by BM25) are hatched, one
+    // button each in the strips of documents of 40 segments or fewer.
+    let hatched = browser.script(
+        "return [...document.querySelectorAll('#results li')].map(li => \
+         li.querySelectorAll('.strip:not(.overview):not(.zoom) .seg.unscored').length)",
+    );
+    let unread: Vec<usize> = hits
+        .iter()
+        .map(|h| h["segments"].as_array().unwrap())
+        .map(|segments| if segments.len() > 40 { 0 } else { segments.iter().filter(|s| s["scored"] == false).count() })
+        .collect();
+    assert_eq!(hatched, json!(unread));
+    assert!(unread.iter().sum::<usize>() > 0, "some segments go unread: {unread:?}");
     let strip = browser.find_all("#results li:first-child .strip .seg");
     let passage_text = || {
         let shown = browser
@@ -299,13 +312,15 @@ fn the_page_explains_pipelines_models_expansion_and_long_strips() {
     std::fs::write(
         &config,
         format!(
-            "[model]\npath = {:?}\n[model.named]\nother = {:?}\n[model.segments]\nstrategy = \"windows\"\nwords = 8\nstride = 8\n",
+            "[model]\npath = {:?}\n[model.named]\nother = {:?}\n[model.segments]\nstrategy = \"windows\"\nwords = 8\nstride = 8\n\
+             [model.preselect]\nselector = \"none\"\n",
             one.to_str().unwrap(),
             other.to_str().unwrap()
         ),
     )
     .unwrap();
-    // The harness sets LONGRANK_MODEL_PATH (to none); the same model as the file's.
+    // The harness sets LONGRANK_MODEL_PATH (to none); the same model as the file's. Every segment read: the
+    // strips below are of scores.
     let env = [("LONGRANK_CONFIG", config.to_str().unwrap()), ("LONGRANK_MODEL_PATH", one.to_str().unwrap())];
     let server = TestServer::start(dir.path(), &env).wait_ready();
     let browser = Browser::start("explains");

@@ -73,7 +73,7 @@ fn selector_best(hit: &Value) -> u64 {
 fn each_selector_sends_the_model_its_best_segments_and_the_evidence_says_which() {
     let dir = tempfile::tempdir().unwrap();
     let server = server(dir.path());
-    let full = rerank(&server, "maxp", Value::Null);
+    let full = rerank(&server, "maxp", json!({"selector": "none"}));
     assert_eq!(full["timing"]["segments"], 10, "{full}");
     assert_eq!(full["timing"]["pairs"], 10);
     for h in full["results"].as_array().unwrap() {
@@ -109,7 +109,7 @@ fn each_selector_sends_the_model_its_best_segments_and_the_evidence_says_which()
             let small = post_json(
                 &server.url("/rerank"),
                 &json!({"query": "bee dance", "documents": documents(), "pipeline": "maxp", "segments": windows(),
-                    "model": "small"})
+                    "model": "small", "preselect": {"selector": "none"}})
                 .to_string(),
             )
             .json();
@@ -124,6 +124,23 @@ fn each_selector_sends_the_model_its_best_segments_and_the_evidence_says_which()
     // `none` is full MaxP whatever the counts say.
     let none = rerank(&server, "maxp", json!({"selector": "none", "per_doc": 1}));
     assert_eq!(none["timing"]["pairs"], 10);
+}
+
+/// The shipped default: MaxP reads each candidate's two best segments by BM25 (`[model.preselect]`); SumP,
+/// AvgP and Co-BERT read every segment unless a request says otherwise.
+#[test]
+fn maxp_reads_the_two_best_segments_by_bm25_by_default_and_the_aggregates_read_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server(dir.path());
+    let default = rerank(&server, "maxp", Value::Null);
+    assert_eq!((&default["timing"]["segments"], &default["timing"]["pairs"]), (&json!(10), &json!(6)), "{default}");
+    let two = rerank(&server, "maxp", json!({"selector": "bm25", "per_doc": 2}));
+    assert_eq!(default["results"], two["results"]);
+    for pipeline in ["sump", "avgp"] {
+        let all = rerank(&server, pipeline, Value::Null);
+        assert_eq!(all["timing"]["pairs"], 10, "{pipeline}: {all}");
+        assert!(all["results"][0]["segments"].as_array().unwrap().iter().all(|s| s["scored"] == true), "{all}");
+    }
 }
 
 #[test]
@@ -204,7 +221,8 @@ fn work_a_timeout_cuts_off_is_kept_and_the_retry_computes_less() {
         ("LONGRANK_TEST_HOLD", hold.as_str()),
     ];
     let server = TestServer::start(dir.path(), &env).wait_ready();
-    let body = json!({"query": "bee dance", "documents": documents(), "pipeline": "maxp", "segments": windows()});
+    let body = json!({"query": "bee dance", "documents": documents(), "pipeline": "maxp", "segments": windows(),
+        "preselect": {"selector": "none"}});
     let cut = post_json(&server.url("/rerank"), &body.to_string());
     cut.assert_error(503, "timeout");
     assert!(cut.body.contains("preselect"), "says what helps: {}", cut.body);

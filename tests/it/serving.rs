@@ -123,7 +123,9 @@ fn concurrent_requests_are_batched_together_and_score_as_alone() {
         "wildlife refuge",
     ];
     let body = |q: &str| {
-        json!({"query": q, "docids": docids(dir.path()), "collection": "gov2", "pipeline": "maxp"}).to_string()
+        let every_segment = json!({"selector": "none"});
+        json!({"query": q, "docids": docids(dir.path()), "collection": "gov2", "pipeline": "maxp", "preselect": every_segment})
+            .to_string()
     };
     let alone_server = TestServer::start(dir.path(), &env).wait_ready();
     let url = alone_server.url("/rerank");
@@ -233,9 +235,12 @@ fn a_full_queue_answers_429_and_scores_are_cached_across_pipelines() {
     }
     assert!(replies.iter().all(|r| r.status == 200 || r.status == 429));
 
-    // One query through maxp, then firstp and sump: the later pipelines reuse every cached segment score.
+    // One query through maxp (every segment), then firstp and sump: the later pipelines reuse every cached
+    // segment score.
     let ask = |pipeline: &str| {
-        post_json(&url, &json!({"query": "oil industry", "pipeline": pipeline, "depth": 10}).to_string()).json()
+        let body =
+            json!({"query": "oil industry", "pipeline": pipeline, "depth": 10, "preselect": {"selector": "none"}});
+        post_json(&url, &body.to_string()).json()
     };
     let maxp = ask("maxp");
     assert!(maxp["timing"]["computed"].as_u64().unwrap() > 0);
@@ -339,7 +344,10 @@ fn the_cobert_pipeline_rescores_maxp_candidates_with_its_heads() {
     let server = TestServer::start(dir.path(), &env).wait_ready();
     let search = |pipeline: &str, model: &str| {
         let query = "oil pearls history national park industry texas tax energy wildlife";
-        let body = json!({"query": query, "pipeline": pipeline, "depth": 7, "k": 7, "model": model});
+        // Every segment read, as Co-BERT's first round reads them by default.
+        let every_segment = json!({"selector": "none"});
+        let body = json!({"query": query, "pipeline": pipeline, "depth": 7, "k": 7, "model": model,
+            "preselect": every_segment});
         post_json(&server.url("/search"), &body.to_string())
     };
     let maxp = search("maxp", "default").json();

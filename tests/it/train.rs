@@ -191,7 +191,10 @@ fn served_as_in_training(d: &Path, model: &Path, dev_run: &Path, pipeline: &str)
         let cols: Vec<&str> = line.split_whitespace().collect();
         let (qid, docid, score): (&str, &str, f64) = (cols[0], cols[2], cols[4].parse().unwrap());
         let query = topics.lines().find_map(|l| l.strip_prefix(&format!("{qid}\t"))).unwrap();
-        let body = json!({"query": query, "pipeline": pipeline, "depth": 5, "k": 5}).to_string();
+        // Every segment read, as the dev run read them.
+        let every_segment = json!({"selector": "none"});
+        let body = json!({"query": query, "pipeline": pipeline, "depth": 5, "k": 5, "preselect": every_segment});
+        let body = body.to_string();
         let reply = post_json(&server.url("/search"), &body);
         assert_eq!(reply.status, 200, "{}", reply.body);
         let hits = reply.json()["results"].as_array().unwrap().clone();
@@ -396,7 +399,10 @@ fn cobert_trains_end_to_end_and_the_server_runs_its_first_round_with_the_model_i
     let topics = std::fs::read_to_string(d.join("topics.tsv")).unwrap();
     let query = topics.lines().next().unwrap().split('\t').nth(1).unwrap();
     let flops = |pipeline: &str| {
-        let body = json!({"query": query, "pipeline": pipeline, "depth": 5, "k": 5}).to_string();
+        // Every segment read, as the dev run read them.
+        let every_segment = json!({"selector": "none"});
+        let body = json!({"query": query, "pipeline": pipeline, "depth": 5, "k": 5, "preselect": every_segment});
+        let body = body.to_string();
         let reply = post_json(&server.url("/search"), &body).json();
         (reply["timing"]["flops"].as_f64().unwrap(), reply["results"].as_array().unwrap().len())
     };

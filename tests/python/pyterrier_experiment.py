@@ -28,11 +28,13 @@ table = pt.Experiment([bm25, rm3, maxp], topics, qrels, eval_metrics=measures, n
 for name, pipeline in zip(names, [bm25, rm3, maxp]):
     pt.io.write_results(pipeline(topics), os.path.join(out, f"{name}.run"), format="trec", run_name=name)
 
-reranked = maxp(topics.head(1))
-# The same documents re-ranked from the texts the frame carries score as by docno.
-by_text = (bm25 % 20 >> Text(base, key=key) >> Reranker(base, pipeline="maxp", key=key, text_field="text"))(
-    topics.head(1)
-)
+# The same documents re-ranked from the texts the frame carries score as by docno, every segment read (a BM25
+# preselection weighs terms by the collection's statistics by docno, by the texts' own from a frame).
+every = {"selector": "none"}
+reranked = (bm25 % 20 >> Reranker(base, pipeline="maxp", key=key, preselect=every))(topics.head(1))
+by_text = (
+    bm25 % 20 >> Text(base, key=key) >> Reranker(base, pipeline="maxp", key=key, text_field="text", preselect=every)
+)(topics.head(1))
 assert list(by_text["docno"]) == list(reranked["docno"]), (by_text, reranked)
 assert list(by_text["score"]) == list(reranked["score"]), (by_text, reranked)
 evidence = {
