@@ -10,6 +10,7 @@ pub mod eval;
 pub mod eval_segments;
 pub mod folds;
 pub mod index;
+pub mod memory;
 pub mod progress;
 pub mod search;
 pub mod serve;
@@ -72,23 +73,8 @@ impl Global {
 }
 
 /// Process-wide settings, before any other thread starts (so that all of them inherit them).
-/// Returns the calling thread's freed memory to the kernel now, before it ends.
-pub fn release_thread_memory() {
-    // SAFETY: mi_collect only touches the calling thread's heap (and abandoned segments when forced).
-    unsafe { libmimalloc_sys::mi_collect(true) };
-}
-
 pub fn init_process() {
-    /// mimalloc's `mi_option_purge_delay` (mimalloc.h, v2; the -sys crate names no constant for it).
-    const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-    const PURGE_DELAY_MS: std::ffi::c_long = 2_000;
-    // Freed memory is kept for reuse two seconds before it goes back to the kernel: a forward pass frees and
-    // re-allocates tensors of tens of MB, and returning them at once (mimalloc's 10 ms) made the kernel zero
-    // fresh pages for every pass (17 % of the time in `clear_page_erms`, 20 % fewer pairs/s); never returning
-    // them kept a load peak's memory for good (2.75 GB after a 256-client burst). Busy, the memory is reused;
-    // idle, it goes back.
-    // SAFETY: sets an option before any other thread runs; mimalloc reads options atomically.
-    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) };
+    memory::set_purge_delay();
     longrank::model::flush_subnormals();
     tracing_subscriber::fmt()
         .with_env_filter(

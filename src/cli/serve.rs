@@ -10,6 +10,8 @@ use longrank::index::{self, Catalog};
 use longrank::progress::Silent;
 use longrank::server::{self, AppState};
 
+use super::memory;
+
 #[derive(clap::Args)]
 pub struct ServeArgs {
     #[command(flatten)]
@@ -26,10 +28,13 @@ pub fn run(args: ServeArgs, mut config: Config) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         // A blocking thread ending after a load (idle for tokio's keep-alive) hands back the memory it freed;
-        // left to the allocator's abandoned segments, it was kept for good.
-        .on_thread_stop(super::release_thread_memory)
+        // left to the allocator's abandoned segments, it was kept for good. The workers do once a load is over.
+        .on_thread_stop(memory::release_thread_memory)
+        .on_thread_unpark(memory::on_worker_unpark)
+        .on_thread_park(memory::on_worker_park)
         .build()?;
     runtime.block_on(async move {
+        tokio::spawn(memory::return_memory_after_load());
         let store = super::open_store(&config).await?;
         // Servers sharing a store are replicas: each serves its copy of the collections, never writing it.
         let open = if store.shared() { Catalog::open_read_only } else { Catalog::open };

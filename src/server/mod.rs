@@ -235,7 +235,7 @@ pub async fn serve(
                     tracing::error!("starting the tasks: {e}");
                 }
                 preparing.set_ready();
-                tokio::spawn(follow_data_dir(preparing.clone()));
+                follow_data_dir(preparing.clone());
                 if let Err(e) = preparing.jobs().start(preparing.replica()).await {
                     tracing::error!("starting the batch workers: {e}");
                 }
@@ -247,16 +247,17 @@ pub async fn serve(
     accept(listener, app, &state.config().server).await
 }
 
-/// Keeps the catalog in step with the data directory (`Catalog::sync`), every `server.catalog_poll_ms`.
-async fn follow_data_dir(state: AppState) {
+/// Keeps the catalog in step with the data directory (`Catalog::sync`), every `server.catalog_poll_ms`, on a
+/// thread of its own: a blocking task every second woke the runtime's idle blocking threads in turn, each
+/// before its keep-alive ran out, so none ever ended and the memory a load left in their heaps stayed.
+fn follow_data_dir(state: AppState) {
     let every = state.config().server.catalog_poll_ms;
     if every == 0 {
         return;
     }
-    loop {
-        tokio::time::sleep(Duration::from_millis(every)).await;
-        let catalog = state.engine().catalog().clone();
-        let Ok(changes) = tokio::task::spawn_blocking(move || catalog.sync()).await else { continue };
+    let follow = move || loop {
+        std::thread::sleep(Duration::from_millis(every));
+        let changes = state.engine().catalog().sync();
         if !changes.is_empty() {
             let (added, replaced, removed) = (&changes.added, &changes.replaced, &changes.removed);
             tracing::info!(?added, ?replaced, ?removed, "collections changed in the data directory");
@@ -264,6 +265,9 @@ async fn follow_data_dir(state: AppState) {
                 tracing::warn!("collection {name} could not be opened: {reason}");
             }
         }
+    };
+    if let Err(e) = std::thread::Builder::new().name("catalog-sync".into()).spawn(follow) {
+        tracing::error!("starting the catalog's sync: {e}");
     }
 }
 

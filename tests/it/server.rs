@@ -363,3 +363,34 @@ fn writes_need_a_key_beyond_loopback_and_foreign_pages_and_hosts_are_refused() {
     }
     assert_eq!(request("GET", &server.url("/health"), &[("host", "evil.example")], None).status, 200);
 }
+
+/// After a load the runtime's blocking threads end (tokio's 10 s keep-alive), and the memory the load left in
+/// their heaps goes with them: nothing periodic keeps them alive (the catalog's sync every second did, by waking
+/// them in turn; it has a thread of its own).
+#[test]
+fn blocking_threads_end_after_a_load() {
+    let dir = crate::fixtures::cranfield_data_dir();
+    let server = TestServer::start(dir.path(), &[]).wait_ready();
+    let threads = || std::fs::read_dir(format!("/proc/{}/task", server.child.id())).unwrap().count();
+    let before = threads();
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let url = server.url("/search");
+            std::thread::spawn(move || {
+                for _ in 0..10 {
+                    let r =
+                        post_json(&url, r#"{"query": "boundary layer flow", "collection": "cranfield", "k": 1000}"#);
+                    assert_eq!(r.status, 200, "{}", r.body);
+                }
+            })
+        })
+        .collect();
+    clients.into_iter().for_each(|c| c.join().unwrap());
+    let loaded = threads();
+    assert!(loaded > before, "the load ran on blocking threads: {before} then {loaded}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while threads() > before {
+        assert!(std::time::Instant::now() < deadline, "{} threads a minute after the load, {before} before", threads());
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}
