@@ -14,7 +14,7 @@
 //! | `eval` | topics, qrels, runs, trec_eval's measures, comparisons |
 //! | `store` | the database (SQLite or PostgreSQL) of jobs, their topics' leases, tasks and the query log |
 //! | `server` | HTTP: routes, decoding, errors, middleware, metrics, OpenAPI, batch jobs |
-//! | `train` | fine-tuning: FirstP, all segments, BeST, Co-BERT |
+//! | `train` | fine-tuning: FirstP, all segments, BeST, Co-BERT, a learned segment selector |
 //! | `progress` | how long jobs report progress |
 //! | `cancel` | cancelling work whose requester is gone or whose deadline passed |
 //! | `hooks` | test hooks that hold the process at named points |

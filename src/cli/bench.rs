@@ -326,10 +326,10 @@ fn check_docs() -> Vec<String> {
 /// `num_labels=1` adds one: the arithmetic is the same.
 fn model(b: ModelBench) -> anyhow::Result<()> {
     use candle_core::{DType, Device};
-    use longrank::model::{self, TrainableCrossEncoder};
+    use longrank::model::{self, TrainableEncoder};
     let device = model::device(&b.device)?;
     let dtype = model::dtype(&b.dtype, &device)?;
-    let trainable = TrainableCrossEncoder::init(&b.dir, &Device::Cpu, DType::F32, 0)?;
+    let trainable = TrainableEncoder::init(&b.dir, &Device::Cpu, DType::F32, 0)?;
     let mut scorer = trainable.snapshot_on(&device, dtype)?;
     if b.int8 {
         scorer.quantize()?;
@@ -414,10 +414,10 @@ pub struct TrainBench {
 /// positives and the second negatives, pairwise hinge, backward, AdamW over every weight.
 fn train(b: TrainBench) -> anyhow::Result<()> {
     use candle_core::DType;
-    use longrank::model::TrainableCrossEncoder;
+    use longrank::model::TrainableEncoder;
     use longrank::train::AdamW;
     let device = longrank::model::device(&b.device)?;
-    let model = TrainableCrossEncoder::init(&b.dir, &device, DType::F32, 0)?;
+    let model = TrainableEncoder::init(&b.dir, &device, DType::F32, 0)?;
     let pair_flops = model.snapshot()?.pair_flops(b.length);
     let inputs = peer_docs(b.batch)
         .iter()

@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use longrank::config::Config;
 use longrank::eval::{self, Qrels, TopicField};
+use longrank::preselect::Preselect;
+use longrank::rank::{RankParams, Usage};
 use longrank::train::{self, CoBertTraining, Method, TrainData, TrainOptions};
 
 use super::progress::Bar;
@@ -39,6 +41,10 @@ pub struct TrainArgs {
     /// The run's directory (resumed when it holds a run with the same options).
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
+    /// The served model whose segment scores a selector learns (`--method selector`): a name from the
+    /// configuration [default: the default model].
+    #[arg(long, value_name = "NAME")]
+    teacher: Option<String>,
     #[command(flatten)]
     options: TrainOptions,
     #[command(flatten)]
@@ -55,7 +61,31 @@ pub fn run(args: TrainArgs, config: &Config) -> anyhow::Result<()> {
     let topics = eval::read_topics(&args.topics)?.into_iter().map(|t| (t.qid.clone(), t.query(args.field))).collect();
     let folds = args.folds.as_deref().map(eval::read_folds).transpose()?;
     let passages = args.passages.as_deref().map(eval::passages::read_passages).transpose()?;
-    let data = TrainData { collection: &collection, topics, qrels: Qrels::read(&args.qrels)?, folds, passages };
+    // A selector's teacher reads every segment, as full MaxP does.
+    let params = RankParams {
+        pipeline: Some("maxp".into()),
+        model: args.teacher,
+        preselect: Some(Preselect::default()),
+        ..Default::default()
+    };
+    let snapshot = collection.snapshot();
+    let teacher_options =
+        if options.method == Method::Selector { Some(engine.options(&params, Usage::Search)?) } else { None };
+    let teacher = teacher_options.map(|teacher_options| {
+        move |query: &str, docid: &str| {
+            engine
+                .segment_scores(&snapshot, query, docid, &teacher_options)
+                .map_err(|e| train::TrainError::Data(format!("the teacher on {docid}: {e}")))
+        }
+    });
+    let data = TrainData {
+        collection: &collection,
+        topics,
+        qrels: Qrels::read(&args.qrels)?,
+        folds,
+        passages,
+        teacher: teacher.as_ref().map(|t| t as &train::Teacher),
+    };
     let source = args.init.as_deref().unwrap_or(&config.model.path);
     anyhow::ensure!(!source.is_empty(), "no model to start from: give --init DIR or configure [model] path");
     let init = longrank::model::resolve(source, config.model.offline)?;

@@ -206,12 +206,66 @@ pub enum Pooling {
     Cls,
 }
 
+/// How a sentence-transformers model turns token states into an embedding: its pooling, whether it
+/// normalizes, and its longest input (`modules.json`, the Pooling module's config, `sentence_bert_config.json`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SentenceLayout {
+    pub pooling: Pooling,
+    pub normalize: bool,
+    pub max_seq_length: usize,
+}
+
+impl SentenceLayout {
+    /// The layout of the model in `dir`; `max_len` (the tokenizer's) when it names no longest input.
+    pub(super) fn read(dir: &Path, max_len: usize) -> Result<SentenceLayout, ModelError> {
+        let modules_path = dir.join("modules.json");
+        let modules: Vec<StModule> = read_json(&modules_path)?;
+        let pooling_dir = modules.iter().find(|m| m.kind.ends_with(".Pooling")).map(|m| dir.join(&m.path));
+        let pooling_dir = pooling_dir.ok_or_else(|| load_err(&modules_path, "no Pooling module"))?;
+        let pooling: PoolingConfig = read_json(&pooling_dir.join("config.json"))?;
+        let pooling = match (pooling.pooling_mode_mean_tokens, pooling.pooling_mode_cls_token) {
+            (true, _) => Pooling::Mean,
+            (false, true) => Pooling::Cls,
+            _ => return Err(load_err(&pooling_dir, "only mean or CLS pooling is supported")),
+        };
+        let normalize = modules.iter().any(|m| m.kind.ends_with(".Normalize"));
+        #[derive(Deserialize)]
+        struct StConfig {
+            max_seq_length: usize,
+        }
+        let st_path = dir.join("sentence_bert_config.json");
+        let max_seq_length = if st_path.exists() { read_json::<StConfig>(&st_path)?.max_seq_length } else { max_len };
+        Ok(SentenceLayout { pooling, normalize, max_seq_length })
+    }
+
+    /// The module directories `modules.json` names (the Pooling module's, …), relative to `dir`.
+    pub(super) fn module_dirs(dir: &Path) -> Result<Vec<String>, ModelError> {
+        let modules: Vec<StModule> = read_json(&dir.join("modules.json"))?;
+        Ok(modules.into_iter().map(|m| m.path).filter(|p| !p.is_empty()).collect())
+    }
+
+    /// The embeddings `[batch, hidden]` of final hidden states `[batch, len, hidden]` under `mask` `[batch, len]`.
+    pub(super) fn pool(&self, hidden: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+        let pooled = match self.pooling {
+            Pooling::Cls => hidden.i((.., 0))?,
+            Pooling::Mean => {
+                let mask = mask.to_dtype(hidden.dtype())?.unsqueeze(D::Minus1)?;
+                let summed = hidden.broadcast_mul(&mask)?.sum(1)?;
+                summed.broadcast_div(&mask.sum(1)?)?
+            }
+        };
+        if !self.normalize {
+            return Ok(pooled);
+        }
+        let norm = pooled.sqr()?.sum_keepdim(1)?.sqrt()?.clamp(1e-12, f32::MAX)?;
+        pooled.broadcast_div(&norm)
+    }
+}
+
 /// A sentence-transformers bi-encoder: texts to (optionally normalized) embeddings.
 pub struct BiEncoder {
     pub(super) backbone: Backbone,
-    pub(super) pooling: Pooling,
-    pub(super) normalize: bool,
-    pub(super) max_seq_length: usize,
+    pub(super) layout: SentenceLayout,
 }
 
 #[derive(Deserialize)]
@@ -233,29 +287,12 @@ struct StModule {
 impl BiEncoder {
     pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<BiEncoder, ModelError> {
         let (backbone, _) = Backbone::load(dir, device, dtype)?;
-        let modules_path = dir.join("modules.json");
-        let modules: Vec<StModule> = read_json(&modules_path)?;
-        let pooling_dir = modules.iter().find(|m| m.kind.ends_with(".Pooling")).map(|m| dir.join(&m.path));
-        let pooling_dir = pooling_dir.ok_or_else(|| load_err(&modules_path, "no Pooling module"))?;
-        let pooling: PoolingConfig = read_json(&pooling_dir.join("config.json"))?;
-        let pooling = match (pooling.pooling_mode_mean_tokens, pooling.pooling_mode_cls_token) {
-            (true, _) => Pooling::Mean,
-            (false, true) => Pooling::Cls,
-            _ => return Err(load_err(&pooling_dir, "only mean or CLS pooling is supported")),
-        };
-        let normalize = modules.iter().any(|m| m.kind.ends_with(".Normalize"));
-        #[derive(Deserialize)]
-        struct StConfig {
-            max_seq_length: usize,
-        }
-        let st_path = dir.join("sentence_bert_config.json");
-        let max_seq_length =
-            if st_path.exists() { read_json::<StConfig>(&st_path)?.max_seq_length } else { backbone.pieces.max_len };
-        Ok(BiEncoder { backbone, pooling, normalize, max_seq_length })
+        let layout = SentenceLayout::read(dir, backbone.pieces.max_len)?;
+        Ok(BiEncoder { backbone, layout })
     }
 
     pub fn encode(&self, text: &str) -> Result<Encoded, ModelError> {
-        self.backbone.pieces.single(text, self.max_seq_length)
+        self.backbone.pieces.single(text, self.layout.max_seq_length)
     }
 
     pub fn count_tokens(&self, text: &str) -> Result<usize, ModelError> {
@@ -273,20 +310,6 @@ impl BiEncoder {
             return Ok(Vec::new());
         }
         let (hidden, mask) = self.backbone.forward(batch)?;
-        let pooled = match self.pooling {
-            Pooling::Cls => hidden.i((.., 0))?,
-            Pooling::Mean => {
-                let mask = mask.to_dtype(hidden.dtype())?.unsqueeze(D::Minus1)?;
-                let summed = hidden.broadcast_mul(&mask)?.sum(1)?;
-                summed.broadcast_div(&mask.sum(1)?)?
-            }
-        };
-        let pooled = if self.normalize {
-            let norm = pooled.sqr()?.sum_keepdim(1)?.sqrt()?.clamp(1e-12, f32::MAX)?;
-            pooled.broadcast_div(&norm)?
-        } else {
-            pooled
-        };
-        Ok(pooled.to_dtype(DType::F32)?.to_vec2::<f32>()?)
+        Ok(self.layout.pool(&hidden, &mask)?.to_dtype(DType::F32)?.to_vec2::<f32>()?)
     }
 }

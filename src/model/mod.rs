@@ -32,7 +32,7 @@ pub use serve::vectors::VectorFile;
 pub use tokenize::Encoded;
 use tokenize::WordPieces;
 pub(crate) use trainable::replace_dir;
-pub use trainable::{CoBertInit, TrainableCrossEncoder};
+pub use trainable::{CoBertInit, TrainableEncoder};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -158,7 +158,7 @@ impl Reranker {
             Reranker::Cross(m) | Reranker::CoBert(cobert::CoBert { cross: m, .. }) => {
                 m.backbone.pieces.segment_budget(max_length, max_query_tokens)
             }
-            Reranker::Bi(m) => m.max_seq_length.saturating_sub(2),
+            Reranker::Bi(m) => m.layout.max_seq_length.saturating_sub(2),
         }
         .max(1)
     }
@@ -197,7 +197,7 @@ impl crate::segment::TokenCounter for CrossEncoder {
     }
 }
 
-impl crate::segment::TokenCounter for TrainableCrossEncoder {
+impl crate::segment::TokenCounter for TrainableEncoder {
     fn count(&self, text: &str) -> usize {
         count_or_words(self.count_tokens(text), text)
     }

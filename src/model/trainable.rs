@@ -1,6 +1,8 @@
-//! A cross-encoder to fine-tune: the BERT of a Hugging Face directory (a cross-encoder, or a bare or
-//! sentence-transformers encoder to which a pooler and a one-logit classifier are added) as candle variables,
-//! forward passes on the autograd graph, and checkpoints in the layout `CrossEncoder::load` reads.
+//! A model to fine-tune: the BERT of a Hugging Face directory as candle variables, forward passes on the
+//! autograd graph, and checkpoints in the layout its server-side loader reads. Either a cross-encoder (from a
+//! cross-encoder, or a bare or sentence-transformers encoder to which a pooler and a one-logit classifier are
+//! added; `CrossEncoder::load`) or a sentence-transformers bi-encoder's encoder with its pooling
+//! (`BiEncoder::load`: the learned preselection).
 //!
 //! Variables are kept in f32 (the optimizer's master copy); with a half-precision `dtype` every pass casts
 //! them, so updates are never lost to rounding.
@@ -17,13 +19,14 @@ use parking_lot::Mutex;
 
 use super::bert::{encoder_root, Bert};
 use super::cobert::{CoBert, CoBertConfig, CoBertHeads};
+use super::encoder::SentenceLayout;
 use super::{load_err, read_config, weights, CrossEncoder, Encoded, Fnv, Inputs, ModelError, WordPieces};
 use crate::rng::Rng;
 
 /// Tokenizer and vocabulary files copied into every checkpoint, when the source has them.
 const TOKENIZER_FILES: [&str; 4] = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"];
 
-pub struct TrainableCrossEncoder {
+pub struct TrainableEncoder {
     varmap: VarMap,
     /// The f32 model over the variables themselves (`None` when passes cast to half precision).
     model: Option<Heads>,
@@ -39,6 +42,8 @@ pub struct TrainableCrossEncoder {
     cobert: Option<CoBertHeads>,
     /// The cross-encoder whose first round a Co-BERT checkpoint keeps beside its own trained backbone.
     first_round: Option<PathBuf>,
+    /// A bi-encoder's pooling (`None`: a cross-encoder).
+    sentence: Option<SentenceLayout>,
 }
 
 /// Co-BERT heads to add to a trainable model: their shape, and whether their layers start as copies of the
@@ -49,39 +54,48 @@ pub struct CoBertInit {
     pub from_backbone: bool,
 }
 
-/// The encoder with the pooler and classifier.
+/// The encoder with, on a cross-encoder, the pooler and classifier.
 struct Heads {
     bert: Bert,
-    pooler: Linear,
-    classifier: Linear,
+    classifier: Option<(Linear, Linear)>,
 }
 
 impl Heads {
-    fn build(vb: VarBuilder, config: &Config) -> candle_core::Result<Heads> {
+    fn build(vb: VarBuilder, config: &Config, classifier: bool) -> candle_core::Result<Heads> {
         let h = config.hidden_size;
-        Ok(Heads {
-            bert: Bert::trainable(vb.pp("bert"), config)?,
-            pooler: candle_nn::linear(h, h, vb.pp("bert.pooler.dense"))?,
-            classifier: candle_nn::linear(h, 1, vb.pp("classifier"))?,
-        })
+        let classifier = classifier
+            .then(|| {
+                let pooler = candle_nn::linear(h, h, vb.pp("bert.pooler.dense"))?;
+                Ok::<_, candle_core::Error>((pooler, candle_nn::linear(h, 1, vb.pp("classifier"))?))
+            })
+            .transpose()?;
+        Ok(Heads { bert: Bert::trainable(vb.pp("bert"), config)?, classifier })
+    }
+
+    /// The final hidden states `[batch, len, hidden]`.
+    fn hidden(&self, inputs: &Inputs) -> candle_core::Result<Tensor> {
+        self.bert.forward(&inputs.ids, &inputs.types, inputs.padded.then_some(&inputs.mask))
     }
 
     /// The final `[CLS]` states `[batch, hidden]`.
     fn cls(&self, inputs: &Inputs) -> candle_core::Result<Tensor> {
-        self.bert.forward(&inputs.ids, &inputs.types, inputs.padded.then_some(&inputs.mask))?.i((.., 0))?.contiguous()
+        self.hidden(inputs)?.i((.., 0))?.contiguous()
     }
 
     fn forward(&self, inputs: &Inputs) -> candle_core::Result<Tensor> {
-        let pooled = self.pooler.forward(&self.cls(inputs)?)?.tanh()?;
-        self.classifier.forward(&pooled)?.squeeze(1)
+        let Some((pooler, classifier)) = &self.classifier else {
+            candle_core::bail!("a bi-encoder has no classifier");
+        };
+        let pooled = pooler.forward(&self.cls(inputs)?)?.tanh()?;
+        classifier.forward(&pooled)?.squeeze(1)
     }
 }
 
-impl TrainableCrossEncoder {
-    /// Starts from the weights in `dir`; what it lacks (a pooler, the one-logit classifier) is drawn from
-    /// `seed` as BERT initializes it (normal with the config's `initializer_range`, zero biases).
-    pub fn init(dir: &Path, device: &Device, dtype: DType, seed: u64) -> Result<TrainableCrossEncoder, ModelError> {
-        TrainableCrossEncoder::init_with(dir, device, dtype, seed, None)
+impl TrainableEncoder {
+    /// A cross-encoder from the weights in `dir`; what it lacks (a pooler, the one-logit classifier) is drawn
+    /// from `seed` as BERT initializes it (normal with the config's `initializer_range`, zero biases).
+    pub fn init(dir: &Path, device: &Device, dtype: DType, seed: u64) -> Result<TrainableEncoder, ModelError> {
+        TrainableEncoder::init_with(dir, device, dtype, seed, None)
     }
 
     /// `init`, with Co-BERT heads when `cobert` is given.
@@ -91,7 +105,26 @@ impl TrainableCrossEncoder {
         dtype: DType,
         seed: u64,
         cobert: Option<CoBertInit>,
-    ) -> Result<TrainableCrossEncoder, ModelError> {
+    ) -> Result<TrainableEncoder, ModelError> {
+        TrainableEncoder::build(dir, device, dtype, seed, cobert, None)
+    }
+
+    /// The sentence-transformers bi-encoder in `dir` (its encoder and pooling), to train its encoder.
+    pub fn init_bi_encoder(dir: &Path, device: &Device, dtype: DType) -> Result<TrainableEncoder, ModelError> {
+        let (_, pieces) = read_config(dir)?;
+        let layout = SentenceLayout::read(dir, pieces.max_len)?;
+        // Nothing is drawn: the encoder is the checkpoint's whole.
+        TrainableEncoder::build(dir, device, dtype, 0, None, Some(layout))
+    }
+
+    fn build(
+        dir: &Path,
+        device: &Device,
+        dtype: DType,
+        seed: u64,
+        cobert: Option<CoBertInit>,
+        sentence: Option<SentenceLayout>,
+    ) -> Result<TrainableEncoder, ModelError> {
         let (config, pieces) = read_config(dir)?;
         let config_path = dir.join("config.json");
         let config_json: serde_json::Value =
@@ -112,7 +145,8 @@ impl TrainableCrossEncoder {
             cobert: cobert.filter(|c| c.from_backbone).map(|c| c.config),
         };
         let vb = VarBuilder::from_backend(Box::new(initializer), DType::F32, device.clone());
-        let heads = Heads::build(vb.clone(), &config).map_err(|e| load_err(dir, format!("building the model: {e}")))?;
+        let heads = Heads::build(vb.clone(), &config, sentence.is_none())
+            .map_err(|e| load_err(dir, format!("building the model: {e}")))?;
         let cobert = cobert
             .map(|c| CoBertHeads::new(vb.pp("cobert"), &config, c.config, true))
             .transpose()
@@ -120,7 +154,7 @@ impl TrainableCrossEncoder {
         let mut initialized = std::mem::take(&mut *initialized.lock());
         initialized.sort();
         let model = (dtype == DType::F32).then_some(heads);
-        Ok(TrainableCrossEncoder {
+        Ok(TrainableEncoder {
             varmap,
             model,
             pieces,
@@ -132,6 +166,7 @@ impl TrainableCrossEncoder {
             initialized,
             cobert,
             first_round: None,
+            sentence,
         })
     }
 
@@ -185,6 +220,21 @@ impl TrainableCrossEncoder {
         self.pass(batch, Heads::cls)
     }
 
+    /// Encodes one text for a bi-encoder, cut to its longest input.
+    pub fn encode_text(&self, text: &str) -> Result<Encoded, ModelError> {
+        self.pieces.single(text, self.layout()?.max_seq_length)
+    }
+
+    /// A bi-encoder's embeddings `[batch, hidden]` on the autograd graph, pooled as it pools when served.
+    pub fn embed(&self, batch: &[Encoded]) -> Result<Tensor, ModelError> {
+        let layout = self.layout()?;
+        self.pass(batch, |heads, inputs| layout.pool(&heads.hidden(inputs)?, &inputs.mask))
+    }
+
+    fn layout(&self) -> Result<SentenceLayout, ModelError> {
+        self.sentence.ok_or_else(|| load_err(&self.source, "a cross-encoder does not embed texts"))
+    }
+
     fn pass(
         &self,
         batch: &[Encoded],
@@ -199,7 +249,7 @@ impl TrainableCrossEncoder {
                     self.dtype,
                     self.device.clone(),
                 );
-                f(&Heads::build(vb, &self.config)?, &inputs)?
+                f(&Heads::build(vb, &self.config, self.sentence.is_none())?, &inputs)?
             }
         };
         Ok(out.to_dtype(DType::F32)?)
@@ -239,13 +289,17 @@ impl TrainableCrossEncoder {
         self.variables().into_iter().map(|(n, v)| Ok((n, v.as_tensor().detach().copy()?))).collect()
     }
 
-    /// Writes a checkpoint `CrossEncoder::load` reads: `config.json` (a one-label sequence classifier),
-    /// `model.safetensors`, and the source's tokenizer files. The directory is replaced whole, so an
+    /// Writes a checkpoint its loader reads: a cross-encoder's `config.json` (a one-label sequence
+    /// classifier), `model.safetensors`, and the source's tokenizer files; a bi-encoder's weights among the
+    /// source's other files (its configuration, tokenizer and modules). The directory is replaced whole, so an
     /// interruption leaves the previous checkpoint.
     pub fn save(&self, dir: &Path) -> Result<(), ModelError> {
         let staging = staging_dir(dir);
         let _ = std::fs::remove_dir_all(&staging);
         std::fs::create_dir_all(&staging).map_err(|e| load_err(&staging, e))?;
+        if self.sentence.is_some() {
+            return self.save_bi_encoder(&staging, dir);
+        }
         let (heads, backbone): (HashMap<String, Tensor>, HashMap<String, Tensor>) =
             self.weights()?.into_iter().partition(|(name, _)| name.starts_with("cobert."));
         let path = staging.join("model.safetensors");
@@ -275,6 +329,35 @@ impl TrainableCrossEncoder {
             copy_files(first_round, &to, &TOKENIZER_FILES)?;
         }
         replace_dir(&staging, dir)
+    }
+
+    fn save_bi_encoder(&self, staging: &Path, dir: &Path) -> Result<(), ModelError> {
+        let weight_file = |name: &str| {
+            [".safetensors", ".bin", ".onnx", ".h5", ".msgpack", ".ot"].iter().any(|ext| name.ends_with(ext))
+        };
+        let entries = std::fs::read_dir(&self.source).map_err(|e| load_err(&self.source, e))?;
+        let mut files = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| load_err(&self.source, e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if entry.path().is_file() && !weight_file(&name) {
+                files.push(name);
+            }
+        }
+        copy_files(&self.source, staging, &files.iter().map(String::as_str).collect::<Vec<_>>())?;
+        // A module without settings (Normalize) may have no directory.
+        for module in SentenceLayout::module_dirs(&self.source)?.iter().filter(|m| self.source.join(m).is_dir()) {
+            let (from, to) = (self.source.join(module), staging.join(module));
+            std::fs::create_dir_all(&to).map_err(|e| load_err(&to, e))?;
+            let names: Vec<String> = std::fs::read_dir(&from)
+                .map_err(|e| load_err(&from, e))?
+                .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+                .collect();
+            copy_files(&from, &to, &names.iter().map(String::as_str).collect::<Vec<_>>())?;
+        }
+        let path = staging.join("model.safetensors");
+        candle_core::safetensors::save(&self.weights()?, &path).map_err(|e| load_err(&path, e))?;
+        replace_dir(staging, dir)
     }
 
     /// The variables alone, as safetensors (for resuming).

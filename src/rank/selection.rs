@@ -1,6 +1,7 @@
 //! Segment selection against gold passages (`longrank eval-segments`, the BeST paper's Table 2): for each
 //! question, the model scores every segment of the document holding its gold passage, and the best one is
-//! checked against the passage, beside the first segment and a random one.
+//! checked against the passage, beside the first segment and a random one. And a judged document as a
+//! learned preselection is distilled from it: each segment's input with the model's score.
 
 use std::collections::BTreeMap;
 
@@ -50,5 +51,33 @@ impl Engine {
             progress.set(done as u64 + 1, &topic.qid);
         }
         Ok(stats)
+    }
+
+    /// Every segment of `docid` as the model of `options` (a `maxp` pipeline's, every segment read) reads
+    /// it, with the model's score, in document order: the teacher of `longrank train --method selector`.
+    pub fn segment_scores(
+        &self,
+        snapshot: &Snapshot,
+        query: &str,
+        docid: &str,
+        options: &RankOptions,
+    ) -> Result<Vec<(String, f32)>, RankError> {
+        let query = self.check_query(query)?;
+        let model = self.model_for(options)?.ok_or(RankError::RerankingPipelineRequired {
+            what: "scoring segments",
+            pipeline: options.pipeline.name(),
+        })?;
+        let given = [Scored { docid: docid.to_string(), score: 0.0 }];
+        let ranked = self.rerank_run(snapshot, query, options, &given, &Cancel::default())?;
+        let Some(evidence) = ranked.ranked.into_iter().next().and_then(|r| r.evidence) else {
+            return Ok(Vec::new());
+        };
+        let segment_options = &options.rerank.as_ref().expect("a model pipeline re-ranks").segments;
+        let inputs = self.segments.inputs(&model.served, segment_options, &evidence.doc, usize::MAX);
+        Ok(inputs
+            .into_iter()
+            .zip(&evidence.segments)
+            .filter_map(|((_, text), s)| Some((text.into_owned(), s.score?)))
+            .collect())
     }
 }

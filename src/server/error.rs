@@ -232,6 +232,16 @@ impl ApiError {
         )
     }
 
+    /// The answer for engine work that failed with `e`. Work that stopped because its deadline passed (it can
+    /// see the deadline before the timeout layer's timer fires) timed out: it is not a client that went away.
+    pub fn of_work(e: RankError, expired: bool, timeout_ms: u64) -> ApiError {
+        if expired && e.code() == ErrorCode::Cancelled {
+            ApiError::timeout(timeout_ms)
+        } else {
+            e.into()
+        }
+    }
+
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError::new(ErrorCode::Internal, message)
     }
@@ -499,6 +509,16 @@ fn error_responses(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn work_stopped_by_its_deadline_is_a_timeout_and_by_its_client_a_cancel() {
+        let cancelled = || RankError::Model(crate::model::ModelError::Cancelled);
+        let expired = ApiError::of_work(cancelled(), true, 1000);
+        assert_eq!((expired.code, expired.code.status().as_u16()), (ErrorCode::Timeout, 503));
+        assert!(expired.message.contains("1000 ms"), "{}", expired.message);
+        assert_eq!(ApiError::of_work(cancelled(), false, 1000).code, ErrorCode::Cancelled);
+        assert_eq!(ApiError::of_work(RankError::EmptyQuery, true, 1000).code, ErrorCode::EmptyQuery);
+    }
 
     #[test]
     fn every_code_is_in_readmes_table_and_back() {

@@ -158,7 +158,8 @@ impl AppState {
         let state = self.clone();
         // The request's deadline travels with its work: the model's queue refuses what would time out in it.
         let timeout = Duration::from_millis(self.config().server.request_timeout_ms);
-        let guard = CancelOnDrop(Cancel::until(Instant::now() + timeout));
+        let deadline = Instant::now() + timeout;
+        let guard = CancelOnDrop(Cancel::until(deadline));
         let cancel = guard.0.clone();
         let result = tokio::task::spawn_blocking(move || {
             let _permit = permit;
@@ -167,7 +168,9 @@ impl AppState {
         .await;
         drop(guard);
         match result {
-            Ok(result) => result.map_err(ApiError::from),
+            Ok(result) => {
+                result.map_err(|e| ApiError::of_work(e, Instant::now() >= deadline, timeout.as_millis() as u64))
+            }
             Err(e) => Err(ApiError::internal(format!("worker failed: {e}"))),
         }
     }

@@ -22,7 +22,7 @@ use super::{ModelReport, TrainError, TrainOptions};
 use crate::eval::{Qrels, Run, Scored};
 use crate::index::Snapshot;
 use crate::model::cobert::{groups, CoBertConfig};
-use crate::model::{CoBertInit, TrainableCrossEncoder};
+use crate::model::{CoBertInit, TrainableEncoder};
 use crate::progress::{Progress, Unit};
 use crate::rank::rerank::Candidate;
 use crate::rng::Rng;
@@ -135,7 +135,7 @@ pub fn train(
     let heads_init = CoBertInit { config: cobert.heads, from_backbone: cobert.from_backbone };
     // End to end, the passes run in `dtype` (f32 master weights); the frozen backbone's states are cached.
     let dtype = if cobert.end_to_end { dtype } else { DType::F32 };
-    let mut model = TrainableCrossEncoder::init_with(init, device, dtype, options.seed, Some(heads_init))?;
+    let mut model = TrainableEncoder::init_with(init, device, dtype, options.seed, Some(heads_init))?;
     if cobert.end_to_end {
         model.keep_first_round(init);
     }
@@ -300,7 +300,7 @@ fn first_round_hidden(features: &[Features]) -> Result<usize, TrainError> {
 /// Co-BERT's ranking of each dev query's candidates, as the `cobert` pipeline scores them: over the cached
 /// states, or, with the queries given (end to end), over the states the current backbone computes.
 fn evaluate(
-    model: &TrainableCrossEncoder,
+    model: &TrainableEncoder,
     dev: &[Features],
     qrels: &Qrels,
     options: &TrainOptions,

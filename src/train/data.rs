@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use super::{Loss, TrainError, TrainOptions};
 use crate::eval::Qrels;
 use crate::index::Snapshot;
-use crate::model::{Fnv, TrainableCrossEncoder};
+use crate::model::{Fnv, TrainableEncoder};
 use crate::rng::Rng;
 use crate::segment::{self, Segment};
 
@@ -113,7 +113,7 @@ impl TrainingDoc {
 pub struct Documents<'a> {
     collection: &'a Snapshot<'a>,
     options: &'a TrainOptions,
-    tokenizer: &'a TrainableCrossEncoder,
+    tokenizer: &'a TrainableEncoder,
     cache: Mutex<LruCache<String, Arc<TrainingDoc>>>,
 }
 
@@ -123,7 +123,7 @@ impl<'a> Documents<'a> {
     pub fn new(
         collection: &'a Snapshot<'a>,
         options: &'a TrainOptions,
-        tokenizer: &'a TrainableCrossEncoder,
+        tokenizer: &'a TrainableEncoder,
     ) -> Documents<'a> {
         let size = NonZeroUsize::new(CACHED_DOCUMENTS).unwrap_or(NonZeroUsize::MIN);
         Documents { collection, options, tokenizer, cache: Mutex::new(LruCache::new(size)) }

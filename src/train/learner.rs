@@ -14,7 +14,7 @@ use super::optim::{learning_rate, AdamW};
 use super::scorer::Scorer;
 use super::{inputs_of, Loss, ModelReport, Run, TrainError, TrainOptions};
 use crate::eval::Run as TrecRun;
-use crate::model::{Encoded, TrainableCrossEncoder};
+use crate::model::{Encoded, TrainableEncoder};
 use crate::progress::Unit;
 use crate::rng::Rng;
 
@@ -55,7 +55,7 @@ impl Tracker {
     pub fn open(
         name: &str,
         dir: &Path,
-        model: &TrainableCrossEncoder,
+        model: &TrainableEncoder,
         optimizer: &mut AdamW,
     ) -> Result<Tracker, TrainError> {
         std::fs::create_dir_all(dir).map_err(|e| TrainError::io(dir, e))?;
@@ -91,7 +91,7 @@ impl Tracker {
     pub fn evaluated(
         &mut self,
         (value, measures, run): (f64, BTreeMap<String, f64>, TrecRun),
-        model: &TrainableCrossEncoder,
+        model: &TrainableEncoder,
         options: &TrainOptions,
     ) -> Result<bool, TrainError> {
         let state = &mut self.state;
@@ -118,7 +118,7 @@ impl Tracker {
 
     /// Saves the weights, optimizer state and progress, replacing the previous checkpoint whole (after the
     /// log that describes them).
-    pub fn checkpoint(&mut self, model: &TrainableCrossEncoder, optimizer: &AdamW) -> Result<(), TrainError> {
+    pub fn checkpoint(&mut self, model: &TrainableEncoder, optimizer: &AdamW) -> Result<(), TrainError> {
         self.log.sync()?;
         let staging = self.dir.join("state.partial");
         let _ = std::fs::remove_dir_all(&staging);
@@ -146,7 +146,7 @@ impl Tracker {
 }
 
 pub struct Learner {
-    model: TrainableCrossEncoder,
+    model: TrainableEncoder,
     optimizer: AdamW,
     selector: Selector,
     tracker: Tracker,
@@ -157,7 +157,7 @@ pub struct Learner {
 impl Learner {
     /// A fresh model from the run's initial weights, or the one `dir/state` holds.
     pub fn open(name: &str, dir: &Path, selector: Selector, run: &Run) -> Result<Learner, TrainError> {
-        let model = TrainableCrossEncoder::init(run.init, run.device, run.dtype, run.options.seed)?;
+        let model = TrainableEncoder::init(run.init, run.device, run.dtype, run.options.seed)?;
         let mut optimizer = AdamW::new(model.variables(), run.options.weight_decay)?;
         let tracker = Tracker::open(name, dir, &model, &mut optimizer)?;
         let chosen = match &selector {
@@ -183,7 +183,7 @@ impl Learner {
         &self.selector
     }
 
-    pub fn model(&self) -> &TrainableCrossEncoder {
+    pub fn model(&self) -> &TrainableEncoder {
         &self.model
     }
 

@@ -8,7 +8,8 @@
 //! `dev-run.txt`; BeST iterations also keep `selections.tsv` (the segment each (query, document) trained on).
 //! `--method best` trains `allp` (θ⁽⁰⁾) and `best-1` side by side, `best-1` on the segments θ⁽⁰⁾ scores
 //! highest as it trains, then each further iteration from a fresh start on the segments its predecessor
-//! selects, until dev stops improving.
+//! selects, until dev stops improving. `--method selector` distils a cross-encoder's segment scores into a
+//! bi-encoder that picks the segments the cross-encoder reads (`selector`).
 
 mod cobert;
 mod data;
@@ -18,6 +19,7 @@ mod log;
 mod optim;
 mod plot;
 mod scorer;
+mod selector;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -29,7 +31,7 @@ use crate::config::ModelConfig;
 use crate::eval::passages::{overlaps, Passage};
 use crate::eval::Qrels;
 use crate::index::{Bm25Params, Collection, IndexError};
-use crate::model::{CrossEncoder, ModelError, TrainableCrossEncoder};
+use crate::model::{CrossEncoder, ModelError, TrainableEncoder};
 use crate::preselect::Preselect;
 use crate::progress::{Progress, Unit};
 
@@ -40,6 +42,7 @@ use dev::DevSet;
 use learner::{Learner, Selector};
 pub use optim::{learning_rate, AdamW};
 use scorer::Scorer;
+pub use selector::Teacher;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
@@ -72,6 +75,10 @@ pub enum Method {
     Best,
     /// Co-BERT's heads over the frozen model (its first round and `[CLS]` states).
     Cobert,
+    /// A learned preselection: a bi-encoder (`--init`) distilled from a cross-encoder's segment scores
+    /// (`--teacher`); `--batch` documents per step, each read at the teacher's best segment and `--negatives`
+    /// others.
+    Selector,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -260,6 +267,8 @@ pub struct TrainData<'a> {
     pub folds: Option<BTreeMap<String, usize>>,
     /// Gold passages, to report how often the document budget covers them.
     pub passages: Option<BTreeMap<String, Vec<Passage>>>,
+    /// The cross-encoder whose segment scores `--method selector` learns.
+    pub teacher: Option<&'a Teacher<'a>>,
 }
 
 /// One trained model's outcome.
@@ -318,6 +327,13 @@ pub fn train(
         )?;
         return finish(out, vec![model], train_qids.len(), dev_qids.len(), None);
     }
+    if options.method == Method::Selector {
+        let teacher = data.teacher.ok_or_else(|| TrainError::Data("a selector learns from a teacher".into()))?;
+        let split = (&train_qids, &dev_qids);
+        let (model, train_docs, dev_docs) =
+            selector::train(data, teacher, split, init, out, options, (device, dtype), progress)?;
+        return finish(out, vec![model], train_docs, dev_docs, None);
+    }
     progress.phase("preparing queries", 0, Unit::Items);
     // Training reads one view of the collection throughout.
     let snapshot = data.collection.snapshot();
@@ -327,7 +343,7 @@ pub fn train(
     }
     let dev = DevSet::new(&snapshot, &data.topics, &data.qrels, &dev_qids, options)?;
     // The initial model's tokenizer cuts training segments (it may lack the classifier a `CrossEncoder` needs).
-    let tokenizer = TrainableCrossEncoder::init(init, device, dtype, options.seed)?;
+    let tokenizer = TrainableEncoder::init(init, device, dtype, options.seed)?;
     let docs = Documents::new(&snapshot, options, &tokenizer);
     let initial_dev = std::cell::OnceCell::new();
     let run =
@@ -337,7 +353,7 @@ pub fn train(
         Method::Firstp => vec![run.train_one("firstp", Selector::First)?],
         Method::Allp => vec![run.train_one("allp", Selector::Random)?],
         Method::Best => run.best()?,
-        Method::Cobert => unreachable!("trained above"),
+        Method::Cobert | Method::Selector => unreachable!("trained above"),
     };
     finish(out, models, queries.len(), dev.len(), budget_covers_gold)
 }

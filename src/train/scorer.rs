@@ -6,7 +6,7 @@ use super::data::TrainingDoc;
 use super::{TrainError, TrainOptions};
 use crate::eval::Scored;
 use crate::index::Bm25Params;
-use crate::model::{Cancel, CrossEncoder, Output, Reranker, ServeOptions, Served, TrainableCrossEncoder};
+use crate::model::{Cancel, CrossEncoder, Output, Reranker, ServeOptions, Served, TrainableEncoder};
 use crate::rank::rerank::{self, Candidate, FirstRoundPassage, Reranking, SegmentCache, Selecting, SelectorScorer};
 use crate::rank::{Pipeline, RankError, RerankOptions};
 use crate::segment::SegmentOptions;
@@ -24,7 +24,7 @@ pub struct Scorer {
 
 impl Scorer {
     /// The model's current weights as a cross-encoder.
-    pub fn of(model: &TrainableCrossEncoder, options: &TrainOptions) -> Result<Scorer, TrainError> {
+    pub fn of(model: &TrainableEncoder, options: &TrainOptions) -> Result<Scorer, TrainError> {
         Ok(Scorer::cross(model.snapshot()?, options))
     }
 
@@ -34,7 +34,7 @@ impl Scorer {
 
     /// The model's current weights as Co-BERT (a model with Co-BERT's heads), whose outputs carry the `[CLS]`
     /// states the heads read.
-    pub fn cobert_of(model: &TrainableCrossEncoder, options: &TrainOptions) -> Result<Scorer, TrainError> {
+    pub fn cobert_of(model: &TrainableEncoder, options: &TrainOptions) -> Result<Scorer, TrainError> {
         Ok(Scorer::serve(Reranker::CoBert(model.snapshot_cobert()?), options))
     }
 

@@ -1,4 +1,4 @@
-//! What the tests build: tiny random BERT cross-encoders (and Co-BERT models over them), a stand-in Hugging
+//! What the tests build: tiny random BERT cross-encoders and bi-encoders (and Co-BERT models over them), a stand-in Hugging
 //! Face hub, and synthetic collections.
 
 use std::collections::HashMap;
@@ -88,6 +88,22 @@ pub fn tiny_cross_encoder(dir: &Path, seed: u64) {
     linear(&mut tensors, "bert.pooler.dense", h, h);
     linear(&mut tensors, "classifier", 1, h);
     candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).unwrap();
+}
+
+/// `tiny_cross_encoder`'s encoder as a sentence-transformers bi-encoder: mean pooling, normalized.
+pub fn tiny_bi_encoder(dir: &Path, seed: u64) {
+    tiny_cross_encoder(dir, seed);
+    let modules = json!([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
+    ]);
+    std::fs::write(dir.join("modules.json"), modules.to_string()).unwrap();
+    std::fs::create_dir_all(dir.join("1_Pooling")).unwrap();
+    let pooling =
+        json!({"word_embedding_dimension": 32, "pooling_mode_cls_token": false, "pooling_mode_mean_tokens": true});
+    std::fs::write(dir.join("1_Pooling/config.json"), pooling.to_string()).unwrap();
+    std::fs::write(dir.join("sentence_bert_config.json"), json!({"max_seq_length": 128}).to_string()).unwrap();
 }
 
 /// A stand-in for the Hugging Face hub (`HF_ENDPOINT`): serves one repository's files as the hub's API and

@@ -277,7 +277,8 @@ fn replicas_leave_jobs_on_other_index_files_to_the_replicas_that_serve_them() {
     // A copy of the same files runs the rest, and the held topic once the holder dies.
     let c = replica(copy.path(), &url, "c", None, &log("c"));
     assert_eq!(cranfield_fingerprint(&c), fingerprint, "a copy has the same fingerprint");
-    wait_for(&c, &id, |v| v["progress"]["done"].as_i64().unwrap() == 59);
+    // (All 60 when a starved machine let the holder's lease lapse first: c then retried the held topic.)
+    wait_for(&c, &id, |v| v["progress"]["done"].as_i64().unwrap() >= 59);
     a.child.kill().unwrap();
     a.child.wait().unwrap();
     let job = wait_for(&c, &id, |v| v["status"] != "running" && v["status"] != "queued");

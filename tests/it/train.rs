@@ -7,17 +7,17 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device};
-use longrank::model::{CrossEncoder, TrainableCrossEncoder};
+use longrank::model::{CrossEncoder, TrainableEncoder};
 use serde_json::{json, Value};
 
 use crate::common::{cli_ok, post_json, tsv_value, TestServer};
-use crate::fixtures::{buried_sentence_collection, tiny_cross_encoder};
+use crate::fixtures::{buried_sentence_collection, tiny_bi_encoder, tiny_cross_encoder};
 
 #[test]
 fn every_variable_receives_a_gradient_and_training_scores_as_inference() {
     let dir = tempfile::tempdir().unwrap();
     tiny_cross_encoder(dir.path(), 3);
-    let model = TrainableCrossEncoder::init(dir.path(), &Device::Cpu, DType::F32, 1).unwrap();
+    let model = TrainableEncoder::init(dir.path(), &Device::Cpu, DType::F32, 1).unwrap();
     assert!(model.initialized().is_empty(), "the tiny model has every weight: {:?}", model.initialized());
     // Unequal lengths, so the padding mask is on the graph too.
     let pairs = [("a river", "the river runs north."), ("hills", "a long text about hills and valleys, and more.")];
@@ -49,13 +49,13 @@ fn every_variable_receives_a_gradient_and_training_scores_as_inference() {
     let kept: std::collections::HashMap<_, _> =
         tensors.into_iter().filter(|(n, _)| !n.contains("pooler") && !n.starts_with("classifier")).collect();
     candle_core::safetensors::save(&kept, bare.path().join("model.safetensors")).unwrap();
-    let a = TrainableCrossEncoder::init(bare.path(), &Device::Cpu, DType::F32, 9).unwrap();
-    let b = TrainableCrossEncoder::init(bare.path(), &Device::Cpu, DType::F32, 9).unwrap();
+    let a = TrainableEncoder::init(bare.path(), &Device::Cpu, DType::F32, 9).unwrap();
+    let b = TrainableEncoder::init(bare.path(), &Device::Cpu, DType::F32, 9).unwrap();
     assert_eq!(
         a.initialized(),
         ["bert.pooler.dense.bias", "bert.pooler.dense.weight", "classifier.bias", "classifier.weight"]
     );
-    let logits = |m: &TrainableCrossEncoder| m.forward(&encoded).unwrap().to_vec1::<f32>().unwrap();
+    let logits = |m: &TrainableEncoder| m.forward(&encoded).unwrap().to_vec1::<f32>().unwrap();
     assert_eq!(logits(&a), logits(&b));
 }
 
@@ -124,7 +124,7 @@ fn best_dev(summary: &Value, name: &str) -> f64 {
 }
 
 #[test]
-fn best_segment_training_learns_a_buried_sentence_and_beats_firstp() {
+fn best_segment_training_learns_a_buried_sentence_beats_firstp_and_teaches_a_selector() {
     let models = tempfile::tempdir().unwrap();
     tiny_cross_encoder(models.path(), 11);
     let dir = tempfile::tempdir().unwrap();
@@ -167,6 +167,46 @@ fn best_segment_training_learns_a_buried_sentence_and_beats_firstp() {
     };
     let (best_p1, first_p1) = selection(&d.join("best/best-2/model"));
     assert!(best_p1 >= 0.9 && first_p1 < 0.5, "BeST selects the needle: P@1 {best_p1}, first segment {first_p1}");
+
+    // A learned preselection: a bi-encoder distilled from best-2's segment scores finds the needle's segment,
+    // which the untrained one does not.
+    tiny_bi_encoder(&models.path().join("bi"), 13);
+    let (teacher, bi) = (d.join("best/best-2/model"), models.path().join("bi"));
+    let mut args = train_args(bi.to_str().unwrap(), "selector", "selector", "80");
+    args.extend(["--negatives", "3"]);
+    let args: Vec<&str> =
+        ["--config", "config.toml", "--model", teacher.to_str().unwrap()].into_iter().chain(args).collect();
+    cli_ok(d, &args);
+    let learned = best_dev(&summary(&d.join("selector")), "selector");
+    let log = std::fs::read_to_string(d.join("selector/selector/log.jsonl")).unwrap();
+    let initial: Value = serde_json::from_str(log.lines().next().unwrap()).unwrap();
+    let initial = initial["dev"]["best_recall@1"].as_f64().unwrap();
+    assert!(learned >= 0.6 && initial < 0.3, "dev best recall@1: {initial} at step 0, {learned} trained");
+    let named = format!(
+        "{config}[model.named]\nlearned = {:?}\nuntrained = {:?}\n",
+        d.join("selector/selector/model").display(),
+        bi.display()
+    );
+    std::fs::write(d.join("named.toml"), named).unwrap();
+    let recall = |selector: &str| {
+        let preselect = format!("{{\"selector\": \"bi-encoder:{selector}\", \"per_doc\": 1}}");
+        let args = [
+            "--config",
+            "named.toml",
+            "--model",
+            teacher.to_str().unwrap(),
+            "eval-segments",
+            "--topics",
+            "topics.tsv",
+            "--passages",
+            "passages.tsv",
+            "--preselect",
+            &preselect,
+        ];
+        tsv_value(&cli_ok(d, &args), "best_recall")
+    };
+    let (learned, untrained) = (recall("learned"), recall("untrained"));
+    assert!(learned >= 0.75 && untrained < 0.3, "best recall at s = 1: learned {learned}, untrained {untrained}");
 
     // The server loads the selected checkpoint and scores dev's candidates as training's dev run did.
     let selected = d.join("best").join(best["selected"].as_str().unwrap());
@@ -313,7 +353,7 @@ fn cobert_heads_start_as_the_backbones_last_layers_or_from_the_seed() {
     let config = CoBertConfig { prototypes: 2, group: 3, overlap: 1, calibrator_layers: 1, ..Default::default() };
     let weights = |from_backbone| -> HashMap<String, Vec<f32>> {
         let init = CoBertInit { config, from_backbone };
-        let model = TrainableCrossEncoder::init_with(models.path(), &Device::Cpu, DType::F32, 1, Some(init)).unwrap();
+        let model = TrainableEncoder::init_with(models.path(), &Device::Cpu, DType::F32, 1, Some(init)).unwrap();
         let values = |var: &candle_core::Var| var.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap();
         model.variables().iter().map(|(name, var)| (name.clone(), values(var))).collect()
     };
@@ -347,7 +387,7 @@ fn cobert_trains_end_to_end_and_the_server_runs_its_first_round_with_the_model_i
     // (which the heads never read) and the unused no-groupwise projection gets a gradient.
     let config = CoBertConfig { prototypes: 2, group: 3, overlap: 1, ..Default::default() };
     let init = CoBertInit { config, from_backbone: true };
-    let model = TrainableCrossEncoder::init_with(models.path(), &Device::Cpu, DType::F32, 1, Some(init)).unwrap();
+    let model = TrainableEncoder::init_with(models.path(), &Device::Cpu, DType::F32, 1, Some(init)).unwrap();
     let texts = ["the river runs north.", "hills and valleys.", "a lamp on the road, and more words.", "moon"];
     let encoded: Vec<_> = texts.iter().map(|t| model.encode("river hills", t, 64, 16).unwrap()).collect();
     let states = model.cls_states(&encoded).unwrap();
