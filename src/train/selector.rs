@@ -90,9 +90,9 @@ pub fn train(
         if tracker.state.done {
             break;
         }
-        let loss = train_step(&model, &mut optimizer, &train_groups, step, options)?;
         let warmup = (options.warmup * options.steps as f64).round() as usize;
         let lr = learning_rate(options.lr, step, warmup, options.steps);
+        let loss = train_step(&model, &mut optimizer, &train_groups, (step, lr), options)?;
         let rate = ((step - started.1) * options.batch) as f64 / started.0.elapsed().as_secs_f64();
         tracker.stepped(step, loss, lr, Some(rate))?;
         progress.set(step as u64, &format!("loss {loss:.4} · {rate:.2} documents/s"));
@@ -119,8 +119,12 @@ fn teach(queries: &[Query], path: &Path, teacher: &Teacher, progress: &dyn Progr
     let mut known: BTreeMap<(String, String), Group> = BTreeMap::new();
     if path.exists() {
         let text = std::fs::read_to_string(path).map_err(|e| TrainError::io(path, e))?;
-        // A torn last line (an interruption) is computed again.
-        for line in text.lines() {
+        // A torn last line (an interruption) goes, and its document is scored again.
+        let complete = &text[..text.rfind('\n').map_or(0, |end| end + 1)];
+        if complete.len() < text.len() {
+            std::fs::write(path, complete).map_err(|e| TrainError::io(path, e))?;
+        }
+        for line in complete.lines() {
             if let Ok(group) = serde_json::from_str::<Group>(line) {
                 known.insert((group.qid.clone(), group.docid.clone()), group);
             }
@@ -160,12 +164,12 @@ fn drawn(group: &Group, negatives: usize, rng: &mut Rng) -> Vec<usize> {
     std::iter::once(best).chain(others).collect()
 }
 
-/// One optimizer step on `options.batch` groups drawn for `step`; returns the mean loss.
+/// One optimizer step at learning rate `lr` on `options.batch` groups drawn for `step`; returns the mean loss.
 fn train_step(
     model: &TrainableEncoder,
     optimizer: &mut AdamW,
     groups: &[Group],
-    step: usize,
+    (step, lr): (usize, f64),
     options: &TrainOptions,
 ) -> Result<f64, TrainError> {
     let mut rng = Rng::stream(options.seed, step as u64);
@@ -208,8 +212,7 @@ fn train_step(
                 .ok_or_else(|| TrainError::Data(format!("{name}: no gradient")))
         })
         .collect::<Result<_, _>>()?;
-    let warmup = (options.warmup * options.steps as f64).round() as usize;
-    optimizer.step(&grads, learning_rate(options.lr, step, warmup, options.steps))?;
+    optimizer.step(&grads, lr)?;
     Ok(value)
 }
 
@@ -308,6 +311,8 @@ mod tests {
         let again = teach(&queries, &path, &teacher, &crate::progress::Silent).unwrap();
         assert_eq!(*asked.borrow(), ["c"]);
         assert_eq!(again, first);
+        let lines = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(lines, text, "the torn line replaced whole");
     }
 
     #[test]
