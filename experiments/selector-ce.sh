@@ -8,11 +8,11 @@
 # usage: experiments/selector-ce.sh [WORK_DIR=/tmp/longrank-preselect-ce]   (MODEL: the MiniLM directory)
 WORK_DEFAULT=/tmp/longrank-preselect-ce
 . "$(dirname "$0")/ce-env.sh"
-TRAIN_QUERIES="${TRAIN_QUERIES:-400}"
+TRAIN_QUERIES="${TRAIN_QUERIES:-150}"
 [ -s "$WORK/selector/summary.json" ] || /usr/bin/time -f "train selector: %e s" "$BIN" "${L[@]}" --model "$CE" \
   train --collection squad --topics "$D/topics.tsv" --qrels "$D/qrels.txt" --folds "$D/folds.tsv" \
   --train-folds 0,1,2 --dev-fold 3 --init "$MODEL" --method selector --out "$WORK/selector" \
-  --train-queries "$TRAIN_QUERIES" --dev-queries 50 --steps 300 --batch 4 --negatives 7 --lr 2e-5 \
+  --train-queries "$TRAIN_QUERIES" --dev-queries 50 --steps 300 --batch 4 --negatives 7 --lr 5e-5 \
   --eval-every 50 --seed 42
 grep -h '"dev"' "$WORK/selector/selector/log.jsonl"
 CELLS=()
