@@ -61,23 +61,24 @@ pub fn run(args: TrainArgs, config: &Config) -> anyhow::Result<()> {
     let topics = eval::read_topics(&args.topics)?.into_iter().map(|t| (t.qid.clone(), t.query(args.field))).collect();
     let folds = args.folds.as_deref().map(eval::read_folds).transpose()?;
     let passages = args.passages.as_deref().map(eval::passages::read_passages).transpose()?;
-    // A selector's teacher reads every segment, as full MaxP does.
-    let params = RankParams {
-        pipeline: Some("maxp".into()),
-        model: args.teacher,
-        preselect: Some(Preselect::default()),
-        ..Default::default()
-    };
     let snapshot = collection.snapshot();
-    let teacher_options =
-        if options.method == Method::Selector { Some(engine.options(&params, Usage::Search)?) } else { None };
-    let teacher = teacher_options.map(|teacher_options| {
-        move |query: &str, docid: &str| {
-            engine
-                .segment_scores(&snapshot, query, docid, &teacher_options)
-                .map_err(|e| train::TrainError::Data(format!("the teacher on {docid}: {e}")))
-        }
-    });
+    // A selector's teacher reads every segment, as full MaxP does.
+    let teacher = (options.method == Method::Selector)
+        .then(|| {
+            let params = RankParams {
+                pipeline: Some("maxp".into()),
+                model: args.teacher,
+                preselect: Some(Preselect::default()),
+                ..Default::default()
+            };
+            let teacher_options = engine.options(&params, Usage::Search)?;
+            Ok::<_, anyhow::Error>(move |query: &str, docid: &str| {
+                engine
+                    .segment_scores(&snapshot, query, docid, &teacher_options)
+                    .map_err(|e| train::TrainError::Data(format!("the teacher on {docid}: {e}")))
+            })
+        })
+        .transpose()?;
     let data = TrainData {
         collection: &collection,
         topics,

@@ -106,15 +106,13 @@ impl TrainableEncoder {
         seed: u64,
         cobert: Option<CoBertInit>,
     ) -> Result<TrainableEncoder, ModelError> {
-        TrainableEncoder::build(dir, device, dtype, seed, cobert, None)
+        TrainableEncoder::build(dir, device, dtype, seed, cobert, false)
     }
 
     /// The sentence-transformers bi-encoder in `dir` (its encoder and pooling), to train its encoder.
     pub fn init_bi_encoder(dir: &Path, device: &Device, dtype: DType) -> Result<TrainableEncoder, ModelError> {
-        let (_, pieces) = read_config(dir)?;
-        let layout = SentenceLayout::read(dir, pieces.max_len)?;
         // Nothing is drawn: the encoder is the checkpoint's whole.
-        TrainableEncoder::build(dir, device, dtype, 0, None, Some(layout))
+        TrainableEncoder::build(dir, device, dtype, 0, None, true)
     }
 
     fn build(
@@ -123,9 +121,10 @@ impl TrainableEncoder {
         dtype: DType,
         seed: u64,
         cobert: Option<CoBertInit>,
-        sentence: Option<SentenceLayout>,
+        bi_encoder: bool,
     ) -> Result<TrainableEncoder, ModelError> {
         let (config, pieces) = read_config(dir)?;
+        let sentence = bi_encoder.then(|| SentenceLayout::read(dir, pieces.max_len)).transpose()?;
         let config_path = dir.join("config.json");
         let config_json: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&config_path).map_err(|e| load_err(&config_path, e))?)
