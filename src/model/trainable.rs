@@ -19,8 +19,8 @@ use parking_lot::Mutex;
 
 use super::bert::{encoder_root, Bert};
 use super::cobert::{CoBert, CoBertConfig, CoBertHeads};
-use super::encoder::SentenceLayout;
-use super::{load_err, read_config, weights, CrossEncoder, Encoded, Fnv, Inputs, ModelError, WordPieces};
+use super::encoder::{Backbone, SentenceLayout};
+use super::{load_err, read_config, weights, BiEncoder, CrossEncoder, Encoded, Fnv, Inputs, ModelError, WordPieces};
 use crate::rng::Rng;
 
 /// Tokenizer and vocabulary files copied into every checkpoint, when the source has them.
@@ -271,6 +271,13 @@ impl TrainableEncoder {
     pub fn snapshot_on(&self, device: &Device, dtype: DType) -> Result<CrossEncoder, ModelError> {
         let vb = VarBuilder::from_tensors(self.weights()?, dtype, device);
         CrossEncoder::new(vb, &self.config, self.pieces.clone(), &self.source)
+    }
+
+    /// An inference bi-encoder over a copy of the current weights, pooled as the model is served.
+    pub fn snapshot_bi_encoder(&self) -> Result<BiEncoder, ModelError> {
+        let vb = VarBuilder::from_tensors(self.weights()?, self.dtype, &self.device);
+        let backbone = Backbone::new(vb, &self.config, self.pieces.clone(), &self.source)?;
+        Ok(BiEncoder { backbone, layout: self.layout()? })
     }
 
     /// An inference Co-BERT over a copy of the current weights: the cross-encoder (whose `[CLS]` states the

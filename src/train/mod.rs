@@ -77,7 +77,7 @@ pub enum Method {
     Cobert,
     /// A learned preselection: a bi-encoder (`--init`) distilled from a cross-encoder's segment scores
     /// (`--teacher`); `--batch` documents per step, each read at the teacher's best segment and `--negatives`
-    /// others.
+    /// others (half its next best).
     Selector,
 }
 

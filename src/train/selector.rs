@@ -4,7 +4,8 @@
 //! For each (query, judged document) the teacher scores every segment as served MaxP reads it (kept in
 //! `teacher-train.jsonl` and `teacher-dev.jsonl`, which a resumed run reads back). The student learns to put
 //! the softmax of its cosines where the teacher's softmax is: cross-entropy against the teacher's distribution
-//! over the teacher's best segment and `negatives` others drawn at each step. Dev measures how often the
+//! (sharpened) over the teacher's best segment and `negatives` others drawn at each step: the teacher's next
+//! best, which decide what `per_doc` 1 or 2 keeps, and random ones. Dev measures how often the
 //! student's first segment is the teacher's best (`best_recall@1`, which selects the checkpoint) and how often
 //! its first two hold it (`best_recall@2`): the recall a `per_doc` of 1 or 2 would have.
 
@@ -19,13 +20,19 @@ use super::learner::Tracker;
 use super::optim::{learning_rate, AdamW};
 use super::{ModelReport, TrainData, TrainError, TrainOptions};
 use crate::eval::{Run as TrecRun, Scored};
-use crate::model::{Encoded, TrainableEncoder};
+use crate::model::{cosine, BiEncoder, Encoded, TrainableEncoder};
 use crate::progress::{Progress, Unit};
 use crate::rng::Rng;
 
 /// The student's cosines are divided by this before the softmax (sentence-transformers' scale of 20), so
 /// that a cosine's range can match the sharpness of the teacher's logits.
 const TEMPERATURE: f64 = 0.05;
+
+/// The teacher's logits are divided by this before its softmax. A cross-encoder's scores of one document's
+/// segments span a few units and its best is often ahead by hundredths, so its plain softmax is near uniform
+/// (median top mass 0.02 on SQuAD's articles, EXPERIMENTS.md) and a student fitting it learns to rank nothing;
+/// at 0.1 clear wins are one-hot and near ties stay shared.
+const TEACHER_TEMPERATURE: f64 = 0.1;
 
 /// Texts per inference pass when dev embeds a document's segments.
 const DEV_CHUNK: usize = 32;
@@ -80,7 +87,7 @@ pub fn train(
     let mut tracker = Tracker::open("selector", &dir, &model, &mut optimizer)?;
     if tracker.state.step == 0 && tracker.state.best_dev.is_none() {
         progress.phase("scoring dev with the initial model (step 0)", dev_groups.len() as u64, Unit::Items);
-        tracker.evaluated(evaluate(&model, &dev_groups, progress)?, &model, options)?;
+        tracker.evaluated(evaluate(&model.snapshot_bi_encoder()?, &dev_groups, progress)?, &model, options)?;
         tracker.checkpoint(&model, &optimizer)?;
     }
     let phase = "training the selector";
@@ -98,7 +105,7 @@ pub fn train(
         progress.set(step as u64, &format!("loss {loss:.4} · {rate:.2} documents/s"));
         if step % options.eval_every == 0 || step == options.steps {
             progress.phase(&format!("selector: scoring dev at step {step}"), dev_groups.len() as u64, Unit::Items);
-            tracker.evaluated(evaluate(&model, &dev_groups, progress)?, &model, options)?;
+            tracker.evaluated(evaluate(&model.snapshot_bi_encoder()?, &dev_groups, progress)?, &model, options)?;
             progress.phase(phase, options.steps as u64, Unit::Items);
             progress.set(step as u64, "");
         }
@@ -155,13 +162,16 @@ fn teach(queries: &[Query], path: &Path, teacher: &Teacher, progress: &dyn Progr
     Ok(groups)
 }
 
-/// The segments one group trains on at a step: the teacher's best, then up to `negatives` others, seeded.
+/// The segments one group trains on at a step: the teacher's best, then up to `negatives` others: half of
+/// them the teacher's next best (rounded down), the rest drawn from the remaining ones, seeded.
 fn drawn(group: &Group, negatives: usize, rng: &mut Rng) -> Vec<usize> {
-    let best = group.best();
-    let mut others: Vec<usize> = (0..group.segments.len()).filter(|&i| i != best).collect();
+    let mut order: Vec<usize> = (0..group.segments.len()).collect();
+    order.sort_by(|&a, &b| group.teacher[b].total_cmp(&group.teacher[a]).then(a.cmp(&b)));
+    let hard = (negatives / 2 + 1).min(order.len());
+    let mut others = order.split_off(hard);
     rng.shuffle(&mut others);
-    others.truncate(negatives);
-    std::iter::once(best).chain(others).collect()
+    others.truncate(negatives + 1 - hard);
+    order.into_iter().chain(others).collect()
 }
 
 /// One optimizer step at learning rate `lr` on `options.batch` groups drawn for `step`; returns the mean loss.
@@ -195,7 +205,7 @@ fn train_step(
         let cosines = embeddings.narrow(0, offset + 1, segments.len())?.matmul(&query)?.squeeze(1)?;
         let log_student = candle_nn::ops::log_softmax(&(cosines / TEMPERATURE)?, 0)?;
         let teacher: Vec<f32> = segments.iter().map(|&i| group.teacher[i]).collect();
-        let target = candle_nn::ops::softmax(&Tensor::new(teacher, model.device())?, 0)?;
+        let target = candle_nn::ops::softmax(&(Tensor::new(teacher, model.device())? / TEACHER_TEMPERATURE)?, 0)?;
         losses.push((target.mul(&log_student)?.sum_all()? * -1.0)?);
         offset += 1 + segments.len();
     }
@@ -219,19 +229,18 @@ fn train_step(
 /// The student's ranking of every dev segment (a run of `docid#segment` ids): `best_recall@1` (the value that
 /// selects checkpoints) and `best_recall@2`.
 fn evaluate(
-    model: &TrainableEncoder,
+    model: &BiEncoder,
     groups: &[Group],
     progress: &dyn Progress,
 ) -> Result<(f64, BTreeMap<String, f64>, TrecRun), TrainError> {
     let mut run = TrecRun { tag: "selector".into(), ..Default::default() };
     let (mut first, mut second) = (0usize, 0usize);
     for (done, group) in groups.iter().enumerate() {
-        let query = model.embed(&[model.encode_text(&group.query)?])?.detach().i(0)?;
+        let query = model.embed(&[model.encode(&group.query)?])?.remove(0);
         let mut scores: Vec<f32> = Vec::new();
         for chunk in group.segments.chunks(DEV_CHUNK) {
-            let encoded: Vec<Encoded> = chunk.iter().map(|s| model.encode_text(s)).collect::<Result<_, _>>()?;
-            let embeddings = model.embed(&encoded)?.detach();
-            scores.extend(embeddings.matmul(&query.unsqueeze(1)?)?.squeeze(1)?.to_vec1::<f32>()?);
+            let encoded: Vec<Encoded> = chunk.iter().map(|s| model.encode(s)).collect::<Result<_, _>>()?;
+            scores.extend(model.embed(&encoded)?.iter().map(|e| cosine(e, &query)));
         }
         let (top, runner_up) = top_two(&scores);
         let best = group.best();
@@ -270,17 +279,19 @@ mod tests {
     }
 
     #[test]
-    fn a_step_draws_the_teachers_best_first_then_distinct_others() {
-        let g = group(&[0.1, 2.0, -1.0, 2.0, 0.5]);
-        let mut rng = Rng::new(3);
-        let drawn = drawn(&g, 3, &mut rng);
-        assert_eq!(drawn[0], 1, "the first of equal bests");
-        assert_eq!(drawn.len(), 4);
-        let mut sorted = drawn.clone();
-        sorted.sort();
-        sorted.dedup();
-        assert_eq!(sorted.len(), 4, "no segment twice");
-        assert_eq!(super::drawn(&g, 10, &mut Rng::new(3)).len(), 5, "at most every segment");
+    fn a_step_draws_the_teachers_best_then_its_next_best_then_distinct_others() {
+        let g = group(&[0.1, 2.0, -1.0, 2.0, 0.5, 1.0]);
+        let drawn = drawn(&g, 4, &mut Rng::new(3));
+        assert_eq!(drawn[..3], [1, 3, 5], "the first of equal bests, then the next best two");
+        assert_eq!(drawn.len(), 5);
+        let mut rest = drawn[3..].to_vec();
+        rest.sort();
+        rest.dedup();
+        assert_eq!(rest.len(), 2, "no segment twice");
+        assert!(rest.iter().all(|i| [0, 2, 4].contains(i)));
+        assert_eq!(super::drawn(&g, 10, &mut Rng::new(3)).len(), 6, "at most every segment");
+        let one = super::drawn(&g, 1, &mut Rng::new(3));
+        assert_eq!((one.len(), one[0]), (2, 1), "one negative: drawn, as half of one rounds down to none");
     }
 
     #[test]
