@@ -224,9 +224,10 @@ impl TrainableEncoder {
         self.pieces.single(text, self.layout()?.max_seq_length)
     }
 
-    /// A bi-encoder's embeddings `[batch, hidden]` on the autograd graph, pooled as it pools when served.
+    /// A bi-encoder's embeddings `[batch, hidden]` on the autograd graph, pooled as it pools when served and of
+    /// unit length, so that their dot products are the cosines a served selector compares.
     pub fn embed(&self, batch: &[Encoded]) -> Result<Tensor, ModelError> {
-        let layout = self.layout()?;
+        let layout = SentenceLayout { normalize: true, ..self.layout()? };
         self.pass(batch, |heads, inputs| layout.pool(&heads.hidden(inputs)?, &inputs.mask))
     }
 

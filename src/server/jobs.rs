@@ -304,13 +304,14 @@ impl Jobs {
             Committed::Topic => {}
             Committed::Job => {
                 self.forget(&claim.job_id);
-                self.finished.notify_waiters();
-                // Retention: the newest finished jobs stay, older ones go with their runs.
+                // Retention: the newest finished jobs stay, older ones go with their runs; before the waiters
+                // are woken, so that a client the finish wakes finds the jobs retention removes gone.
                 match self.store.keep_finished(self.config.batch.keep_finished_jobs).await {
                     Ok(0) => {}
                     Ok(n) => tracing::info!("deleted {n} finished jobs beyond batch.keep_finished_jobs"),
                     Err(e) => tracing::warn!("job retention: {e}"),
                 }
+                self.finished.notify_waiters();
             }
             Committed::Fenced => {
                 self.counters.fenced.fetch_add(1, Ordering::Relaxed);

@@ -165,8 +165,7 @@ fn teach(queries: &[Query], path: &Path, teacher: &Teacher, progress: &dyn Progr
 /// The segments one group trains on at a step: the teacher's best, then up to `negatives` others: half of
 /// them the teacher's next best (rounded down), the rest drawn from the remaining ones, seeded.
 fn drawn(group: &Group, negatives: usize, rng: &mut Rng) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..group.segments.len()).collect();
-    order.sort_by(|&a, &b| group.teacher[b].total_cmp(&group.teacher[a]).then(a.cmp(&b)));
+    let mut order = by_score(&group.teacher);
     let hard = (negatives / 2 + 1).min(order.len());
     let mut others = order.split_off(hard);
     rng.shuffle(&mut others);
@@ -242,10 +241,10 @@ fn evaluate(
             let encoded: Vec<Encoded> = chunk.iter().map(|s| model.encode(s)).collect::<Result<_, _>>()?;
             scores.extend(model.embed(&encoded)?.iter().map(|e| cosine(e, &query)));
         }
-        let (top, runner_up) = top_two(&scores);
         let best = group.best();
-        first += usize::from(top == best);
-        second += usize::from(top == best || runner_up == Some(best));
+        let rank = by_score(&scores).iter().position(|&i| i == best);
+        first += usize::from(rank == Some(0));
+        second += usize::from(rank.is_some_and(|r| r < 2));
         let ranked =
             scores.iter().enumerate().map(|(i, &s)| Scored { docid: format!("{}#{i}", group.docid), score: s as f64 });
         run.topics.entry(group.qid.clone()).or_default().extend(ranked);
@@ -257,11 +256,11 @@ fn evaluate(
     Ok((at1, measures, run))
 }
 
-/// The indices of the highest and second-highest scores (the first of equals first).
-fn top_two(scores: &[f32]) -> (usize, Option<usize>) {
+/// The indices of `scores`, highest first (the first of equals first, as MaxP picks its best).
+fn by_score(scores: &[f32]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..scores.len()).collect();
     order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
-    (order.first().copied().unwrap_or(0), order.get(1).copied())
+    order
 }
 
 #[cfg(test)]
@@ -327,8 +326,8 @@ mod tests {
     }
 
     #[test]
-    fn top_two_breaks_ties_by_position() {
-        assert_eq!(top_two(&[0.5, 0.9, 0.9, 0.1]), (1, Some(2)));
-        assert_eq!(top_two(&[0.5]), (0, None));
+    fn scores_order_highest_first_and_ties_by_position() {
+        assert_eq!(by_score(&[0.5, 0.9, 0.9, 0.1]), [1, 2, 0, 3]);
+        assert_eq!(by_score(&[0.5]), [0]);
     }
 }
