@@ -98,8 +98,7 @@ impl Preselect {
         selector_scores
             .iter()
             .map(|scores| {
-                let mut order: Vec<usize> = (0..scores.len()).collect();
-                order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+                let mut order = by_score(scores);
                 if self.keep_first {
                     if let Some(first) = order.iter().position(|&i| i == 0) {
                         order[..=first].rotate_right(1);
@@ -113,6 +112,14 @@ impl Preselect {
             })
             .collect()
     }
+}
+
+/// The indices of segment scores, highest first (ties: the earlier segment first): the order a selector
+/// offers segments in, and MaxP's pick of the best.
+pub fn by_score(scores: &[f32]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+    order
 }
 
 #[cfg(test)]
@@ -134,6 +141,12 @@ mod tests {
         let p: Preselect = serde_json::from_str(r#"{"selector": "model:x", "per_doc": 1}"#).unwrap();
         assert_eq!(p.selector, Selector::Model("x".into()));
         assert!(serde_json::from_str::<Preselect>(r#"{"selector": "bm25", "perdoc": 1}"#).is_err());
+    }
+
+    #[test]
+    fn scores_order_highest_first_and_ties_by_position() {
+        assert_eq!(by_score(&[0.5, 0.9, 0.9, 0.1]), [1, 2, 0, 3]);
+        assert_eq!(by_score(&[0.5]), [0]);
     }
 
     #[test]

@@ -21,6 +21,7 @@ use super::optim::{learning_rate, AdamW};
 use super::{ModelReport, TrainData, TrainError, TrainOptions};
 use crate::eval::{Run as TrecRun, Scored};
 use crate::model::{cosine, BiEncoder, Encoded, TrainableEncoder};
+use crate::preselect::by_score;
 use crate::progress::{Progress, Unit};
 use crate::rng::Rng;
 
@@ -91,13 +92,13 @@ pub fn train(
         tracker.checkpoint(&model, &optimizer)?;
     }
     let phase = "training the selector";
+    let warmup = (options.warmup * options.steps as f64).round() as usize;
     let started = (std::time::Instant::now(), tracker.state.step);
     progress.phase(phase, options.steps as u64, Unit::Items);
     for step in tracker.state.step + 1..=options.steps {
         if tracker.state.done {
             break;
         }
-        let warmup = (options.warmup * options.steps as f64).round() as usize;
         let lr = learning_rate(options.lr, step, warmup, options.steps);
         let loss = train_step(&model, &mut optimizer, &train_groups, (step, lr), options)?;
         let rate = ((step - started.1) * options.batch) as f64 / started.0.elapsed().as_secs_f64();
@@ -256,13 +257,6 @@ fn evaluate(
     Ok((at1, measures, run))
 }
 
-/// The indices of `scores`, highest first (the first of equals first, as MaxP picks its best).
-fn by_score(scores: &[f32]) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..scores.len()).collect();
-    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
-    order
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,11 +317,5 @@ mod tests {
         assert_eq!(again, first);
         let lines = std::fs::read_to_string(&path).unwrap();
         assert_eq!(lines, text, "the torn line replaced whole");
-    }
-
-    #[test]
-    fn scores_order_highest_first_and_ties_by_position() {
-        assert_eq!(by_score(&[0.5, 0.9, 0.9, 0.1]), [1, 2, 0, 3]);
-        assert_eq!(by_score(&[0.5]), [0]);
     }
 }
