@@ -25,6 +25,8 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("store url {url}: the scheme is neither sqlite: nor postgres:")]
     Scheme { url: String },
+    #[error("creating {path}, the directory of the SQLite store: {source}")]
+    Directory { path: String, source: std::io::Error },
 }
 
 /// The database behind a store.
@@ -151,16 +153,17 @@ const JOB_COLUMNS: &str =
 impl Store {
     /// Opens (creating if needed) the SQLite database at `path` and applies the migrations.
     pub async fn open(path: &Path) -> Result<Store, StoreError> {
-        if let Some(parent) = path.parent() {
-            let _ = std::fs::create_dir_all(parent);
-        }
         Store::connect(&sqlite_url(path)).await
     }
 
-    /// Connects to `sqlite://PATH` (created if missing) or `postgres://…` and applies the migrations.
+    /// Connects to `sqlite://PATH` (the file and its directories created if missing: a fresh data directory
+    /// is a first start, not an error) or `postgres://…` and applies the migrations.
     pub async fn connect(url: &str) -> Result<Store, StoreError> {
         sqlx::any::install_default_drivers();
         let backend = Backend::of_url(url).ok_or_else(|| StoreError::Scheme { url: crate::config::redact_url(url) })?;
+        if backend == Backend::Sqlite {
+            create_sqlite_directory(url)?;
+        }
         let options = AnyPoolOptions::new().max_connections(match backend {
             Backend::Sqlite => 4,
             Backend::Postgres => 8,
@@ -409,6 +412,16 @@ pub fn sqlite_url(path: &Path) -> String {
     format!("sqlite://{path}?mode=rwc")
 }
 
+/// Creates the directory of the SQLite file a `sqlite:` URL names (none for an in-memory database).
+fn create_sqlite_directory(url: &str) -> Result<(), StoreError> {
+    let options: sqlx::sqlite::SqliteConnectOptions = url.parse()?;
+    match options.get_filename().parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => std::fs::create_dir_all(dir)
+            .map_err(|source| StoreError::Directory { path: dir.display().to_string(), source }),
+        _ => Ok(()),
+    }
+}
+
 fn job_row(r: &AnyRow) -> Result<JobRow, StoreError> {
     Ok(JobRow {
         id: r.try_get("id")?,
@@ -481,6 +494,16 @@ pub mod testing {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A first start on a data directory that does not exist yet (README's quick start on a fresh clone).
+    #[tokio::test]
+    async fn a_sqlite_store_creates_its_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("new").join("data dir?#%").join("longrank.db");
+        Store::connect(&sqlite_url(&path)).await.unwrap();
+        assert!(path.is_file());
+        Store::connect("sqlite::memory:").await.unwrap();
+    }
 
     #[tokio::test]
     async fn jobs_round_trip_and_resume_points() {

@@ -116,11 +116,17 @@ impl TestServer {
             .arg(data_dir)
             .args(["serve", "--addr", addr])
             .current_dir(data_dir)
-            .stdout(Stdio::piped())
             .stderr(stderr);
         for (k, v) in env {
             cmd.env(k, v);
         }
+        TestServer::spawn(cmd)
+    }
+
+    /// Starts a `longrank serve` command (its arguments, directory and environment set by the caller), and
+    /// waits until it prints the address it listens on.
+    pub fn spawn(mut cmd: Command) -> TestServer {
+        cmd.stdout(Stdio::piped());
         // The server dies with the thread that started it, so no test run leaves servers behind.
         unsafe {
             use std::os::unix::process::CommandExt;

@@ -1,6 +1,8 @@
 //! The real server over HTTP: every route, and every error status with a bad request of each kind.
 
-use crate::common::{data, fixture, get, post_json, request, TestServer};
+use std::path::Path;
+
+use crate::common::{data, fixture, get, isolated, post_json, request, TestServer, BIN};
 
 #[test]
 fn post_search_ranks_with_bm25() {
@@ -250,6 +252,56 @@ fn unready_server_answers_503_and_first_start_serves_the_demo() {
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["collection"], "demo");
     assert_eq!(v["results"][0]["docid"], "demo-07");
+}
+
+/// README's first command as written, on a fresh machine: `serve` run in an empty directory that holds only a
+/// copy of the repository's config.toml (no data directory yet), offline with an empty hub cache (the default
+/// model unavailable), on a free port: BM25 serves the demo collection, and the model's pipelines say why not.
+#[test]
+fn readme_quick_start_serves_the_demo_from_an_empty_directory() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(repo.join("README.md")).unwrap();
+    let section = readme.split("\n## Quick start\n").nth(1).expect("README has a quick start section");
+    let block = section.split("```sh\n").nth(1).and_then(|b| b.split("```").next()).expect("a sh block");
+    let command = block.trim();
+    let args = command
+        .strip_prefix("cargo run --release -- ")
+        .unwrap_or_else(|| panic!("README's quick start is not `cargo run --release -- ARGS`: {command:?}"));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(repo.join("config.toml"), dir.path().join("config.toml")).unwrap();
+    let hub = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new(BIN);
+    isolated(&mut cmd)
+        .env_remove("LONGRANK_MODEL_PATH")
+        .env("HF_HOME", hub.path())
+        .env("LONGRANK_SERVER_ADDR", "127.0.0.1:0")
+        .args(args.split_whitespace())
+        .current_dir(dir.path());
+    let server = TestServer::spawn(cmd).wait_ready();
+    assert!(dir.path().join("data/longrank.db").is_file(), "the store is in config.toml's data directory");
+
+    let (status, body) = get(&server.url("/search?q=waggle%20dance%20bees"));
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((v["collection"].as_str(), v["pipeline"].as_str()), (Some("demo"), Some("bm25")), "{v}");
+    assert_eq!(v["results"][0]["docid"], "demo-07", "{v}");
+    let (_, pipelines) = get(&server.url("/pipelines"));
+    let pipelines: serde_json::Value = serde_json::from_str(&pipelines).unwrap();
+    let maxp = pipelines["pipelines"].as_array().unwrap().iter().find(|p| p["name"] == "maxp").unwrap();
+    assert_eq!(maxp["available"], false, "{pipelines}");
+    assert!(maxp["reason"].as_str().unwrap().contains("not in the hub cache"), "{maxp}");
+    drop(server);
+
+    // A data directory named in the environment that does not exist yet is made too.
+    let mut cmd = std::process::Command::new(BIN);
+    isolated(&mut cmd)
+        .env("LONGRANK_DATA_DIR", dir.path().join("fresh/nested"))
+        .env("LONGRANK_SERVER_ADDR", "127.0.0.1:0")
+        .arg("serve")
+        .current_dir(dir.path());
+    let server = TestServer::spawn(cmd).wait_ready();
+    assert_eq!(get(&server.url("/search?q=bees")).0, 200);
+    assert!(dir.path().join("fresh/nested/longrank.db").is_file());
 }
 
 #[test]
