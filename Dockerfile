@@ -1,6 +1,7 @@
 # longrank: multi-stage build. Untested here (no Docker engine on the development machines); linted with hadolint.
 # Build:  docker build -t longrank .
-# Run:    docker run -p 8080:8080 -v longrank-data:/data longrank
+# Run:    docker run -p 8080:8080 -v longrank-data:/data -e LONGRANK_SERVER_ADMIN_KEYS=KEY longrank
+#         (it listens beyond loopback: without an admin key it serves reads only)
 
 FROM rust:1.95-slim-bookworm AS build
 WORKDIR /src

@@ -238,7 +238,8 @@ impl Default for ModelConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BatchConfig {
-    /// Topics this replica runs at once (each worker claims one topic at a time, of the oldest job first).
+    /// Topics of jobs that re-rank with a model this replica runs at once, and as many of jobs that need none
+    /// (each worker claims one topic at a time, round-robin across its lane's jobs).
     #[serde(alias = "max_concurrent_jobs")]
     pub workers: usize,
     /// How long a worker holds a claimed topic without renewing its lease (renewed every third of it); past

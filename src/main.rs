@@ -56,10 +56,26 @@ fn main() -> std::process::ExitCode {
     match run(Cli::parse()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(&e));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes joined by `: `, a cause left out when what comes before already says it (an error
+/// that quotes its source, as `path: {source}` does, would otherwise print it twice).
+fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain().map(|c| c.to_string()) {
+        if line.contains(&cause) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&cause);
+    }
+    line
 }
 
 fn run(Cli { global: before, command }: Cli) -> anyhow::Result<()> {

@@ -91,6 +91,19 @@ impl Preselect {
         self.selector != Selector::None && (self.per_doc.is_some() || self.budget.is_some())
     }
 
+    /// How many of a document's segments the model read and who chose them, for people ("2 of 31 segments
+    /// read, BM25 preselection"); the web page words it the same way.
+    pub fn read_note(&self, first_only: bool, read: usize, total: usize) -> String {
+        let who = match (&self.selector, first_only) {
+            _ if read == total => String::new(),
+            (_, true) => ", FirstP (the first)".into(),
+            (Selector::Bm25, false) => ", BM25 preselection".into(),
+            (selector, false) if self.active() => format!(", preselection by {selector}"),
+            _ => String::new(),
+        };
+        format!("{read} of {total} segments read{who}")
+    }
+
     /// The segments the cross-encoder reads, per candidate (in first-stage order) and in document order, from
     /// the selector's score of every segment. Ties go to the earlier segment.
     pub fn choose(&self, selector_scores: &[Vec<f32>]) -> Vec<Vec<usize>> {
@@ -125,6 +138,16 @@ pub fn by_score(scores: &[f32]) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_note_says_how_many_segments_were_read_and_who_chose_them() {
+        let bm25 = preselect(Some(2), false, None);
+        assert_eq!(bm25.read_note(false, 2, 31), "2 of 31 segments read, BM25 preselection");
+        assert_eq!(bm25.read_note(false, 2, 2), "2 of 2 segments read");
+        assert_eq!(Preselect::default().read_note(true, 1, 31), "1 of 31 segments read, FirstP (the first)");
+        let model = Preselect { selector: Selector::BiEncoder("small".into()), ..bm25 };
+        assert_eq!(model.read_note(false, 3, 9), "3 of 9 segments read, preselection by bi-encoder:small");
+    }
 
     fn preselect(per_doc: Option<usize>, keep_first: bool, budget: Option<usize>) -> Preselect {
         Preselect { selector: Selector::Bm25, per_doc, keep_first, budget }

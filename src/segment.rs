@@ -50,7 +50,7 @@ pub struct SegmentOptions {
     pub max_tokens: usize,
     /// Windows: words per window.
     pub words: usize,
-    /// Windows: words between window starts (equal to `words`: no overlap).
+    /// Windows: words between window starts, 1 to `words` (equal to `words`: no overlap).
     pub stride: usize,
     /// Repeat the document's title at the start of every segment the model reads (offsets still point into
     /// the text only).

@@ -6,6 +6,14 @@
 let pollTimer = null;
 let currentJob = null;
 
+// Seconds as people say them: "40 s", "3 min", "2 h 5 min".
+function duration(seconds) {
+  const s = Math.round(seconds);
+  if (s < 60) return `${s} s`;
+  if (s < 3600) return `${Math.round(s / 60)} min`;
+  return `${Math.floor(s / 3600)} h ${Math.round((s % 3600) / 60)} min`;
+}
+
 // The measures researchers look at first; the rest are one click away.
 const KEY_MEASURES = ["map", "recip_rank", "ndcg_cut_10", "P_10", "Rprec", "bpref", "recall_1000", "ndcg"];
 const isKey = (m) => KEY_MEASURES.includes(m);
@@ -109,7 +117,8 @@ function renderJob(job) {
   $("job-meta").textContent = `${job.status} · ${pipeline} on ${collection} · k ${k} · created ${when}`;
   $("job-progress").max = Math.max(1, job.progress.total);
   $("job-progress").value = job.progress.done;
-  $("job-progress-text").textContent = `${job.progress.done} of ${job.progress.total} topics${job.error ? ` · ${job.error}` : ""}`;
+  const eta = job.progress.eta_s === undefined ? "" : ` · about ${duration(job.progress.eta_s)} left`;
+  $("job-progress-text").textContent = `${job.progress.done} of ${job.progress.total} topics${eta}${job.error ? ` · ${job.error}` : ""}`;
   $("job-download").href = `/batch/${encodeURIComponent(job.id)}/run`;
   $("job-download").onclick = (event) => {
     event.preventDefault();

@@ -130,6 +130,20 @@ function renderEvidence(hit, pattern, passage) {
   return el("div", { className: "strips" }, overview, zoom);
 }
 
+// How many of a hit's segments the model read and who chose them, worded as `longrank search` words it
+// ("2 of 31 segments read, BM25 preselection").
+function readNote(hit, response) {
+  const read = hit.segments.filter((s) => s.scored).length;
+  const total = hit.segments.length;
+  const preselect = response.preselect || {};
+  const active = preselect.selector && preselect.selector !== "none" && (preselect.per_doc !== undefined || preselect.budget !== undefined);
+  let who = "";
+  if (read < total && response.pipeline === "firstp") who = ", FirstP (the first)";
+  else if (read < total && preselect.selector === "bm25") who = ", BM25 preselection";
+  else if (read < total && active) who = `, preselection by ${preselect.selector}`;
+  return `${read} of ${total} segments read${who}`;
+}
+
 function renderResults(response, request) {
   const list = $("results");
   list.replaceChildren();
@@ -159,6 +173,7 @@ function renderResults(response, request) {
     const scores = [`score ${fmt(hit.score)}`];
     if (hit.first_stage_score !== undefined) scores.push(`BM25 ${fmt(hit.first_stage_score)}`);
     if (hit.model_score !== undefined && hit.model_score !== hit.score) scores.push(`model ${fmt(hit.model_score)}`);
+    if (hit.segments) scores.push(readNote(hit, response));
     const meta = el("p", { className: "meta" }, el("span", { className: "docid", textContent: hit.docid }), ` · ${scores.join(" · ")}`);
     const body = el("div", { className: "hit" }, title, meta);
     if (hit.segments) {

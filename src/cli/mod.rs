@@ -74,6 +74,10 @@ impl Global {
 
 /// Process-wide settings, before any other thread starts (so that all of them inherit them).
 pub fn init_process() {
+    // Library errors capture no backtrace (candle attaches one to its errors when RUST_BACKTRACE is set, and
+    // their messages reach clients, `/pipelines` and the logs: stack frames and build paths must not). Panics
+    // still follow RUST_BACKTRACE. No other thread runs yet to read the environment meanwhile.
+    std::env::set_var("RUST_LIB_BACKTRACE", "0");
     memory::set_purge_delay();
     longrank::model::flush_subnormals();
     tracing_subscriber::fmt()

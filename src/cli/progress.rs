@@ -1,19 +1,40 @@
-//! The terminal's progress bar: the one adapter from the library's `Progress` reports to indicatif, hidden
-//! when stderr is not a terminal (a hidden bar prints each phase's name once instead).
+//! The terminal's progress bar: the one adapter from the library's `Progress` reports to indicatif. Off a
+//! terminal (a log file, a pipe, a service) the bar is hidden and progress comes as log lines instead: each
+//! phase's name, then its count, rate and ETA at every tenth of the phase and at least every half minute.
+
+use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use longrank::progress::{Progress, Unit};
+use parking_lot::Mutex;
 
-pub struct Bar(ProgressBar);
+pub struct Bar {
+    bar: ProgressBar,
+    /// Off a terminal: what the log lines need.
+    log: Option<Mutex<Log>>,
+}
+
+struct Log {
+    name: String,
+    total: u64,
+    unit: Unit,
+    started: Instant,
+    /// When the last line was printed, and at which tenth of the phase.
+    last: Instant,
+    tenth: u64,
+}
+
+/// A log line at least this often while a phase runs.
+const LOG_EVERY: Duration = Duration::from_secs(30);
 
 impl Bar {
     pub fn new() -> Bar {
-        let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-            ProgressBar::new(0)
-        } else {
-            ProgressBar::hidden()
-        };
-        Bar(bar)
+        if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            return Bar { bar: ProgressBar::new(0), log: None };
+        }
+        let now = Instant::now();
+        let log = Log { name: String::new(), total: 0, unit: Unit::Items, started: now, last: now, tenth: 0 };
+        Bar { bar: ProgressBar::hidden(), log: Some(Mutex::new(log)) }
     }
 
     /// A bar with one phase, started at once.
@@ -24,11 +45,52 @@ impl Bar {
     }
 
     pub fn inc(&self) {
-        self.0.inc(1);
+        self.bar.inc(1);
+        self.log_line("");
     }
 
     pub fn finish(&self) {
-        self.0.finish_and_clear();
+        self.bar.finish_and_clear();
+    }
+
+    /// Off a terminal: a line when the phase reached a new tenth, or `LOG_EVERY` passed.
+    fn log_line(&self, message: &str) {
+        let Some(log) = &self.log else { return };
+        let mut log = log.lock();
+        let done = self.bar.position();
+        let tenth = if log.total > 0 { done * 10 / log.total } else { 0 };
+        if tenth <= log.tenth && log.last.elapsed() < LOG_EVERY {
+            return;
+        }
+        (log.tenth, log.last) = (tenth, Instant::now());
+        eprintln!("{}", log.describe(done, message));
+    }
+}
+
+impl Log {
+    /// `name: done/total (p %), rate, ETA; message`.
+    fn describe(&self, done: u64, message: &str) -> String {
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let rate = done as f64 / elapsed.max(1e-9);
+        let amount = |n: u64| match self.unit {
+            Unit::Items => n.to_string(),
+            Unit::Bytes => format!("{:.1} MB", n as f64 / 1e6),
+        };
+        let mut line = format!("{}: {}", self.name, amount(done));
+        if self.total > 0 {
+            line += &format!("/{} ({:.0} %)", amount(self.total), 100.0 * done as f64 / self.total as f64);
+        }
+        line += &match self.unit {
+            Unit::Items => format!(", {rate:.1}/s"),
+            Unit::Bytes => format!(", {:.1} MB/s", rate / 1e6),
+        };
+        if self.total > done && done > 0 {
+            line += &format!(", ETA {:.0} s", (self.total - done) as f64 / rate);
+        }
+        if !message.is_empty() {
+            line += &format!("; {message}");
+        }
+        line
     }
 }
 
@@ -39,18 +101,21 @@ impl Progress for Bar {
             Unit::Bytes => "{bytes}/{total_bytes} {bytes_per_sec}",
         };
         let template = format!("{{prefix}}: {{bar:30}} {counts} · {{msg}} · ETA {{eta}}");
-        self.0.set_style(ProgressStyle::with_template(&template).unwrap_or_else(|_| ProgressStyle::default_bar()));
-        self.0.set_length(total);
-        self.0.set_position(0);
-        self.0.reset_eta();
-        self.0.set_prefix(name.to_string());
-        if self.0.is_hidden() {
+        self.bar.set_style(ProgressStyle::with_template(&template).unwrap_or_else(|_| ProgressStyle::default_bar()));
+        self.bar.set_length(total);
+        self.bar.set_position(0);
+        self.bar.reset_eta();
+        self.bar.set_prefix(name.to_string());
+        if let Some(log) = &self.log {
+            let now = Instant::now();
+            *log.lock() = Log { name: name.to_string(), total, unit, started: now, last: now, tenth: 0 };
             eprintln!("{name}");
         }
     }
 
     fn set(&self, done: u64, message: &str) {
-        self.0.set_position(done);
-        self.0.set_message(message.to_string());
+        self.bar.set_position(done);
+        self.bar.set_message(message.to_string());
+        self.log_line(message);
     }
 }

@@ -1,10 +1,11 @@
-//! `longrank search`: one query, a ranking table (or the JSON `/search` answers).
+//! `longrank search`: one query, a ranking table (with each re-ranked hit's best segment, and how many segments
+//! the model read), or the JSON `/search` answers.
 
 use std::io::Write;
 
 use longrank::config::Config;
 use longrank::model::Cancel;
-use longrank::rank::{RankParams, SearchRequest};
+use longrank::rank::{Pipeline, RankParams, SearchRequest};
 
 #[derive(clap::Args)]
 pub struct SearchArgs {
@@ -39,8 +40,18 @@ pub fn run(mut args: SearchArgs, model: Option<String>, config: &Config) -> anyh
         // Columns as wide as their longest value (docids run long: GOV2's, MS MARCO's).
         let docid = response.results.iter().map(|h| h.docid.chars().count()).max().unwrap_or(0).max("docid".len());
         writeln!(out, "{:>4}  {:>9}  {:<docid$}  title", "rank", "score", "docid")?;
+        let first_only = response.pipeline == Pipeline::FirstP;
+        let preselect = response.preselect.clone().unwrap_or_default();
         for hit in &response.results {
             writeln!(out, "{:>4}  {:>9.4}  {:<docid$}  {}", hit.rank, hit.score, hit.docid, hit.title)?;
+            // A re-ranked hit's evidence: its best segment, and what the model read of the document.
+            if let (Some(best), Some(segments)) = (&hit.best_segment, &hit.segments) {
+                let read = segments.iter().filter(|s| s.scored).count();
+                let note = preselect.read_note(first_only, read, segments.len());
+                // The snippet: the best segment around the query's words, on one line.
+                let passage = hit.snippet.split_whitespace().collect::<Vec<_>>().join(" ");
+                writeln!(out, "{:17}segment {} ({note}): {passage}", "", best.index + 1)?;
+            }
         }
         if let Some(terms) = &response.expansion {
             let terms: Vec<String> = terms.iter().map(|t| format!("{} {:.3}", t.term, t.weight)).collect();

@@ -513,6 +513,9 @@ impl Catalog {
 }
 
 /// Collection names become directory names: keep them to a safe alphabet.
+/// `validate_name`'s rule as a regular expression (for the OpenAPI document).
+pub const NAME_PATTERN: &str = "^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$";
+
 pub fn validate_name(name: &str) -> Result<(), IndexError> {
     let ok = !name.is_empty()
         && name.len() <= 128

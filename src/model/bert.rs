@@ -192,6 +192,16 @@ impl Bert {
         Ok(())
     }
 
+    /// Whether inputs must be computed one at a time for their states not to depend on what they are batched
+    /// with: on the CPU without BLAS. The BLAS path (attention per sequence, products split by rows, each row
+    /// summed in one order) is exact in any batch; candle's own products sum in an order that follows the
+    /// batch's shape (their blocking follows the dimensions), so the last bits differ. A GPU keeps its batches:
+    /// there speed is the point, and scores agree to its dtype's precision.
+    pub fn computes_alone(&self) -> bool {
+        let embeddings = self.word.embeddings();
+        embeddings.device().is_cpu() && !blas::available_for(embeddings)
+    }
+
     /// Final hidden states `[batch, len, hidden]`; `mask` (`[batch, len]`, 1 for tokens, 0 for padding) is
     /// needed only when the batch has padding.
     pub fn forward(&self, ids: &Tensor, types: &Tensor, mask: Option<&Tensor>) -> candle_core::Result<Tensor> {

@@ -134,12 +134,17 @@ impl Reranker {
         }
     }
 
+    /// The encoder the model reads its inputs with.
+    fn backbone(&self) -> &encoder::Backbone {
+        match self {
+            Reranker::Cross(m) | Reranker::CoBert(cobert::CoBert { cross: m, .. }) => &m.backbone,
+            Reranker::Bi(m) => &m.backbone,
+        }
+    }
+
     /// The model's tokenizer.
     fn pieces(&self) -> &WordPieces {
-        match self {
-            Reranker::Cross(m) | Reranker::CoBert(cobert::CoBert { cross: m, .. }) => &m.backbone.pieces,
-            Reranker::Bi(m) => &m.backbone.pieces,
-        }
+        &self.backbone().pieces
     }
 
     pub fn count_tokens(&self, text: &str) -> Result<usize, ModelError> {
@@ -175,6 +180,13 @@ impl Reranker {
     /// One output per encoded input: `[logit]` (cross-encoder), the embedding (bi-encoder), or the logit
     /// and the `[CLS]` state (Co-BERT with one backbone, whose second round reads the first round's states).
     pub fn forward(&self, batch: &[Encoded]) -> Result<Vec<Vec<f32>>, ModelError> {
+        // An output must not depend on what its input was batched with (nor then on whether it was computed
+        // now or read from a store): where the encoder's products are not exact across batch shapes (the CPU
+        // without BLAS), each input is computed alone, at its own length.
+        if batch.len() > 1 && self.backbone().bert.computes_alone() {
+            let alone = batch.iter().map(|input| self.forward(std::slice::from_ref(input)));
+            return alone.collect::<Result<Vec<_>, _>>().map(|outputs| outputs.into_iter().flatten().collect());
+        }
         match self {
             Reranker::Cross(m) | Reranker::CoBert(cobert::CoBert { cross: m, own: Some(_), .. }) => {
                 Ok(m.score(batch)?.into_iter().map(|s| vec![s]).collect())

@@ -208,6 +208,10 @@ pub struct SearchResponse {
     /// holds them (stemmed), with their weights, heaviest first.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expansion: Option<Vec<ExpansionTerm>>,
+    /// Which segments the model read, for re-ranking pipelines: the preselection in effect (`selector: none`:
+    /// every segment; FirstP reads the first). Each hit's `segments` say which ones (`scored`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preselect: Option<Preselect>,
     pub results: Vec<SearchHit>,
 }
 
@@ -227,7 +231,10 @@ pub struct Timing {
     /// Segmenting and model scoring, for re-ranking pipelines.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rerank_ms: Option<f64>,
+    /// Re-ranking pipelines only. Documented as the object itself (its fields optional), not as a nullable
+    /// alternative: generated clients drop the properties of an `allOf` part that may be null.
     #[serde(flatten)]
+    #[schema(value_type = ModelTiming)]
     pub model: Option<ModelTiming>,
     pub total_ms: f64,
 }
@@ -353,5 +360,7 @@ pub struct RerankResponse {
     pub model: String,
     pub took_ms: f64,
     pub timing: ModelTiming,
+    /// Which segments the model read: the preselection in effect (`selector: none`: every segment).
+    pub preselect: Preselect,
     pub results: Vec<SearchHit>,
 }

@@ -21,7 +21,7 @@ pub enum RankError {
     #[error("{what} needs a re-ranking pipeline (firstp, maxp, sump, avgp, cobert), not {pipeline}")]
     RerankingPipelineRequired { what: &'static str, pipeline: &'static str },
     #[error("{field} does not apply to {what}")]
-    NotApplicable { field: &'static str, what: &'static str },
+    NotApplicable { field: &'static str, what: String },
     #[error("give either documents (texts) or docids (stored documents), not both or neither")]
     DocumentsOrDocids,
     #[error("interpolate mixes in first-stage scores, which documents given as text lack")]

@@ -40,7 +40,7 @@ pub use api::{
 pub use batch::{BatchPlan, TopicRun};
 pub use error::RankError;
 pub use models::{LoadedModel, ModelStatus, Models, DEFAULT as DEFAULT_MODEL};
-pub use options::{RankOptions, RerankOptions, Usage, DEFAULT_BATCH_K};
+pub use options::{RankOptions, RerankOptions, Usage, DEFAULT_BATCH_K, FIRST_STAGE_FIELDS, MAX_K1};
 pub use rerank::{aggregate, interpolate, Evidence, ScoredSegment};
 pub use snippet::snippet;
 
@@ -209,6 +209,7 @@ impl Engine {
             took_ms: total_ms,
             timing: Timing { retrieve_ms, rerank_ms, model: model_timing, total_ms },
             expansion,
+            preselect: options.rerank.map(|r| r.preselect),
             results,
         })
     }
@@ -275,7 +276,8 @@ impl Engine {
             .map(|(i, r)| self.search_hit(i + 1, r, None, &query_terms, request.segment_text))
             .collect::<Result<Vec<_>, RankError>>()?;
         let (pipeline, model) = (options.pipeline, model.name.clone());
-        Ok(RerankResponse { query: request.query, pipeline, model, took_ms: ms(started), timing, results })
+        let preselect = options.rerank.map(|r| r.preselect).unwrap_or_default();
+        Ok(RerankResponse { query: request.query, pipeline, model, took_ms: ms(started), timing, preselect, results })
     }
 
     /// Re-ranks a topic's documents of an existing run (its top `depth`, in trec_eval's order).

@@ -203,6 +203,18 @@ impl Models {
             ("scores", name, width + 1)
         };
         let file = VectorFile::open(&collection.path().join(dir), &name, dims).map_err(RankError::Model)?;
+        if is_bi && file.len() == 0 {
+            // Said once per process and collection: the first searches are slow, and why.
+            tracing::info!(
+                "collection {}: no stored segment embeddings of model {} yet; each segment is embedded when a \
+                 search first needs it (slow at first), or all at once ahead of queries with `longrank embed \
+                 --collection {} --name {}`",
+                collection.name(),
+                model.name,
+                collection.name(),
+                model.name
+            );
+        }
         let file = Arc::new(file);
         open.insert(key, file.clone());
         Ok(Some(file))

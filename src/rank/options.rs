@@ -36,6 +36,9 @@ pub struct RerankOptions {
     pub preselect: Preselect,
 }
 
+/// The ranking parameters of a first stage, which `/rerank` (the client's own candidates) refuses.
+pub const FIRST_STAGE_FIELDS: [&str; 4] = ["depth", "bm25", "rm3", "interpolate"];
+
 /// What the parameters are for: each use has its defaults, and `/rerank` has no first stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Usage {
@@ -55,19 +58,21 @@ impl Engine {
         };
         let default_pipeline = if usage == Usage::Rerank { Pipeline::MaxP } else { Pipeline::Bm25 };
         if usage == Usage::Rerank {
-            let first_stage = [
-                ("depth", params.depth.is_some()),
-                ("bm25", params.bm25.is_some()),
-                ("rm3", params.rm3.is_some()),
-                ("interpolate", params.interpolate.is_some()),
-            ];
+            let given =
+                [params.depth.is_some(), params.bm25.is_some(), params.rm3.is_some(), params.interpolate.is_some()];
+            let first_stage = FIRST_STAGE_FIELDS.into_iter().zip(given);
             if let Some((field, _)) = first_stage.into_iter().find(|(_, given)| *given) {
-                return Err(RankError::NotApplicable { field, what: "/rerank (there is no first stage)" });
+                return Err(RankError::NotApplicable { field, what: "/rerank (there is no first stage)".into() });
             }
         }
         let k = in_range("k", params.k, default_k, limits.max_k)?;
         let depth = in_range("depth", params.depth, limits.default_depth, limits.max_depth)?;
         let pipeline = params.pipeline.as_deref().map_or(Ok(default_pipeline), Pipeline::parse)?;
+        // Settings a pipeline would ignore are refused: a client should not believe it ran RM3.
+        if params.rm3.is_some() && pipeline != Pipeline::Bm25Rm3 {
+            let what = format!("the {} pipeline (only bm25+rm3 takes it)", pipeline.name());
+            return Err(RankError::NotApplicable { field: "rm3", what });
+        }
         let rerank = if pipeline.needs_model() {
             if self.models.names().is_empty() {
                 return Err(RankError::ModelRequired { pipeline: pipeline.name() });
@@ -156,7 +161,7 @@ fn unit(field: &'static str, value: f32) -> Result<(), RankError> {
 }
 
 /// BM25's k1 past which term frequency no longer saturates in any useful way (tuned values run 0.5 to 3).
-const MAX_K1: f64 = 100.0;
+pub const MAX_K1: f64 = 100.0;
 
 /// A parameter between `min` and `max` (NaN and infinities are refused).
 fn within(field: &'static str, value: f64, min: f64, max: f64) -> Result<(), RankError> {

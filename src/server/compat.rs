@@ -129,7 +129,20 @@ pub struct CohereResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub document: Option<CohereDocument>,
     /// longrank's evidence (clients ignore it).
-    pub best_segment: Option<BestSegment>,
+    pub best_segment: Option<Evidence>,
+}
+
+/// longrank's evidence in a compatible answer: where the document's best segment is and its score; its text
+/// only when the request asks for texts back (TEI's `return_text`, v1's `return_documents`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Evidence {
+    pub index: usize,
+    /// UTF-8 byte offsets into the document's text.
+    pub start: usize,
+    pub end: usize,
+    pub score: f32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -166,7 +179,7 @@ pub struct TeiResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
     /// longrank's evidence (clients ignore it).
-    pub best_segment: Option<BestSegment>,
+    pub best_segment: Option<Evidence>,
 }
 
 /// What a compatible request leaves for its answer once it is longrank's own: warnings, and the texts when
@@ -238,12 +251,19 @@ impl Translation {
     fn ranked(
         &self,
         response: RerankResponse,
-    ) -> impl Iterator<Item = (usize, f32, Option<String>, Option<BestSegment>)> + '_ {
+    ) -> impl Iterator<Item = (usize, f32, Option<String>, Option<Evidence>)> + '_ {
         response.results.into_iter().map(|hit: SearchHit| {
             // Documents were given by position: the docid is the index.
             let index: usize = hit.docid.parse().expect("compatible requests name documents by position");
             let text = self.echo.as_ref().map(|texts| texts[index].clone());
-            (index, hit.model_score.unwrap_or(hit.score), text, hit.best_segment)
+            let best = hit.best_segment.map(|b: BestSegment| Evidence {
+                index: b.index,
+                start: b.start,
+                end: b.end,
+                score: b.score,
+                text: self.echo.is_some().then_some(b.text),
+            });
+            (index, hit.model_score.unwrap_or(hit.score), text, best)
         })
     }
 

@@ -148,11 +148,93 @@ impl<S: Send + Sync, T: ToSchema + DeserializeOwned> FromRequest<S> for ApiJson<
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
-        let axum::Json(value) = axum::Json::<Value>::from_request(request, state).await?;
+        let axum::Json(Checked { value, repeated }) = axum::Json::<Checked>::from_request(request, state).await?;
+        if let Some(name) = repeated {
+            return Err(ApiError::new(ErrorCode::DuplicateField, format!("field `{name}` is given more than once")));
+        }
         match value {
             Value::Object(object) => from_object(object, ErrorCode::InvalidBody).map(ApiJson),
             _ => Err(ApiError::new(ErrorCode::InvalidBody, "the body must be a JSON object")),
         }
+    }
+}
+
+/// A JSON value, and the first key that an object in it (at any depth) names twice: serde_json's `Value` keeps
+/// the last silently, and a request must not mean something other than what its sender may have read in it.
+struct Checked {
+    value: Value,
+    repeated: Option<String>,
+}
+
+impl Checked {
+    fn of(value: Value) -> Checked {
+        Checked { value, repeated: None }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Checked {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Checked, D::Error> {
+        deserializer.deserialize_any(CheckedVisitor)
+    }
+}
+
+struct CheckedVisitor;
+
+impl<'de> serde::de::Visitor<'de> for CheckedVisitor {
+    type Value = Checked;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Checked, E> {
+        Ok(Checked::of(Value::Bool(v)))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Checked, E> {
+        Ok(Checked::of(Value::from(v)))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Checked, E> {
+        Ok(Checked::of(Value::from(v)))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Checked, E> {
+        Ok(Checked::of(Value::from(v)))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Checked, E> {
+        Ok(Checked::of(Value::String(v.to_string())))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Checked, E> {
+        Ok(Checked::of(Value::String(v)))
+    }
+
+    fn visit_unit<E>(self) -> Result<Checked, E> {
+        Ok(Checked::of(Value::Null))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+        let (mut values, mut repeated) = (Vec::new(), None);
+        while let Some(Checked { value, repeated: inner }) = seq.next_element::<Checked>()? {
+            repeated = repeated.or(inner);
+            values.push(value);
+        }
+        Ok(Checked { value: Value::Array(values), repeated })
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+        let (mut object, mut repeated) = (Map::new(), None);
+        while let Some(key) = map.next_key::<String>()? {
+            let Checked { value, repeated: inner } = map.next_value::<Checked>()?;
+            if object.contains_key(&key) {
+                repeated = repeated.or(Some(key.clone()));
+            }
+            repeated = repeated.or(inner);
+            object.insert(key, value);
+        }
+        Ok(Checked { value: Value::Object(object), repeated })
     }
 }
 
@@ -264,6 +346,21 @@ mod tests {
         let search = Fields::of::<SearchRequest>();
         assert_eq!(search.get("segment_text").unwrap().kind, Kind::Scalar);
         assert!(search.get("query").unwrap().required);
+    }
+
+    #[test]
+    fn json_keys_given_twice_at_any_depth_are_found() {
+        let checked = |text: &str| serde_json::from_str::<Checked>(text).unwrap();
+        let once = checked(r#"{"query": "a", "bm25": {"k1": 1.2, "b": 0.4}, "ids": [{"x": 1}, {"x": 2}], "n": null}"#);
+        assert_eq!(once.repeated, None);
+        let expected =
+            serde_json::json!({"query": "a", "bm25": {"k1": 1.2, "b": 0.4}, "ids": [{"x": 1}, {"x": 2}], "n": null});
+        assert_eq!(once.value, expected);
+        assert_eq!(checked(r#"{"query": "a", "query": "b"}"#).repeated.as_deref(), Some("query"));
+        assert_eq!(checked(r#"{"bm25": {"k1": 1, "k1": 2}}"#).repeated.as_deref(), Some("k1"));
+        assert_eq!(checked(r#"[{"id": 1, "id": 2}]"#).repeated.as_deref(), Some("id"));
+        assert_eq!(checked("-5").value, serde_json::json!(-5));
+        assert_eq!(checked("18446744073709551615").value, serde_json::json!(u64::MAX));
     }
 
     #[test]

@@ -53,7 +53,7 @@ macro_rules! codes {
 codes! {
     MalformedJson = "malformed_json", 400, "The body is not valid JSON.";
     InvalidBody = "invalid_body", 400, "A field is missing, mistyped or unknown (JSON body or multipart form).";
-    DuplicateField = "duplicate_field", 400, "A multipart part or query parameter is given more than once.";
+    DuplicateField = "duplicate_field", 400, "A JSON key, multipart part or query parameter is given more than once.";
     InvalidQueryString = "invalid_query_string", 400, "A query parameter is unknown, mistyped, or an object.";
     InvalidPath = "invalid_path", 400, "A path parameter is malformed.";
     EmptyQuery = "empty_query", 400, "The query (or a topic's) has no text.";
@@ -63,7 +63,7 @@ codes! {
     InvalidTag = "invalid_tag", 400, "The run tag is not one word.";
     InvalidSegments = "invalid_segments", 400, "The segmenting options are inconsistent.";
     RerankingPipelineRequired = "reranking_pipeline_required", 400, "This needs a re-ranking pipeline, not bm25 or bm25+rm3.";
-    NotApplicable = "not_applicable", 400, "A parameter that does not apply to this route (a first-stage one for /rerank).";
+    NotApplicable = "not_applicable", 400, "A parameter that does not apply to this route or pipeline (a first-stage one for /rerank, rm3 to a pipeline other than bm25+rm3).";
     DocumentsOrDocids = "documents_or_docids", 400, "/rerank needs either documents or docids.";
     NoFirstStage = "no_first_stage", 400, "interpolate needs first-stage scores, which documents given as text lack.";
     CollectionRequired = "collection_required", 400, "Several collections and no default: name one.";
@@ -90,6 +90,8 @@ codes! {
     BodyTooLarge = "body_too_large", 413, "The body is larger than `server.max_body_bytes`.";
     UploadTooLarge = "upload_too_large", 413, "A document upload is larger than `limits.max_upload_bytes`; nothing \
         of it is kept.";
+    UriTooLong = "uri_too_long", 414, "The request's target (path and query string) is longer than 32 KiB: send \
+        the parameters in a POST body.";
     UnsupportedMediaType = "unsupported_media_type", 415, "The body is not JSON (or multipart where taken).";
     UnknownPipeline = "unknown_pipeline", 422, "No pipeline of that name.";
     PipelineUnavailable = "pipeline_unavailable", 422, "The pipeline cannot run now: its model could not be loaded, or is not what it needs (cobert without a Co-BERT model); the message says why.";
@@ -100,6 +102,8 @@ codes! {
     MalformedFile = "malformed_file", 422, "A topic, qrels or run file does not parse (the message names the line).";
     Overloaded = "overloaded", 429, "The server is at capacity (`server.max_waiting_requests` waiting, or the \
         model's queue full or its wait past the request's timeout); retry after `Retry-After` seconds.";
+    HeadersTooLarge = "headers_too_large", 431, "The request's headers are more than 100, or more than 64 KiB \
+        in all.";
     Cancelled = "cancelled", 499, "The client went away before the answer (logged only).";
     Internal = "internal", 500, "A failure of the server: the message gives an incident id, the server log has the details.";
     ModelError = "model_error", 500, "The model failed on this input.";
@@ -392,9 +396,15 @@ pub struct ApiQuery<T>(pub T);
 #[from_request(via(axum::extract::Path), rejection(ApiError))]
 pub struct ApiPath<T>(pub T);
 
-/// Codes any route can answer: the host check, readiness, the timeout, failures.
-const EVERY_ROUTE: &[ErrorCode] =
-    &[ErrorCode::ForbiddenHost, ErrorCode::NotReady, ErrorCode::Timeout, ErrorCode::Internal];
+/// Codes any route can answer: the host check, the request head's size, readiness, the timeout, failures.
+const EVERY_ROUTE: &[ErrorCode] = &[
+    ErrorCode::ForbiddenHost,
+    ErrorCode::UriTooLong,
+    ErrorCode::HeadersTooLarge,
+    ErrorCode::NotReady,
+    ErrorCode::Timeout,
+    ErrorCode::Internal,
+];
 
 /// Codes a route that needs a key can answer.
 const KEYED: &[ErrorCode] = &[ErrorCode::MissingKey, ErrorCode::InvalidKey];
@@ -420,7 +430,7 @@ macro_rules! route_errors {
 route_errors! {
     /// `/search` (POST and GET).
     SearchErrors(Read): [MalformedJson, InvalidBody, InvalidQueryString, DuplicateField, BodyTooLarge,
-        UnsupportedMediaType, ForbiddenOrigin, EmptyQuery, QueryTooLong, OutOfRange, InvalidSegments,
+        UnsupportedMediaType, ForbiddenOrigin, EmptyQuery, QueryTooLong, OutOfRange, InvalidSegments, NotApplicable,
         CollectionRequired, UnknownCollection, UnknownPipeline, PipelineUnavailable, ModelRequired, UnknownModel,
         NotABiEncoder, Overloaded, ModelUnavailable, ModelError, IndexError];
     /// `/rerank`.
@@ -439,7 +449,7 @@ route_errors! {
         ModelError];
     /// `POST /batch`.
     SubmitErrors(Admin): [MalformedJson, InvalidBody, DuplicateField, BodyTooLarge, UnsupportedMediaType,
-        ForbiddenOrigin, EmptyQuery, QueryTooLong, OutOfRange, InvalidTag, InvalidSegments,
+        ForbiddenOrigin, EmptyQuery, QueryTooLong, OutOfRange, InvalidTag, InvalidSegments, NotApplicable,
         RerankingPipelineRequired, CollectionRequired, UnknownCollection, UnknownPipeline, PipelineUnavailable,
         ModelRequired, UnknownModel, NotABiEncoder, MalformedFile, ModelUnavailable, InvalidQueryString, IndexError];
     /// Writing a collection: a task queued.

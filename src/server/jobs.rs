@@ -1,5 +1,7 @@
-//! Batch jobs over HTTP. A submitted job is stored with one task per topic; `batch.workers` workers in every
-//! replica that shares the store claim topics one at a time with a lease (`store::leases`), run each through
+//! Batch jobs over HTTP. A submitted job is stored with one task per topic; in every replica that shares the
+//! store, `batch.workers` workers for jobs that re-rank with a model and as many for jobs that need none (so
+//! that these never wait behind model work) claim topics one at a time, round-robin across the jobs of their
+//! lane, with a lease (`store::leases`), run each through
 //! the same `BatchPlan` as `longrank batch`, and commit its run lines, so a job survives the death of any
 //! replica: a topic whose lease runs out is run by another worker, and the commit of the last topic computes
 //! the metrics. The run is the topics in file order, whichever replica ran each.
@@ -7,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -19,7 +21,7 @@ use crate::eval::{self, Comparison, EvalError, EvalOptions, Measure, Qrels, Run,
 use crate::index::Catalog;
 use crate::model::Cancel;
 use crate::rank::{BatchParams, BatchPlan, Engine, RankError};
-use crate::store::{Claim, Committed, Completion, JobRow, JobStatus, NewJob, Serves, Store, StoreError};
+use crate::store::{Claim, Committed, Completion, JobRow, JobStatus, Lane, NewJob, Serves, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
@@ -87,6 +89,30 @@ pub struct JobView {
 pub struct Progress {
     pub done: i64,
     pub total: i64,
+    /// Seconds left, estimated from the rate of the topics done since the job's first topic was claimed
+    /// (a running job with a topic done).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eta_s: Option<f64>,
+}
+
+impl Progress {
+    fn of(row: &JobRow) -> Progress {
+        let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+        let eta_s = match (row.status, row.started_ms) {
+            (JobStatus::Running, Some(started)) if row.done > 0 => {
+                let elapsed_s = (now_ms as f64 - started as f64).max(0.0) / 1000.0;
+                Some(eta(elapsed_s, row.done, row.total))
+            }
+            _ => None,
+        };
+        Progress { done: row.done, total: row.total, eta_s }
+    }
+}
+
+/// Seconds left for `total - done` items at the rate of `done` in `elapsed_s`, to a tenth of a second.
+fn eta(elapsed_s: f64, done: i64, total: i64) -> f64 {
+    let left = elapsed_s / done.max(1) as f64 * (total - done).max(0) as f64;
+    (left * 10.0).round() / 10.0
 }
 
 /// Model FLOPs, counted as `/search` counts them (`timing.flops`).
@@ -221,13 +247,14 @@ impl Jobs {
             }
         }
         for _ in 0..self.config.batch.workers.max(1) {
-            tokio::spawn(self.clone().work());
+            tokio::spawn(self.clone().work(Lane::Model));
+            tokio::spawn(self.clone().work(Lane::FirstStage));
         }
         Ok(())
     }
 
-    /// One worker: claims a topic, runs it, commits it; waits when there is none.
-    async fn work(self: Arc<Self>) {
+    /// One worker of `lane`: claims a topic, runs it, commits it; waits when there is none.
+    async fn work(self: Arc<Self>, lane: Lane) {
         let replica = self.replica.get().cloned().unwrap_or_default();
         loop {
             // Replicas take only jobs they can run exactly; an unshared store has one process, which runs all.
@@ -240,7 +267,7 @@ impl Jobs {
                     Some(Serves { fingerprints, weights: self.engine.models().weights_hashes() })
                 }
             };
-            match self.store.claim_topic(&replica, self.config.batch.lease_ms as i64, serves.as_ref()).await {
+            match self.store.claim_topic(&replica, self.config.batch.lease_ms as i64, serves.as_ref(), lane).await {
                 Ok(Some(claim)) => {
                     self.counters.claimed.fetch_add(1, Ordering::Relaxed);
                     if claim.attempt > 1 {
@@ -390,16 +417,16 @@ impl Jobs {
         Ok((rows.into_iter().map(view).collect(), total))
     }
 
-    /// Waits until a job finishes, here or on another replica.
-    pub async fn wait(&self, id: &str) -> Result<JobView, JobError> {
+    /// Waits until a job finishes, here or on another replica, or the deadline passes: the job as it is then.
+    pub async fn wait(&self, id: &str, deadline: Instant) -> Result<JobView, JobError> {
         loop {
             // Listening before reading, so a finish between the two is not missed.
             let finished = self.finished.notified();
             let view = self.get(id).await?;
-            if view.status.is_finished() {
+            if view.status.is_finished() || Instant::now() >= deadline {
                 return Ok(view);
             }
-            let _ = tokio::time::timeout(IDLE_POLL, finished).await;
+            let _ = tokio::time::timeout_at(deadline.min(Instant::now() + IDLE_POLL).into(), finished).await;
         }
     }
 
@@ -495,7 +522,7 @@ fn completion(plan: &BatchPlan, run: &str, qrels: Option<&str>) -> Result<Comple
 fn view(row: JobRow) -> JobView {
     let json = |s: &str| serde_json::from_str(s).unwrap_or(serde_json::Value::Null);
     JobView {
-        progress: Progress { done: row.done, total: row.total },
+        progress: Progress::of(&row),
         flops: row.flops.map(|total| Flops { total, per_topic: total / row.done.max(1) as f64 }),
         params: json(&row.params),
         provenance: json(&row.provenance),
@@ -520,4 +547,14 @@ fn new_job_id() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let micros = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros());
     format!("{micros:016x}{:04x}", COUNTER.fetch_add(1, Ordering::Relaxed) & 0xffff)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_eta_is_the_time_left_at_the_rate_so_far() {
+        assert_eq!(super::eta(10.0, 5, 20), 30.0);
+        assert_eq!(super::eta(1.0, 3, 3), 0.0);
+        assert_eq!(super::eta(1.0, 3, 4), 0.3);
+    }
 }

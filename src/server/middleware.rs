@@ -62,10 +62,13 @@ fn cors(origins: &[String]) -> CorsLayer {
         .expose_headers([header::RETRY_AFTER, header::CONTENT_DISPOSITION, HeaderName::from_static(REQUEST_ID)])
 }
 
-/// The Host header must name this server (DNS rebinding aims pages at loopback servers), and a request that
+/// The request head must be within its bounds (`head_within_limits`); the Host header must name this server (DNS rebinding aims pages at loopback servers), and a request that
 /// writes must come from no page, the server's own, or an allowed origin (a form a foreign page posts needs no
 /// CORS preflight). `/health` answers whatever the host (load balancers probe by address).
 async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    if let Err(e) = head_within_limits(&request) {
+        return e.into_response();
+    }
     let server = &state.config().server;
     let host = request.headers().get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or_default().to_string();
     if !host.is_empty()
@@ -95,6 +98,37 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
         return ApiError::new(code, message).into_response();
     }
     next.run(request).await
+}
+
+/// The most bytes of a request's target (path and query string) and of its headers, and the most headers. The
+/// HTTP layer's own bounds lie beyond (`HYPER_MAX_HEADERS`, hyper's 64 KiB target and 400 KiB head), so that
+/// a client past these gets the JSON error, not hyper's empty answer.
+pub const MAX_URI_BYTES: usize = 32 * 1024;
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+pub const MAX_HEADERS: usize = 100;
+/// Headers hyper parses before it answers 431 itself (an empty body).
+pub const HYPER_MAX_HEADERS: usize = 1024;
+
+/// 414 and 431 as JSON errors, for a request head past the bounds above.
+fn head_within_limits(request: &Request) -> Result<(), ApiError> {
+    let target = request.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if target > MAX_URI_BYTES {
+        let message = format!(
+            "the request target is {target} bytes; the limit is {MAX_URI_BYTES}: send the \
+            parameters in a POST body"
+        );
+        return Err(ApiError::new(ErrorCode::UriTooLong, message));
+    }
+    let headers = request.headers();
+    let bytes: usize = headers.iter().map(|(name, value)| name.as_str().len() + value.len()).sum();
+    if headers.len() > MAX_HEADERS || bytes > MAX_HEADER_BYTES {
+        let message = format!(
+            "{} headers of {bytes} bytes; the limits are {MAX_HEADERS} headers and {MAX_HEADER_BYTES} bytes",
+            headers.len()
+        );
+        return Err(ApiError::new(ErrorCode::HeadersTooLarge, message));
+    }
+    Ok(())
 }
 
 /// A document upload (`POST /collections/{name}/documents`): bounded by `limits.max_upload_bytes`, streamed to

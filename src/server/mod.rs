@@ -17,9 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use axum::routing::{delete, get, post};
 use axum::Router;
-use utoipa::OpenApi;
 use utoipa_swagger_ui::SwaggerUi;
 
 pub use error::{ApiError, ErrorBody};
@@ -183,7 +183,9 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(system::health))
         .route("/", get(web::index))
         .route("/static/{name}", get(web::static_file))
-        .merge(SwaggerUi::new("/docs").url("/openapi.json", ApiDoc::openapi()));
+        .merge(
+            SwaggerUi::new("/docs").external_url_unchecked("/openapi.json", openapi::document(&state.config().limits)),
+        );
     let read = Router::new()
         .route("/search", get(search::get_search).post(search::post_search))
         .route("/rerank", post(rerank::rerank))
@@ -219,7 +221,9 @@ pub async fn serve(
     on_listening: impl FnOnce(SocketAddr),
     prepare: impl FnOnce(&AppState) -> anyhow::Result<()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(&state.config().server.addr).await?;
+    let addr = &state.config().server.addr;
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr} (server.addr)"))?;
     let addr = listener.local_addr()?;
     let _ = state.inner.bound.set(addr);
     on_listening(addr);
@@ -283,7 +287,9 @@ async fn accept(listener: tokio::net::TcpListener, app: Router, config: &ServerC
     let permits = Arc::new(tokio::sync::Semaphore::new(config.max_connections.max(1)));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new()).header_read_timeout(Duration::from_millis(config.header_read_timeout_ms.max(1)));
+    http.timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_millis(config.header_read_timeout_ms.max(1)))
+        .max_headers(middleware::HYPER_MAX_HEADERS);
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     loop {

@@ -1,6 +1,9 @@
 //! The OpenAPI description, generated from the handlers and types themselves.
 
+use serde_json::{json, Value};
 use utoipa::OpenApi;
+
+use crate::config::Limits;
 
 use super::routes::{batch, collections, compat, documents, pipelines, rerank, search, system, tasks};
 
@@ -54,3 +57,133 @@ use super::routes::{batch, collections, compat, documents, pipelines, rerank, se
     )
 )]
 pub struct ApiDoc;
+
+/// The document this server serves: `ApiDoc` with the bounds the server enforces stated on the fields and
+/// parameters they bound (`[limits]` of its configuration, and the fixed ones), so that clients and fuzzers
+/// know what is accepted. A bound that ties two fields (windows' `stride <= words`) is in the fields'
+/// descriptions.
+pub fn document(limits: &Limits) -> Value {
+    let mut document = serde_json::to_value(ApiDoc::openapi()).expect("the document serializes");
+    for (owner, field, bounds) in bounds(limits) {
+        state(&mut document, owner, field, &bounds);
+    }
+    let schemas = &mut document["components"]["schemas"];
+    // Unknown fields are refused (`decode`), flattened ones included: `additionalProperties` cannot say so
+    // across `allOf` parts.
+    for (_, schema) in schemas.as_object_mut().into_iter().flatten().filter(|(name, _)| name.ends_with("Request")) {
+        if schema.get("allOf").is_some() {
+            schema["unevaluatedProperties"] = json!(false);
+        }
+    }
+    // `rm3` only with `bm25+rm3`.
+    let rm3 = json!({"rm3": {"required": ["pipeline"], "properties": {"pipeline": {"const": "bm25+rm3"}}}});
+    schemas["RankParams"]["dependentSchemas"] = rm3;
+    // `/rerank` has no first stage: its body takes `RankParams` without those fields, and documents or docids.
+    let mut params = schemas["RankParams"].clone();
+    for field in crate::rank::FIRST_STAGE_FIELDS {
+        params["properties"].as_object_mut().map(|p| p.remove(field));
+    }
+    params.as_object_mut().map(|p| p.remove("dependentSchemas"));
+    let rerank = &mut schemas["RerankRequest"];
+    for part in rerank["allOf"].as_array_mut().into_iter().flatten() {
+        if part["$ref"] == "#/components/schemas/RankParams" {
+            *part = params.clone();
+        }
+    }
+    rerank["oneOf"] = json!([{"required": ["documents"]}, {"required": ["docids"]}]);
+    // A run to re-rank needs a re-ranking pipeline.
+    let reranking: Vec<&str> =
+        crate::rank::Pipeline::ALL.iter().filter(|p| p.needs_model()).map(|p| p.name()).collect();
+    let pipeline = json!({"required": ["pipeline"], "properties": {"pipeline": {"enum": reranking}}});
+    schemas["BatchRequest"]["dependentSchemas"] = json!({ "rerank": pipeline });
+    document
+}
+
+/// Which fields are bounded: (schemas whose name ends with this, or `?` for query and `/` for path
+/// parameters; the field; its bounds).
+fn bounds(limits: &Limits) -> Vec<(&'static str, &'static str, Value)> {
+    let count = |max: usize| json!({"minimum": 1, "maximum": max});
+    let unit = json!({"minimum": 0, "maximum": 1});
+    // A query has a character that is neither blank nor a control character (those are trimmed).
+    let query = json!({"minLength": 1, "maxLength": limits.max_query_chars, "pattern": "[^\\s\\x00-\\x1f\\x7f-\\x9f]"});
+    let candidates = json!({"minItems": 1, "maxItems": limits.max_depth});
+    let mut bounds = Vec::new();
+    for owner in ["Request", "?"] {
+        bounds.extend([
+            (owner, "k", count(limits.max_k)),
+            (owner, "top_n", count(limits.max_k)),
+            (owner, "depth", count(limits.max_depth)),
+            (owner, "interpolate", unit.clone()),
+            (owner, "query", query.clone()),
+            (owner, "q", query.clone()),
+        ]);
+    }
+    bounds.extend([
+        ("Request", "documents", candidates.clone()),
+        ("Request", "texts", candidates),
+        ("Request", "max_tokens_per_doc", json!({"minimum": 1})),
+        ("Request", "tag", json!({"pattern": "^\\S+$"})),
+        ("Bm25Params", "k1", json!({"minimum": 0, "maximum": crate::rank::MAX_K1})),
+        ("Bm25Params", "b", unit.clone()),
+        ("Rm3Params", "fb_docs", count(limits.max_fb_docs)),
+        ("Rm3Params", "fb_terms", count(limits.max_fb_terms)),
+        ("Rm3Params", "original_query_weight", unit),
+        ("Preselect", "per_doc", json!({"minimum": 1})),
+        ("Preselect", "budget", json!({"minimum": 1})),
+        ("SegmentOptions", "words", json!({"minimum": 1})),
+        ("SegmentOptions", "stride", json!({"minimum": 1})),
+        ("?", "limit", count(crate::server::routes::batch::MAX_PAGE)),
+        ("?", "offset", json!({"minimum": 0, "maximum": i64::MAX})),
+        ("/", "name", json!({"pattern": crate::index::NAME_PATTERN})),
+    ]);
+    bounds
+}
+
+/// Merges `bounds` into every schema of `field` that `owner` names (see `bounds`), through nullable
+/// alternatives (`oneOf` with null).
+fn state(document: &mut Value, owner: &str, field: &str, bounds: &Value) {
+    let merge = |schema: &mut Value| {
+        let target = match schema.get_mut("oneOf").and_then(Value::as_array_mut) {
+            Some(alternatives) => alternatives.iter_mut().find(|a| a["type"] != "null"),
+            None => Some(schema),
+        };
+        if let Some(Value::Object(target)) = target {
+            target.extend(bounds.as_object().expect("bounds are an object").clone());
+        }
+    };
+    if let Some(place) = match owner {
+        "?" => Some("query"),
+        "/" => Some("path"),
+        _ => None,
+    } {
+        let operations = document["paths"].as_object_mut().into_iter().flat_map(|p| p.values_mut());
+        for operation in operations.flat_map(|methods| methods.as_object_mut().into_iter().flat_map(|m| m.values_mut()))
+        {
+            let parameters = operation.get_mut("parameters").and_then(Value::as_array_mut);
+            for parameter in parameters.into_iter().flatten() {
+                if parameter["name"] == field && parameter["in"] == place {
+                    merge(&mut parameter["schema"]);
+                }
+            }
+        }
+        return;
+    }
+    let owned = |name: &str| match owner {
+        // Request bodies and the parameter structs they flatten.
+        "Request" => name.ends_with("Request") || name.ends_with("Params"),
+        _ => name == owner,
+    };
+    let schemas = document["components"]["schemas"].as_object_mut().into_iter().flatten();
+    for (_, schema) in schemas.filter(|(name, _)| owned(name)) {
+        // `flatten` makes inline `allOf` parts.
+        let parts: Vec<&mut Value> = match schema.get("allOf").is_some() {
+            true => schema["allOf"].as_array_mut().into_iter().flatten().collect(),
+            false => vec![schema],
+        };
+        for part in parts {
+            if let Some(property) = part.get_mut("properties").and_then(|p| p.get_mut(field)) {
+                merge(property);
+            }
+        }
+    }
+}

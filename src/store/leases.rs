@@ -34,6 +34,16 @@ impl Serves {
     }
 }
 
+/// Which jobs a worker takes topics of: workers of their own keep jobs that need no model from waiting
+/// behind model work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// Jobs whose pipeline re-ranks with a model.
+    Model,
+    /// Jobs whose pipeline needs no model (bm25, bm25+rm3).
+    FirstStage,
+}
+
 /// What a topic's commit did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Committed {
@@ -64,18 +74,24 @@ impl Store {
         }
     }
 
-    /// Claims the first topic free to run (of the oldest job still queued or running, in file order) for
-    /// `lease_ms`, among the jobs this replica `serves` (any, when none is given), and marks its job running.
+    /// Claims a topic free to run for `lease_ms`, among the jobs of `lane` this replica `serves` (any, when none
+    /// is given), and marks its job running. Jobs share the workers round-robin: the topic is of the job whose
+    /// topics were claimed longest ago (one never claimed first, then the oldest), the first in file order.
     pub async fn claim_topic(
         &self,
         owner: &str,
         lease_ms: i64,
         serves: Option<&Serves>,
+        lane: Lane,
     ) -> Result<Option<Claim>, StoreError> {
         let now = self.now_ms();
         let skip_locked = match self.backend {
             Backend::Sqlite => "",
             Backend::Postgres => "FOR UPDATE OF t SKIP LOCKED",
+        };
+        let lane = match lane {
+            Lane::Model => "AND j.weights IS NOT NULL",
+            Lane::FirstStage => "AND j.weights IS NULL",
         };
         // The free condition is repeated outside the subquery: PostgreSQL re-checks it on a row another
         // transaction changed meanwhile.
@@ -84,8 +100,8 @@ impl Store {
              WHERE (job_id, seq) = (SELECT t.job_id, t.seq FROM job_tasks t JOIN jobs j ON j.id = t.job_id \
              WHERE j.status IN ('queued', 'running') AND (t.lease_until IS NULL OR t.lease_until < {now}) \
              AND ($3 IS NULL OR j.fingerprint IS NULL OR $3 LIKE ('%,' || j.fingerprint || ',%')) \
-             AND ($4 IS NULL OR j.weights IS NULL OR $4 LIKE ('%,' || j.weights || ',%')) \
-             ORDER BY j.created_at, j.id, t.seq LIMIT 1 {skip_locked}) \
+             AND ($4 IS NULL OR j.weights IS NULL OR $4 LIKE ('%,' || j.weights || ',%')) {lane} \
+             ORDER BY COALESCE(j.claimed_ms, 0), j.created_at, j.id, t.seq LIMIT 1 {skip_locked}) \
              AND (lease_until IS NULL OR lease_until < {now}) RETURNING job_id, seq, attempt"
         ))
         .bind(owner)
@@ -97,11 +113,14 @@ impl Store {
         let Some(row) = row else { return Ok(None) };
         let claim =
             Claim { job_id: row.try_get(0)?, seq: row.try_get(1)?, attempt: row.try_get(2)?, owner: owner.into() };
-        sqlx::query("UPDATE jobs SET status = 'running', updated_at = $1 WHERE id = $2 AND status = 'queued'")
-            .bind(now_rfc3339())
-            .bind(&claim.job_id)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(&format!(
+            "UPDATE jobs SET claimed_ms = {now}, started_ms = COALESCE(started_ms, {now}), status = CASE WHEN status = 'queued' THEN 'running' ELSE status END, \
+             updated_at = CASE WHEN status = 'queued' THEN $1 ELSE updated_at END WHERE id = $2"
+        ))
+        .bind(now_rfc3339())
+        .bind(&claim.job_id)
+        .execute(&self.pool)
+        .await?;
         Ok(Some(claim))
     }
 
@@ -253,26 +272,30 @@ mod tests {
     async fn claims_in_order(store: &Store) {
         job(store, "a", 2).await;
         job(store, "b", 1).await;
-        let first = store.claim_topic("r1", 60_000, None).await.unwrap().unwrap();
+        let first = store.claim_topic("r1", 60_000, None, Lane::FirstStage).await.unwrap().unwrap();
         assert_eq!((first.job_id.as_str(), first.seq, first.attempt), ("a", 0, 1));
         assert_eq!(store.job("a").await.unwrap().unwrap().status, JobStatus::Running);
         assert_eq!(store.job("b").await.unwrap().unwrap().status, JobStatus::Queued);
-        let second = store.claim_topic("r2", 60_000, None).await.unwrap().unwrap();
+        // Round-robin: b, never claimed, before a's next topic; then a, claimed longer ago than b.
+        let third = store.claim_topic("r3", 1, None, Lane::FirstStage).await.unwrap().unwrap();
+        assert_eq!((third.job_id.as_str(), third.seq), ("b", 0));
+        let second = store.claim_topic("r2", 60_000, None, Lane::FirstStage).await.unwrap().unwrap();
         assert_eq!((second.job_id.as_str(), second.seq), ("a", 1));
         assert!(store.renew(&first, 60_000).await.unwrap());
 
         // A lease that runs out is taken by another replica under a new attempt; the first holder's renewal
         // and commit are refused, the new holder's commit stands.
-        let third = store.claim_topic("r3", 1, None).await.unwrap().unwrap();
-        assert_eq!((third.job_id.as_str(), third.seq), ("b", 0));
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        let retry = store.claim_topic("r1", 60_000, None).await.unwrap().unwrap();
+        let retry = store.claim_topic("r1", 60_000, None, Lane::FirstStage).await.unwrap().unwrap();
         assert_eq!((retry.job_id.as_str(), retry.seq, retry.attempt), ("b", 0, 2));
         assert!(!store.renew(&third, 60_000).await.unwrap());
         assert_eq!(store.commit_topic(&third, "q", "stale\n", None, done("{}")).await.unwrap(), Committed::Fenced);
         assert_eq!(store.commit_topic(&retry, "q", "b0\n", None, done("{}")).await.unwrap(), Committed::Job);
         assert_eq!(store.run_text("b").await.unwrap(), "b0\n");
-        assert!(store.claim_topic("r4", 60_000, None).await.unwrap().is_none(), "every topic is held or done");
+        assert!(
+            store.claim_topic("r4", 60_000, None, Lane::FirstStage).await.unwrap().is_none(),
+            "every topic is held or done"
+        );
 
         // The last commit finishes the job once, with the whole run in file order.
         assert_eq!(store.commit_topic(&second, "2", "a1\n", Some(1.0), done("{}")).await.unwrap(), Committed::Topic);
@@ -286,7 +309,10 @@ mod tests {
         let a = store.job("a").await.unwrap().unwrap();
         assert_eq!((a.status, a.done, a.flops), (JobStatus::Done, 2, Some(3.0)));
         assert_eq!(store.jobs(0, 10).await.unwrap().0[1].metrics.as_deref(), Some(r#"{"all":{"map":1.0}}"#));
-        assert!(store.claim_topic("r9", 60_000, None).await.unwrap().is_none(), "no topic left to run");
+        assert!(
+            store.claim_topic("r9", 60_000, None, Lane::FirstStage).await.unwrap().is_none(),
+            "no topic left to run"
+        );
     }
 
     #[tokio::test]
@@ -298,22 +324,22 @@ mod tests {
 
     async fn cancel_and_release(store: &Store) {
         job(store, "c", 2).await;
-        let held = store.claim_topic("r1", 60_000, None).await.unwrap().unwrap();
-        let other = store.claim_topic("r2", 60_000, None).await.unwrap().unwrap();
+        let held = store.claim_topic("r1", 60_000, None, Lane::FirstStage).await.unwrap().unwrap();
+        let other = store.claim_topic("r2", 60_000, None, Lane::FirstStage).await.unwrap().unwrap();
         // A restarted r1 frees what it held: the topic is claimed again at once, and the old claim is fenced.
         assert_eq!(store.release_leases(Some("r1")).await.unwrap(), ["c"]);
-        let again = store.claim_topic("r1", 60_000, None).await.unwrap().unwrap();
+        let again = store.claim_topic("r1", 60_000, None, Lane::FirstStage).await.unwrap().unwrap();
         assert_eq!((again.seq, again.attempt), (held.seq, 2));
         assert_eq!(store.commit_topic(&held, "1", "x\n", None, done("{}")).await.unwrap(), Committed::Fenced);
         store.set_status("c", JobStatus::Cancelled, None).await.unwrap();
         assert!(!store.renew(&other, 60_000).await.unwrap(), "a cancelled job's leases are not renewed");
         assert_eq!(store.commit_topic(&again, "1", "x\n", None, done("{}")).await.unwrap(), Committed::Stopped);
-        assert!(store.claim_topic("r3", 60_000, None).await.unwrap().is_none());
+        assert!(store.claim_topic("r3", 60_000, None, Lane::FirstStage).await.unwrap().is_none());
         assert_eq!(store.run_text("c").await.unwrap(), "");
 
         // A job whose completion fails ends failed, with the reason, in the last commit's transaction.
         job(store, "h", 1).await;
-        let last = store.claim_topic("r1", 60_000, None).await.unwrap().unwrap();
+        let last = store.claim_topic("r1", 60_000, None, Lane::FirstStage).await.unwrap().unwrap();
         let failing = |_: &str| Err("the run does not read".to_string());
         assert_eq!(store.commit_topic(&last, "1", "x\n", None, failing).await.unwrap(), Committed::Job);
         let h = store.job("h").await.unwrap().unwrap();
@@ -333,14 +359,35 @@ mod tests {
                 fingerprints: f.iter().map(|s| s.to_string()).collect(),
                 weights: w.iter().map(|s| s.to_string()).collect(),
             };
-            let claim = |serves: Serves| {
+            let claim = |lane, serves: Serves| {
                 let store = store.clone();
-                async move { store.claim_topic("r", 60_000, Some(&serves)).await.unwrap().map(|c| c.job_id) }
+                async move { store.claim_topic("r", 60_000, Some(&serves), lane).await.unwrap().map(|c| c.job_id) }
             };
-            assert_eq!(claim(serves(&["f2", "f3"], &["w1"])).await.as_deref(), Some("g"), "other files, other weights");
-            assert_eq!(claim(serves(&["f3", "f2"], &["w1", "w2"])).await.as_deref(), Some("f"));
-            assert_eq!(claim(serves(&["f11"], &[])).await, None, "f11 is not f1");
-            assert_eq!(store.claim_topic("r", 60_000, None).await.unwrap().unwrap().job_id, "e");
+            let first_stage = Lane::FirstStage;
+            assert_eq!(claim(first_stage, serves(&["f2", "f3"], &["w1"])).await.as_deref(), Some("g"), "other files");
+            assert_eq!(claim(Lane::Model, serves(&["f3", "f2"], &["w1"])).await, None, "other weights");
+            assert_eq!(claim(Lane::Model, serves(&["f3", "f2"], &["w1", "w2"])).await.as_deref(), Some("f"));
+            assert_eq!(claim(first_stage, serves(&["f11"], &[])).await, None, "f11 is not f1");
+            assert_eq!(store.claim_topic("r", 60_000, None, Lane::FirstStage).await.unwrap().unwrap().job_id, "e");
+        }
+    }
+
+    #[tokio::test]
+    async fn lanes_take_jobs_by_whether_they_need_a_model() {
+        for store in testing::stores().await.0 {
+            for (id, weights) in [("m", Some("w")), ("n", None)] {
+                store.create_job(NewJob { id, total: 2, weights, ..NewJob::default() }).await.unwrap();
+            }
+            let claim = |lane| {
+                let store = store.clone();
+                async move { store.claim_topic("r", 60_000, None, lane).await.unwrap().map(|c| (c.job_id, c.seq)) }
+            };
+            assert_eq!(claim(Lane::FirstStage).await, Some(("n".into(), 0)));
+            assert_eq!(claim(Lane::Model).await, Some(("m".into(), 0)));
+            assert_eq!(claim(Lane::FirstStage).await, Some(("n".into(), 1)));
+            assert_eq!(claim(Lane::FirstStage).await, None, "m needs a model");
+            assert_eq!(claim(Lane::Model).await, Some(("m".into(), 1)));
+            assert_eq!(claim(Lane::Model).await, None, "n needs none");
         }
     }
 
@@ -352,7 +399,9 @@ mod tests {
                 let store = store.clone();
                 tokio::spawn(async move {
                     let mut mine = Vec::new();
-                    while let Some(claim) = store.claim_topic(&format!("r{i}"), 60_000, None).await.unwrap() {
+                    while let Some(claim) =
+                        store.claim_topic(&format!("r{i}"), 60_000, None, Lane::FirstStage).await.unwrap()
+                    {
                         mine.push(claim.seq);
                     }
                     mine

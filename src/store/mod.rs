@@ -10,7 +10,7 @@ use std::path::Path;
 mod leases;
 mod tasks;
 
-pub use leases::{Claim, Committed, Completion, Serves};
+pub use leases::{Claim, Committed, Completion, Lane, Serves};
 pub use tasks::{TaskFilter, TaskKind, TaskOutcome, TaskRow, TaskStatus};
 
 use serde::{Deserialize, Serialize};
@@ -106,6 +106,8 @@ pub struct JobRow {
     pub warnings: String,
     pub metrics: Option<String>,
     pub error: Option<String>,
+    /// When its first topic was claimed, milliseconds since the epoch (by the database's clock).
+    pub started_ms: Option<i64>,
 }
 
 /// What a new job starts with.
@@ -142,12 +144,12 @@ pub struct Store {
 /// `JOB_COLUMNS` without the files and with `metrics` cut to the means (`{all}`), for lists.
 const SUMMARY_COLUMNS: &str =
     "id, status, created_at, updated_at, params, '' AS topics, NULL AS qrels, NULL AS rerank, provenance, total, \
-    warnings, metrics_all AS metrics, error, (SELECT COUNT(*) FROM job_topics t WHERE t.job_id = jobs.id) AS done, \
+    warnings, metrics_all AS metrics, error, started_ms, (SELECT COUNT(*) FROM job_topics t WHERE t.job_id = jobs.id) AS done, \
     (SELECT SUM(flops) FROM job_topics t WHERE t.job_id = jobs.id) AS flops";
 
 const JOB_COLUMNS: &str =
     "id, status, created_at, updated_at, params, topics, qrels, rerank, provenance, total, warnings, \
-    metrics, error, (SELECT COUNT(*) FROM job_topics t WHERE t.job_id = jobs.id) AS done, \
+    metrics, error, started_ms, (SELECT COUNT(*) FROM job_topics t WHERE t.job_id = jobs.id) AS done, \
     (SELECT SUM(flops) FROM job_topics t WHERE t.job_id = jobs.id) AS flops";
 
 impl Store {
@@ -439,6 +441,7 @@ fn job_row(r: &AnyRow) -> Result<JobRow, StoreError> {
         warnings: r.try_get("warnings")?,
         metrics: r.try_get("metrics")?,
         error: r.try_get("error")?,
+        started_ms: r.try_get("started_ms")?,
     })
 }
 
@@ -515,7 +518,7 @@ mod tests {
     /// Claims and commits `n` topics (the oldest job's first), finishing jobs with `metrics`.
     async fn run_topics(store: &Store, n: usize, metrics: &str) {
         for _ in 0..n {
-            let claim = store.claim_topic("r", 60_000, None).await.unwrap().unwrap();
+            let claim = store.claim_topic("r", 60_000, None, Lane::FirstStage).await.unwrap().unwrap();
             let line = format!("{} Q0 d 1 1 t\n", claim.seq);
             let complete = |_: &str| Ok(Completion { metrics: Some(metrics.into()), warnings: "[]".into() });
             store.commit_topic(&claim, &claim.seq.to_string(), &line, Some(1.5), complete).await.unwrap();
@@ -550,14 +553,21 @@ mod tests {
     }
 
     async fn lists_and_retention(store: &Store) {
-        for (id, collection) in [("a", "robust04"), ("b", "gov2"), ("c", "robust04")] {
+        let create = |id: &'static str, collection: &str| {
             let provenance = format!("{{\"collection\": {{\"name\": \"{collection}\"}}}}");
-            let job = NewJob { id, provenance: &provenance, total: 3, ..NewJob::default() };
-            store.create_job(job).await.unwrap();
-        }
-        assert_eq!(store.unfinished_jobs_on("robust04").await.unwrap(), ["a", "c"]);
+            async move {
+                let job = NewJob { id, provenance: &provenance, total: 3, ..NewJob::default() };
+                store.create_job(job).await.unwrap();
+            }
+        };
+        create("a", "robust04").await;
+        create("b", "gov2").await;
+        create("z", "robust04").await;
+        assert_eq!(store.unfinished_jobs_on("robust04").await.unwrap(), ["a", "z"]);
+        store.delete_job("z").await.unwrap();
         let metrics = r#"{"all": {"map": 0.5}, "per_topic": {"1": {"map": 0.5}}}"#;
         run_topics(store, 6, metrics).await; // a and b
+        create("c", "robust04").await;
         assert_eq!(store.run_part("a", 0, 1).await.unwrap(), ("1 Q0 d 1 1 t\n".to_string(), Some(1)));
         assert_eq!(store.run_part("a", 2, 1).await.unwrap(), (String::new(), None));
         let (page, total) = store.jobs(0, 10).await.unwrap();

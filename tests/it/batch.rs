@@ -249,6 +249,66 @@ fn qrels_topics_missing_from_the_run_are_warnings_and_queued_jobs_cancel() {
     request("GET", &f.server.url(&format!("/batch/{done}/run")), &[], None).assert_error(404, "unknown_job");
 }
 
+/// `?wait=true` never loses its job: a job not finished within most of the request timeout is answered 202 with
+/// its id and `Location` (no 503 timeout that a retrying client turns into a duplicate); a finished one 200.
+#[test]
+fn waiting_for_a_job_past_the_timeout_answers_202_with_the_job_and_where_to_follow_it() {
+    let dir = crate::fixtures::cranfield_data_dir();
+    let release = dir.path().join("release");
+    let hold = format!("batch.commit:1:{}", release.display());
+    let env = [("LONGRANK_SERVER_REQUEST_TIMEOUT_MS", "1500"), ("LONGRANK_TEST_HOLD", hold.as_str())];
+    let server = TestServer::start(dir.path(), &env).wait_ready();
+    let body = json!({"topics": "1\twing flutter\n"}).to_string();
+    let held = post_json(&server.url("/batch?wait=true"), &body);
+    assert_eq!(held.status, 202, "{}", held.body);
+    let job = held.json();
+    let id = job["id"].as_str().unwrap();
+    assert_eq!(held.header("location"), Some(format!("/batch/{id}").as_str()));
+    assert!(matches!(job["status"].as_str(), Some("queued" | "running")), "{job}");
+    std::fs::write(&release, "").unwrap();
+    wait_for(&server, id, |v| v["status"] == "done");
+    let done = post_json(&server.url("/batch?wait=true"), &body);
+    assert_eq!((done.status, done.json()["status"].as_str()), (200, Some("done")), "{}", done.body);
+    assert_eq!(done.header("location"), None);
+    let queued = post_json(&server.url("/batch"), &body);
+    assert_eq!(queued.status, 202, "{}", queued.body);
+    assert_eq!(queued.header("location"), Some(format!("/batch/{}", queued.json()["id"].as_str().unwrap()).as_str()));
+}
+
+/// Jobs share the workers: with `batch.workers = 1`, a bm25 job submitted behind a re-ranking job finishes while
+/// the re-ranking job is held in the model (a test hook), and the held job then finishes too.
+#[test]
+fn a_first_stage_job_never_waits_behind_a_model_job() {
+    let models = tempfile::tempdir().unwrap();
+    crate::fixtures::tiny_cross_encoder(models.path(), 5);
+    let dir = crate::fixtures::cranfield_data_dir();
+    let (release, log) = (dir.path().join("release"), dir.path().join("server.log"));
+    let hold = format!("model.batch:1:{}", release.display());
+    let env = [
+        ("LONGRANK_MODEL_PATH", models.path().to_str().unwrap()),
+        ("LONGRANK_BATCH_WORKERS", "1"),
+        ("LONGRANK_TEST_HOLD", hold.as_str()),
+    ];
+    let server = TestServer::start_logging(dir.path(), &env, &log).wait_ready();
+    let topics = "1\twing flutter\n2\theat transfer\n";
+    let model =
+        post_json(&server.url("/batch"), &json!({"topics": topics, "pipeline": "maxp", "depth": 5}).to_string());
+    assert_eq!(model.status, 202, "{}", model.body);
+    let model_id = model.json()["id"].as_str().unwrap().to_string();
+    server.wait_log(&log, "holding at model.batch");
+    let first_stage = post_json(&server.url("/batch?wait=true"), &json!({"topics": topics}).to_string());
+    assert_eq!(
+        (first_stage.status, first_stage.json()["status"].as_str()),
+        (200, Some("done")),
+        "{}",
+        first_stage.body
+    );
+    let held: Value = serde_json::from_str(&get(&server.url(&format!("/batch/{model_id}"))).1).unwrap();
+    assert_eq!((held["status"].as_str(), held["progress"]["done"].as_i64()), (Some("running"), Some(0)), "{held}");
+    std::fs::write(&release, "").unwrap();
+    wait_for(&server, &model_id, |v| v["status"] == "done");
+}
+
 /// What is stored stays bounded: the newest finished jobs and searches are kept, the list of jobs comes a page
 /// at a time without per-topic metrics.
 #[test]
@@ -516,6 +576,10 @@ fn every_batch_field_means_the_same_over_json_multipart_and_the_cli() {
         let value = example(name, schema);
         let mut body = base.as_object().unwrap().clone();
         body.insert(name.clone(), value.clone());
+        if name == "rm3" {
+            // RM3's settings belong to its pipeline (another refuses them).
+            body.insert("pipeline".into(), json!("bm25+rm3"));
+        }
 
         let via_json = post_json(&server.url("/batch?wait=true"), &Value::Object(body.clone()).to_string());
         let parts: Vec<(String, String)> = body.iter().map(|(k, v)| (k.clone(), text(v))).collect();
@@ -605,6 +669,54 @@ fn runs_are_byte_identical_from_the_cli_and_over_http_in_topic_file_order() {
         let mut qids: Vec<&str> = first.lines().map(|l| l.split(' ').next().unwrap()).collect();
         qids.dedup();
         assert_eq!(qids, file_order, "{pipeline}: topics in the topic file's order");
+    }
+}
+
+/// A model's scores do not depend on whether they or the embeddings behind them were computed now or read
+/// from the collection's store, nor on the process or the batch: a first MaxP run (the bi-encoder's segment
+/// embeddings computed then), its rerun (read from the store) and the same job over HTTP are byte-identical,
+/// with a bi-encoder and with a cross-encoder, without a BLAS library (candle's own products, whose sums follow
+/// the batch's shape) and through the one the tests run with.
+#[test]
+fn first_runs_reruns_and_jobs_are_byte_identical_for_model_pipelines() {
+    let models = tempfile::tempdir().unwrap();
+    crate::fixtures::tiny_cross_encoder(models.path(), 7);
+    let minilm = crate::common::minilm();
+    let adi = data("adi/docs.jsonl");
+    let topics = read("adi/topics.tsv");
+    for (blas, model) in [("off", minilm.as_path()), ("off", models.path()), ("", minilm.as_path())] {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        cli_ok(d, &["index", "--collection", "adi", adi.to_str().unwrap()]);
+        std::fs::write(d.join("topics.tsv"), &topics).unwrap();
+        let mut env = vec![("LONGRANK_MODEL_PATH", model.to_str().unwrap())];
+        if !blas.is_empty() {
+            env.push(("LONGRANK_BLAS", blas));
+        }
+        let cli = |name: &str| {
+            let out = d.join(format!("{name}.run"));
+            let args = ["batch", "--topics", "topics.tsv", "--pipeline", "maxp", "-k", "30", "--depth", "30", "--out"];
+            let env = [&env[..], &[("RUST_LOG", "info")]].concat();
+            let printed = crate::common::cli_env(d, &[&args[..], &[out.to_str().unwrap()]].concat(), &env);
+            let log = String::from_utf8_lossy(&printed.stderr).to_string();
+            assert!(printed.status.success(), "{log}");
+            (std::fs::read_to_string(out).unwrap(), log)
+        };
+        let ((first, first_log), (rerun, rerun_log)) = (cli("first"), cli("rerun"));
+        // The first run says once that it embeds the collection's segments as it goes, and how to do it ahead.
+        let embeds = |log: &str| log.matches("longrank embed --collection adi").count();
+        let bi = model == minilm.as_path();
+        assert_eq!((embeds(&first_log), embeds(&rerun_log)), (bi as usize, 0), "{first_log}");
+        let server = TestServer::start(d, &env).wait_ready();
+        let body = json!({"topics": topics, "pipeline": "maxp", "k": 30, "depth": 30});
+        let job = post_json(&server.url("/batch?wait=true"), &body.to_string()).json();
+        assert_eq!(job["status"], "done", "{job}");
+        let http = get(&server.url(&format!("/batch/{}/run", job["id"].as_str().unwrap()))).1;
+        let differ = |a: &str, b: &str| a.lines().zip(b.lines()).filter(|(x, y)| x != y).count();
+        let case = format!("{} with BLAS {blas:?}", model.display());
+        assert_eq!(differ(&first, &rerun), 0, "{case}: the rerun differs from the first run");
+        assert_eq!(differ(&first, &http), 0, "{case}: the HTTP job differs from the CLI's run");
+        assert!(first == rerun && first == http && first.lines().count() > 100, "{case}");
     }
 }
 

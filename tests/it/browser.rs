@@ -123,6 +123,11 @@ impl Browser {
         self.call("GET", &format!("/element/{element}/text"), None).as_str().unwrap().to_string()
     }
 
+    /// Whether an element is rendered (WebDriver's "displayed": not `hidden`, not `display: none`).
+    fn displayed(&self, element: &str) -> bool {
+        self.call("GET", &format!("/element/{element}/displayed"), None).as_bool().unwrap()
+    }
+
     fn script(&self, js: &str) -> Value {
         self.call("POST", "/execute/sync", Some(json!({"script": js, "args": []})))
     }
@@ -191,6 +196,8 @@ fn search_shows_segment_evidence_and_the_best_segment_in_the_document() {
     // U+E007 is WebDriver's Enter key.
     browser.type_into(&query, "oil industry history\u{E007}");
     let results = browser.wait_for("#results li[data-docid]");
+    // A server without keys never asks for one.
+    assert!(!browser.displayed(&browser.find_all("#key-form")[0]), "the key form shows on a keyless server");
     let expected = post_json(
         &server.url("/search"),
         r#"{"query": "oil industry history", "pipeline": "maxp", "k": 10, "depth": 20, "segment_text": true}"#,
@@ -224,6 +231,15 @@ fn search_shows_segment_evidence_and_the_best_segment_in_the_document() {
         .collect();
     assert_eq!(hatched, json!(unread));
     assert!(unread.iter().sum::<usize>() > 0, "some segments go unread: {unread:?}");
+    // Each hit says how many segments the model read, and who chose them.
+    let notes = browser.script("return [...document.querySelectorAll('#results li .meta')].map(m => m.textContent)");
+    for (note, hit) in notes.as_array().unwrap().iter().zip(hits) {
+        let segments = hit["segments"].as_array().unwrap();
+        let read = segments.iter().filter(|s| s["scored"] == true).count();
+        let who = if read < segments.len() { ", BM25 preselection" } else { "" };
+        let expected = format!("{read} of {} segments read{who}", segments.len());
+        assert!(note.as_str().unwrap().ends_with(&expected), "{note} does not end with {expected}");
+    }
     let strip = browser.find_all("#results li:first-child .strip .seg");
     let passage_text = || {
         let shown = browser
@@ -521,6 +537,7 @@ fn the_page_works_with_keys_downloads_included() {
     let browser = Browser::start("keys");
     browser.goto(&server.url(&format!("/?view=batch&job={id}")));
     let field = browser.wait_for("#key-form:not([hidden]) #key")[0].clone();
+    assert!(browser.displayed(&browser.find_all("#key-form")[0]) && browser.displayed(&field));
     browser.type_into(&field, &format!("{key}\u{E007}"));
     browser.wait_for("#job:not([hidden]) #job-download:not([hidden])");
     // The job's warnings are shown as the server words them.

@@ -146,7 +146,8 @@ fn collections_are_listed_and_deleted_but_not_under_a_running_job() {
     let server = TestServer::start(d, &[("LONGRANK_TEST_HOLD", hold.as_str())]).wait_ready();
     let body = json!({"collection": "cranfield", "topics": "1\twing flutter\n2\theat transfer\n"});
     let id = post_json(&server.url("/batch"), &body.to_string()).json()["id"].as_str().unwrap().to_string();
-    crate::batch::wait_for(&server, &id, |v| v["progress"]["done"] == 1);
+    let held = crate::batch::wait_for(&server, &id, |v| v["progress"]["done"] == 1);
+    assert!(held["progress"]["eta_s"].as_f64().is_some_and(|s| s >= 0.0), "a running job's ETA: {held}");
     let out = cli(d, &["collections", "delete", "cranfield"]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -162,4 +163,69 @@ fn collections_are_listed_and_deleted_but_not_under_a_running_job() {
     assert_eq!(list.lines().skip(1).filter_map(|l| l.split_whitespace().next()).collect::<Vec<_>>(), ["time"]);
     let out = cli(d, &["collections", "delete", "cranfield"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("cranfield"), "an unknown collection is named");
+}
+
+/// `longrank search` shows a re-ranked hit's evidence without `--json`: its best segment and how many segments
+/// the model read; errors name their cause once, and `serve` on a busy port names the address.
+#[test]
+fn search_shows_evidence_and_errors_say_each_cause_once() {
+    let models = tempfile::tempdir().unwrap();
+    crate::fixtures::tiny_cross_encoder(models.path(), 5);
+    let dir = crate::fixtures::gov2_data_dir();
+    let d = dir.path();
+    let args = ["--model", models.path().to_str().unwrap(), "search", "--pipeline", "maxp", "-k", "3", "oil industry"];
+    let table = cli_ok(d, &args);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 1 + 2 * 3, "a line of evidence under each hit:\n{table}");
+    let json = cli_ok(d, &[&args[..], &["--json"]].concat());
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    for (hit, line) in json["results"].as_array().unwrap().iter().zip(lines[1..].chunks(2)) {
+        let segments = hit["segments"].as_array().unwrap();
+        let read = segments.iter().filter(|s| s["scored"] == true).count();
+        let who = if read < segments.len() { ", BM25 preselection" } else { "" };
+        let note = format!(
+            "segment {} ({read} of {} segments read{who}): ",
+            hit["best_segment"]["index"].as_u64().unwrap() + 1,
+            segments.len()
+        );
+        assert!(line[1].trim_start().starts_with(&note), "{:?} does not start with {note:?}", line[1]);
+        let words: Vec<&str> = hit["snippet"].as_str().unwrap().split_whitespace().collect();
+        assert!(line[1].ends_with(&words.join(" ")), "{}", line[1]);
+    }
+    assert_eq!(json["preselect"]["selector"], "bm25", "{json}");
+
+    let missing = cli(d, &["index", "--collection", "x", "/no/such/file.jsonl"]);
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(!missing.status.success() && stderr.matches("No such file").count() == 1, "{stderr}");
+    assert!(stderr.contains("/no/such/file.jsonl"), "{stderr}");
+
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let out = cli(d, &["serve", "--addr", &addr]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains(&format!("listening on {addr}")), "{stderr}");
+}
+
+/// Off a terminal (the tests' stderr is a pipe) long commands report progress as log lines: each phase's name,
+/// then its count, percentage, rate and ETA at every tenth.
+#[test]
+fn progress_comes_as_log_lines_off_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let out = cli(d, &["index", "--collection", "cranfield", data("cranfield/docs.jsonl").to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && stderr.lines().any(|l| l == "indexing cranfield"), "{stderr}");
+    assert!(
+        stderr.lines().filter(|l| l.starts_with("indexing cranfield: ") && l.contains(" %)")).count() >= 3,
+        "{stderr}"
+    );
+    let topics = data("cranfield/topics.tsv");
+    let out = d.join("run");
+    let args = ["batch", "--collection", "cranfield", "--topics", topics.to_str().unwrap(), "--out"];
+    let batch = cli(d, &[&args[..], &[out.to_str().unwrap()]].concat());
+    let stderr = String::from_utf8_lossy(&batch.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("topics: ")).collect();
+    assert_eq!(lines.len(), 10, "a line at each tenth: {stderr}");
+    assert!(lines[0].starts_with("topics: 23/225 (10 %), ") && lines[0].contains("/s, ETA "), "{}", lines[0]);
+    assert!(lines[9].starts_with("topics: 225/225 (100 %), "), "{}", lines[9]);
 }

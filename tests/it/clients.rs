@@ -59,6 +59,8 @@ fn a_generated_python_client_searches_submits_a_batch_and_reads_typed_errors() {
     assert!(out.status.success(), "the generated client failed: {}", String::from_utf8_lossy(&out.stderr));
     let seen: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(seen["search"].as_array().unwrap().len(), 3, "{seen}");
+    let timing = &seen["timing"];
+    assert!(timing["pairs"].as_u64().is_some_and(|p| p > 0) && timing["inference_ms"].is_number(), "{seen}");
     assert_eq!(seen["batch"]["status"], "done", "{seen}");
     assert!(seen["batch"]["map"].as_f64().unwrap() > 0.0, "{seen}");
     assert_eq!(seen["error"], serde_json::json!({"status": 422, "code": "unknown_pipeline"}));

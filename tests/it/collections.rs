@@ -16,10 +16,17 @@ fn send(server: &TestServer, method: &str, path: &str, content_type: &str, body:
     request(method, &server.url(path), &[("content-type", content_type)], body)
 }
 
-/// A task answer: 202, the task.
+/// A task answer: 200 with the task when it has finished (waited for), else 202 with it and `Location`.
 fn task(reply: Reply) -> Value {
-    assert_eq!(reply.status, 202, "{}", reply.body);
-    reply.json()
+    let view = reply.json();
+    match view["status"].as_str() {
+        Some("succeeded" | "failed" | "cancelled") => assert_eq!(reply.status, 200, "{}", reply.body),
+        _ => {
+            assert_eq!(reply.status, 202, "{}", reply.body);
+            assert_eq!(reply.header("location"), Some(format!("/tasks/{}", view["id"]).as_str()));
+        }
+    }
+    view
 }
 
 fn docids(server: &TestServer, collection: &str, query: &str) -> Vec<String> {
@@ -448,4 +455,23 @@ fn a_task_waits_for_another_process_writing_the_collection() {
     lock.unlock().unwrap();
     wait_succeeded(&server, waiting["id"].as_i64().unwrap());
     assert_eq!(docids(&server, "c", "harbor"), ["a", "b"]);
+}
+
+/// `?wait=true` answers 200 with a task that finished in time, and 202 with the task as it is and where to follow
+/// it when it did not finish within most of the request timeout (never a 503 that loses it).
+#[test]
+fn waiting_for_a_task_past_the_timeout_answers_202_and_where_to_follow_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let release = dir.path().join("release");
+    let hold = format!("task.start:1:{}", release.display());
+    let server = start(dir.path(), &[("LONGRANK_SERVER_REQUEST_TIMEOUT_MS", "1500"), ("LONGRANK_TEST_HOLD", &hold)]);
+    let held = send(&server, "PUT", "/collections/c?wait=true", "application/json", None);
+    assert_eq!(held.status, 202, "{}", held.body);
+    let view = task(held);
+    assert_eq!(view["status"], "running", "{view}");
+    std::fs::write(&release, "").unwrap();
+    wait_succeeded(&server, view["id"].as_i64().unwrap());
+    let again = send(&server, "PUT", "/collections/d?wait=true", "application/json", None);
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(task(again)["status"], "succeeded");
 }

@@ -186,6 +186,62 @@ fn openapi_lists_every_route_and_docs_page_is_served() {
     assert!(page.contains("<html") || page.contains("<!doctype html"));
 }
 
+/// The bounds the server enforces are stated in its OpenAPI document (the configured ones with their values:
+/// the fixture's server takes queries of at most 1000 characters), so that a generated client or a fuzzer
+/// sends what is accepted; the model's part of `timing` is a plain object part, and `?wait` answers are typed.
+#[test]
+fn openapi_states_the_limits_the_server_enforces() {
+    let s = &fixture().server;
+    let spec: serde_json::Value = serde_json::from_str(&get(&s.url("/openapi.json")).1).unwrap();
+    let property = |schema: &str, name: &str| {
+        let property = crate::common::schema_properties(&spec, schema).remove(name);
+        let property = property.unwrap_or_else(|| panic!("{schema} has no {name}"));
+        // Through a nullable alternative, or a reference.
+        let alternatives = property["oneOf"].as_array().cloned().unwrap_or_default();
+        let inner = alternatives.into_iter().find(|a| a["type"] != "null").unwrap_or(property);
+        match inner["$ref"].as_str() {
+            Some(r) => spec["components"]["schemas"][r.rsplit('/').next().unwrap()].clone(),
+            None => inner,
+        }
+    };
+    let bounds = |schema: &str, name: &str| {
+        let p = property(schema, name);
+        (p["minimum"].as_f64(), p["maximum"].as_f64())
+    };
+    assert_eq!(bounds("SearchRequest", "k"), (Some(1.0), Some(10000.0)));
+    assert_eq!(bounds("BatchRequest", "depth"), (Some(1.0), Some(10000.0)));
+    assert_eq!(bounds("SearchRequest", "interpolate"), (Some(0.0), Some(1.0)));
+    assert_eq!(bounds("Bm25Params", "k1"), (Some(0.0), Some(100.0)));
+    assert_eq!(bounds("Rm3Params", "fb_terms"), (Some(1.0), Some(200.0)));
+    assert_eq!(bounds("CohereV2Request", "top_n"), (Some(1.0), Some(10000.0)));
+    for schema in ["SearchRequest", "RerankRequest", "TeiRequest", "V1Request"] {
+        assert_eq!(property(schema, "query")["maxLength"], 1000, "{schema}");
+        assert_eq!(property(schema, "query")["minLength"], 1, "{schema}");
+    }
+    assert_eq!(property("TeiRequest", "texts")["minItems"], 1);
+    assert_eq!(
+        spec["components"]["schemas"]["RankParams"]["dependentSchemas"]["rm3"]["properties"]["pipeline"]["const"],
+        "bm25+rm3"
+    );
+    let rerank = crate::common::schema_properties(&spec, "RerankRequest");
+    assert!(rerank.contains_key("segments") && !rerank.contains_key("depth") && !rerank.contains_key("rm3"));
+    let parameter = |path: &str, method: &str, name: &str| {
+        let parameters = spec["paths"][path][method]["parameters"].as_array().unwrap();
+        parameters.iter().find(|p| p["name"] == name).unwrap()["schema"].clone()
+    };
+    assert_eq!(parameter("/search", "get", "q")["maxLength"], 1000);
+    assert_eq!(parameter("/batch", "get", "limit")["maximum"], 1000);
+    assert!(parameter("/collections/{name}", "put", "name")["pattern"].as_str().unwrap().starts_with('^'));
+    // The model's timing: a part of `allOf` that is an object, not a nullable alternative.
+    let timing = &spec["components"]["schemas"]["Timing"]["allOf"];
+    assert!(timing.as_array().unwrap().iter().any(|p| p["$ref"] == "#/components/schemas/ModelTiming"), "{timing}");
+    // `?wait` answers 200 finished or 202 with Location.
+    let submit = &spec["paths"]["/batch"]["post"]["responses"];
+    assert!(submit["200"].is_object() && submit["202"]["headers"]["location"].is_object(), "{submit}");
+    let upload = &spec["paths"]["/collections/{name}/documents"]["post"]["responses"];
+    assert!(upload["200"].is_object() && upload["202"]["headers"]["location"].is_object(), "{upload}");
+}
+
 #[test]
 fn every_bad_request_gets_the_json_error_shape() {
     let s = &fixture().server;
@@ -227,6 +283,23 @@ fn every_bad_request_gets_the_json_error_shape() {
     assert!(object.body.contains("bm25"), "{}", object.body);
     request("GET", &s.url("/search?q=wing&k=3&k=4&collection=cranfield"), &[], None)
         .assert_error(400, "duplicate_field");
+    // So is a JSON key, at any depth: serde_json alone would keep the last one.
+    post_json(&search, r#"{"query": "wing", "query": "flutter", "collection": "cranfield"}"#)
+        .assert_error(400, "duplicate_field");
+    post_json(&search, r#"{"query": "wing", "collection": "cranfield", "bm25": {"k1": 1.0, "k1": 2.0}}"#)
+        .assert_error(400, "duplicate_field");
+    // Settings a pipeline would ignore are refused, naming the one that takes them.
+    let rm3 = post_json(&search, r#"{"query": "wing", "collection": "cranfield", "rm3": {"fb_docs": 5}}"#);
+    rm3.assert_error(400, "not_applicable");
+    assert!(rm3.body.contains("bm25+rm3"), "{}", rm3.body);
+    // A request head past its bounds gets the JSON error too.
+    let long = format!("/search?collection=cranfield&q={}", "wing+".repeat(7000));
+    request("GET", &s.url(&long), &[], None).assert_error(414, "uri_too_long");
+    let many: Vec<(String, String)> = (0..120).map(|i| (format!("x-extra-{i}"), "1".to_string())).collect();
+    let many: Vec<(&str, &str)> = many.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    request("GET", &s.url("/search?q=wing&collection=cranfield"), &many, None).assert_error(431, "headers_too_large");
+    let big = "v".repeat(70_000);
+    request("GET", &s.url("/health"), &[("x-big", big.as_str())], None).assert_error(431, "headers_too_large");
     request("GET", &s.url("/static/nope.js"), &[], None).assert_error(404, "not_found");
     request("GET", &s.url("/no/such/route"), &[], None).assert_error(404, "not_found");
     request("DELETE", &s.url("/search"), &[], None).assert_error(405, "method_not_allowed");

@@ -532,3 +532,28 @@ fn requests_beyond_the_engines_permits_and_line_are_refused() {
     assert_eq!(held.join().unwrap(), 200);
     assert_eq!(post_json(&server.url("/rerank"), &body).status, 200, "the permit is free again");
 }
+
+/// A model that cannot be loaded is reported by its message alone, in `/pipelines` and in the 422: no
+/// backtrace and no build paths, even when the server runs with RUST_BACKTRACE set (candle then attaches a
+/// backtrace to its errors).
+#[test]
+fn a_model_load_error_is_a_message_without_a_backtrace() {
+    let models = tempfile::tempdir().unwrap();
+    tiny_cross_encoder(models.path(), 3);
+    let weights = models.path().join("model.safetensors");
+    let mut tensors = candle_core::safetensors::load(&weights, &candle_core::Device::Cpu).unwrap();
+    tensors.remove("bert.embeddings.word_embeddings.weight");
+    candle_core::safetensors::save(&tensors, &weights).unwrap();
+    let dir = crate::fixtures::cranfield_data_dir();
+    let env = [("LONGRANK_MODEL_PATH", models.path().to_str().unwrap()), ("RUST_BACKTRACE", "1")];
+    let server = TestServer::start(dir.path(), &env).wait_ready();
+    let pipelines: Value = serde_json::from_str(&crate::common::get(&server.url("/pipelines")).1).unwrap();
+    let reason = pipelines["models"][0]["reason"].as_str().unwrap_or_else(|| panic!("{pipelines}")).to_string();
+    let refused = post_json(&server.url("/search"), r#"{"query": "wing", "pipeline": "maxp"}"#);
+    refused.assert_error(422, "pipeline_unavailable");
+    let message = refused.json()["error"]["message"].as_str().unwrap().to_string();
+    for text in [&reason, &message] {
+        assert!(text.contains("word_embeddings"), "says what is wrong: {text}");
+        assert!(!text.contains('\n') && !text.contains(".cargo") && !text.contains(".rs:"), "{text}");
+    }
+}

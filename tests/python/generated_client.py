@@ -1,5 +1,5 @@
 """A Python client generated from longrank's served OpenAPI document (openapi-python-client), used as any user
-would: a search, a batch submission followed to its metrics, and an error read as the typed `ErrorBody`.
+would: a search, a re-ranking search's model timing, a batch submission followed to its metrics, and an error read as the typed `ErrorBody`.
 
 Usage: generated_client.py BASE_URL PACKAGE_DIR TOPICS QRELS. PACKAGE_DIR holds the generated package
 `longrank_client`. Prints one JSON line of what it saw; any surprise raises.
@@ -30,6 +30,14 @@ seen = {}
 found = post_search.sync(client=client, body=SearchRequest(query="boundary layer heat transfer", k=3))
 assert isinstance(found, SearchResponse), found
 seen["search"] = [(hit.docid, hit.score) for hit in found.results]
+
+# The model's part of `timing` (flattened into it for re-ranking pipelines) is typed, not dropped.
+reranked = post_search.sync(
+    client=client, body=SearchRequest(query="boundary layer heat transfer", pipeline="maxp", k=3, depth=5)
+)
+assert isinstance(reranked, SearchResponse), reranked
+timing = reranked.timing
+seen["timing"] = {"pairs": timing.pairs, "computed": timing.computed, "inference_ms": timing.inference_ms}
 
 with open(topics_path) as f:
     topics = "".join(f.readlines()[:5])

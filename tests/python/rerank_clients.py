@@ -127,6 +127,11 @@ assert all(
     abs(r["score"] - next(h["model_score"] for h in expected if int(h["docid"]) == r["index"])) < 1e-4 for r in results
 )
 assert [r["text"] for r in results] == [documents[i] for i in expected_order]
+assert all(r["best_segment"]["text"] in r["text"] for r in results), results
+# Without return_text no text comes back, the evidence's included: where the segment is, and its score.
+quiet = httpx.post(tei, json={"query": query, "texts": documents}, headers=headers, timeout=120).json()
+assert all("text" not in r and "text" not in r["best_segment"] for r in quiet), quiet
+assert all(r["best_segment"]["end"] > r["best_segment"]["start"] for r in quiet), quiet
 # truncate: the first segment only (FirstP), as TEI reads what fits the model.
 first = httpx.post(tei, json={"query": query, "texts": documents, "truncate": True}, headers=headers).json()
 assert all(r["best_segment"]["index"] == 0 for r in first), first

@@ -28,7 +28,8 @@ pub struct BatchRequest {
     #[serde(default)]
     #[schema(example = "1 0 184 2\n")]
     pub qrels: Option<String>,
-    /// A TREC run whose candidates a re-ranking pipeline re-ranks instead of BM25's.
+    /// A TREC run (`qid Q0 docid rank score tag` lines) whose candidates a re-ranking pipeline re-ranks
+    /// instead of BM25's.
     #[serde(default)]
     #[schema(example = "1 Q0 184 1 10.5 anserini\n1 Q0 29 2 9.25 anserini\n")]
     pub rerank: Option<String>,
@@ -74,7 +75,8 @@ impl<S: Send + Sync> FromRequest<S> for BatchUpload {
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct WaitParams {
-    /// Answer when the job has finished (for small topic files).
+    /// Answer when the job has finished (200), or after most of `server.request_timeout_ms` with the job as it
+    /// is then (202, `Location` naming it): for small topic files.
     wait: Option<bool>,
 }
 
@@ -82,8 +84,7 @@ pub struct WaitParams {
 #[utoipa::path(post, path = "/batch", tag = "batch", request_body(content = BatchRequest, content_type = "application/json"),
     params(WaitParams),
     responses(
-        (status = 202, description = "queued; the body holds the job id", body = JobView),
-        (status = 200, description = "finished (with ?wait=true)", body = JobView),
+        super::JobSubmitted,
         SubmitErrors,
     ))]
 pub async fn submit(
@@ -92,10 +93,13 @@ pub async fn submit(
     BatchUpload(request): BatchUpload,
 ) -> Result<Response, ApiError> {
     let id = state.jobs().submit(request.into()).await?;
-    if params.wait.unwrap_or(false) {
-        return Ok(Json(state.jobs().wait(&id).await?).into_response());
-    }
-    Ok((StatusCode::ACCEPTED, Json(state.jobs().get(&id).await?)).into_response())
+    let waits = params.wait.unwrap_or(false);
+    let view = match waits {
+        true => state.jobs().wait(&id, super::wait_deadline(&state)).await?,
+        false => state.jobs().get(&id).await?,
+    };
+    let finished = waits && view.status.is_finished();
+    Ok(super::Submitted { view, finished, location: format!("/batch/{id}") }.into_response())
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -108,7 +112,7 @@ pub struct ListParams {
 }
 
 /// Jobs a page answers at most.
-const MAX_PAGE: usize = 1000;
+pub const MAX_PAGE: usize = 1000;
 
 /// The jobs, newest first, a page at a time (`offset`, `limit`; `X-Total-Count` says how many there are),
 /// without per-topic metrics (`GET /batch/{id}` has them).

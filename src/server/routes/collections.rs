@@ -3,7 +3,7 @@
 //! `DELETE /collections/{name}/documents/{docid}` and `POST /collections/{name}/documents/delete`.
 
 use axum::extract::{Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::header;
 use axum::Json;
 use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
@@ -28,26 +28,27 @@ pub async fn list_collections(State(state): State<AppState>) -> Result<Json<Vec<
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct TaskWait {
-    /// Answer when the task has finished, or after `server.request_timeout_ms` with the task as it is then.
+    /// Answer when the task has finished (200), or after most of `server.request_timeout_ms` with the task as
+    /// it is then (202, `Location` naming it).
     wait: Option<bool>,
 }
 
-type Accepted = (StatusCode, Json<TaskView>);
+type Accepted = super::Submitted<TaskView>;
 
 async fn accepted(state: &AppState, task: TaskView, wait: Option<bool>) -> Result<Accepted, ApiError> {
-    let task = if wait.unwrap_or(false) {
-        let patience = std::time::Duration::from_millis(state.config().server.request_timeout_ms * 9 / 10);
-        state.tasks().wait(task.id, std::time::Instant::now() + patience).await?
-    } else {
-        task
+    let waits = wait.unwrap_or(false);
+    let view = match waits {
+        true => state.tasks().wait(task.id, super::wait_deadline(state)).await?,
+        false => task,
     };
-    Ok((StatusCode::ACCEPTED, Json(task)))
+    let (finished, location) = (waits && view.status.is_finished(), format!("/tasks/{}", view.id));
+    Ok(super::Submitted { view, finished, location })
 }
 
 /// Create an empty collection (BM25 parameters as configured); one that exists is left as it is.
 #[utoipa::path(put, path = "/collections/{name}", tag = "collections",
     params(("name" = String, Path, description = "The collection's name"), TaskWait),
-    responses((status = 202, body = TaskView), TaskSubmitErrors))]
+    responses(super::TaskSubmitted, TaskSubmitErrors))]
 pub async fn create(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
@@ -60,7 +61,7 @@ pub async fn create(
 /// Delete a collection (its task fails while a batch job reads it).
 #[utoipa::path(delete, path = "/collections/{name}", tag = "collections",
     params(("name" = String, Path, description = "The collection's name"), TaskWait),
-    responses((status = 202, body = TaskView), TaskSubmitErrors))]
+    responses(super::TaskSubmitted, TaskSubmitErrors))]
 pub async fn delete(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
@@ -105,7 +106,7 @@ pub struct UploadDocument {
         (Vec<UploadDocument> = "application/json"),
         (Vec<u8> = "application/octet-stream"),
     )),
-    responses((status = 202, body = TaskView), UploadErrors))]
+    responses(super::TaskSubmitted, UploadErrors))]
 pub async fn add_documents(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
@@ -126,7 +127,7 @@ pub async fn add_documents(
 #[utoipa::path(delete, path = "/collections/{name}/documents/{docid}", tag = "collections",
     params(("name" = String, Path, description = "The collection's name"),
         ("docid" = String, Path, description = "The document's id"), TaskWait),
-    responses((status = 202, body = TaskView), TaskSubmitErrors))]
+    responses(super::TaskSubmitted, TaskSubmitErrors))]
 pub async fn delete_document(
     State(state): State<AppState>,
     ApiPath((name, docid)): ApiPath<(String, String)>,
@@ -148,7 +149,7 @@ pub struct DeleteDocuments {
 /// Delete documents by docid, in one task.
 #[utoipa::path(post, path = "/collections/{name}/documents/delete", tag = "collections",
     params(("name" = String, Path, description = "The collection's name"), TaskWait),
-    request_body = DeleteDocuments, responses((status = 202, body = TaskView), DeleteDocumentsErrors))]
+    request_body = DeleteDocuments, responses(super::TaskSubmitted, DeleteDocumentsErrors))]
 pub async fn delete_documents(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
