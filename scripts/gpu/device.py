@@ -3,7 +3,9 @@ the same GPU, same weights and inputs. Started by device.sh from the pack (scrip
 
 usage: python3 device.py --pack DIR --out DIR [--device cuda|cpu] [--model-dir DIR] [--quick]
 
-Parts, in order (correctness first): env, models, correctness, speed, e2e, train. $OUT/summary.json is
+Parts, in order (correctness first): env (versions, the GPU's clocks and power before the work), models,
+correctness, speed (the clocks again after it: a throttled GPU shows there), e2e (the CUDA and BLAS libraries the
+server process mapped, with their versions), train. $OUT/summary.json is
 rewritten after each part, so a run cut off still reports what it finished; a part that fails records its error
 and the next one runs. Without PyTorch (the CPU rehearsal in CI) the PyTorch half of each part says so and the
 models come from --model-dir. Tolerances (‖a − b‖ / ‖b‖ over a check batch's logits, PyTorch f32 the
@@ -141,6 +143,80 @@ def pick(name: str) -> str:
     return models.get(name) or models["given"]
 
 
+def gpu_state() -> dict:
+    """The GPU's clocks, power and temperature now (nvidia-smi), to tell a throttled run from a slow one."""
+    if not args.device.startswith("cuda"):
+        return {"absent": "not a GPU run"}
+    fields = "name,driver_version,pstate,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.draw,power.limit,"
+    fields += "temperature.gpu,clocks_event_reasons.active"
+    smi = shutil.which("nvidia-smi") or "/usr/local/nvidia/bin/nvidia-smi"
+    try:
+        done = subprocess.run(
+            [smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30
+        )
+    except OSError as e:
+        return {"absent": f"nvidia-smi: {e}"}
+    values = done.stdout.strip().splitlines()[0].split(", ") if done.returncode == 0 else []
+    if len(values) != len(fields.split(",")):
+        return {"absent": f"nvidia-smi answered {done.stdout.strip()!r} {done.stderr.strip()!r}"}
+    return dict(zip(fields.split(","), values))
+
+
+# The libraries of a running longrank worth naming (the GPU's, or the BLAS on a CPU run), and how to ask each its
+# version through ctypes: (file name part, symbol, how the answer reads).
+VERSIONED = ["libcublasLt", "libcublas", "libcudart", "libcurand", "libnvrtc", "libcuda.so", "libopenblas", "libmkl_rt"]
+
+
+def library_version(path: str) -> str:
+    import ctypes
+
+    lib = ctypes.CDLL(path)
+    number = ctypes.c_int()
+    name = os.path.basename(path)
+    if name.startswith("libcublas"):
+        symbol = "cublasLtGetProperty" if name.startswith("libcublasLt") else "cublasGetProperty"
+        parts = []
+        for kind in range(3):  # MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+            getattr(lib, symbol)(kind, ctypes.byref(number))
+            parts.append(str(number.value))
+        return ".".join(parts)
+    if name.startswith("libnvrtc"):
+        minor = ctypes.c_int()
+        lib.nvrtcVersion(ctypes.byref(number), ctypes.byref(minor))
+        return f"{number.value}.{minor.value}"
+    for prefix, symbol in [("libcudart", "cudaRuntimeGetVersion"), ("libcuda.so", "cuDriverGetVersion")]:
+        if name.startswith(prefix):
+            getattr(lib, symbol)(ctypes.byref(number))
+            return f"{number.value // 1000}.{number.value % 1000 // 10}"
+    if name.startswith("libcurand"):
+        lib.curandGetVersion(ctypes.byref(number))
+        return str(number.value)
+    if name.startswith("libopenblas"):
+        lib.openblas_get_config.restype = ctypes.c_char_p
+        return lib.openblas_get_config().decode()
+    if name.startswith("libmkl_rt"):
+        text = ctypes.create_string_buffer(256)
+        lib.MKL_Get_Version_String(text, 256)
+        return text.value.decode()
+    return "unknown"
+
+
+def loaded_libraries(pid: int) -> list[dict]:
+    """The GPU and BLAS libraries a running process has mapped (not those it could have found), with versions."""
+    with open(f"/proc/{pid}/maps") as f:
+        paths = sorted({line.split()[-1] for line in f if "/" in line and ".so" in line})
+    found = []
+    for path in paths:
+        name = os.path.basename(path)
+        if any(name.startswith(prefix) for prefix in VERSIONED):
+            try:
+                version = library_version(path)
+            except Exception as e:  # noqa: BLE001 (a library that cannot say is still named)
+                version = f"unknown ({type(e).__name__}: {e})"
+            found.append({"path": path, "version": version})
+    return found
+
+
 @part("env")
 def env():
     found = {"longrank_bytes": os.path.getsize(LONGRANK), "ld_library_path": os.environ.get("LD_LIBRARY_PATH", "")}
@@ -154,6 +230,7 @@ def env():
             torch.backends.cudnn.allow_tf32 = False
     else:
         found["torch"] = "absent: longrank's side only"
+    found["gpu_state"] = gpu_state()
     return found
 
 
@@ -316,7 +393,7 @@ def speed():
                 table.append(row)
                 summary["parts"]["speed"] = {"table": table, "partial": True}
                 write_summary()
-    return {"table": table}
+    return {"table": table, "gpu_state_after": gpu_state()}
 
 
 def free_port() -> int:
@@ -373,6 +450,7 @@ def end_to_end():
             return time.perf_counter() - t, answer["timing"]["pairs"]
 
         search("warm up the model")
+        found["libraries"] = loaded_libraries(server.pid)
         with open(os.path.join(source, "search-topics.tsv")) as f:
             queries = [line.rstrip("\n").split("\t", 1)[1] for line in f]
         latencies, pairs = zip(*(search(q) for q in queries))
@@ -399,6 +477,10 @@ def end_to_end():
         before, t = pairs_total(), time.perf_counter()
         body = {"topics": batch_topics, "pipeline": "maxp", "depth": depth, "k": depth, "collection": "synth"}
         job = json.loads(call(base + "/batch?wait=true", body))
+        # Not finished within the server's patience (202): followed until it is.
+        while job["status"] in ("queued", "running"):
+            time.sleep(0.5)
+            job = json.loads(call(f"{base}/batch/{job['id']}"))
         wall = time.perf_counter() - t
         computed = pairs_total() - before
         found["batch"] = {

@@ -61,6 +61,17 @@ fn the_device_run_rehearses_on_the_cpu_and_reports_every_part() {
     assert_eq!(e2e["search"]["requests"], 4, "{e2e}");
     assert!(e2e["search"]["pairs_per_request"].as_f64().unwrap() > 0.0, "{e2e}");
     assert_eq!(e2e["batch"]["status"], "done", "{e2e}");
+    // The libraries the server mapped, each with its version: on the CPU, the BLAS it loaded when there is one.
+    let libraries = e2e["libraries"].as_array().unwrap_or_else(|| panic!("{e2e}"));
+    assert!(libraries.iter().all(|l| l["path"].is_string() && l["version"].is_string()), "{libraries:?}");
+    if std::env::var_os("LONGRANK_EXPECT_BLAS").is_some() {
+        let blas = libraries
+            .iter()
+            .find(|l| l["path"].as_str().unwrap().contains("blas") || l["path"].as_str().unwrap().contains("mkl"));
+        let version = blas.unwrap_or_else(|| panic!("no BLAS among {libraries:?}"))["version"].as_str().unwrap();
+        assert!(!version.starts_with("unknown"), "{libraries:?}");
+    }
+    assert_eq!(parts["env"]["gpu_state"]["absent"], "not a GPU run", "{summary}");
     assert!(e2e["batch"]["pairs"].as_f64().unwrap() > 0.0, "{e2e}");
     assert!(parts["train"]["longrank_step_s"].as_f64().unwrap() > 0.0, "{summary}");
     let files = walk(&out);
