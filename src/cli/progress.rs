@@ -58,7 +58,7 @@ impl Bar {
         let Some(log) = &self.log else { return };
         let mut log = log.lock();
         let done = self.bar.position();
-        let tenth = if log.total > 0 { done * 10 / log.total } else { 0 };
+        let tenth = (done * 10).checked_div(log.total).unwrap_or(0);
         if tenth <= log.tenth && log.last.elapsed() < LOG_EVERY {
             return;
         }

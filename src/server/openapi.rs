@@ -64,8 +64,8 @@ pub struct ApiDoc;
 /// descriptions.
 pub fn document(limits: &Limits) -> Value {
     let mut document = serde_json::to_value(ApiDoc::openapi()).expect("the document serializes");
-    for (owner, field, bounds) in bounds(limits) {
-        state(&mut document, owner, field, &bounds);
+    for (place, field, bounds) in bounds(limits) {
+        state(&mut document, place, field, &bounds);
     }
     let schemas = &mut document["components"]["schemas"];
     // Unknown fields are refused (`decode`), flattened ones included: `additionalProperties` cannot say so
@@ -99,49 +99,60 @@ pub fn document(limits: &Limits) -> Value {
     document
 }
 
-/// Which fields are bounded: (schemas whose name ends with this, or `?` for query and `/` for path
-/// parameters; the field; its bounds).
-fn bounds(limits: &Limits) -> Vec<(&'static str, &'static str, Value)> {
+/// Where a bounded field is declared.
+#[derive(Clone, Copy)]
+enum Place {
+    /// Request bodies (`…Request`) and the parameter structs they flatten (`…Params`).
+    Bodies,
+    /// The schema of this name.
+    Schema(&'static str),
+    /// Query parameters.
+    Query,
+    /// Path parameters.
+    Path,
+}
+
+/// The bounded fields: where, which, and their bounds.
+fn bounds(limits: &Limits) -> Vec<(Place, &'static str, Value)> {
     let count = |max: usize| json!({"minimum": 1, "maximum": max});
     let unit = json!({"minimum": 0, "maximum": 1});
     // A query has a character that is neither blank nor a control character (those are trimmed).
     let query = json!({"minLength": 1, "maxLength": limits.max_query_chars, "pattern": "[^\\s\\x00-\\x1f\\x7f-\\x9f]"});
     let candidates = json!({"minItems": 1, "maxItems": limits.max_depth});
     let mut bounds = Vec::new();
-    for owner in ["Request", "?"] {
+    for place in [Place::Bodies, Place::Query] {
         bounds.extend([
-            (owner, "k", count(limits.max_k)),
-            (owner, "top_n", count(limits.max_k)),
-            (owner, "depth", count(limits.max_depth)),
-            (owner, "interpolate", unit.clone()),
-            (owner, "query", query.clone()),
-            (owner, "q", query.clone()),
+            (place, "k", count(limits.max_k)),
+            (place, "top_n", count(limits.max_k)),
+            (place, "depth", count(limits.max_depth)),
+            (place, "interpolate", unit.clone()),
+            (place, "query", query.clone()),
+            (place, "q", query.clone()),
         ]);
     }
     bounds.extend([
-        ("Request", "documents", candidates.clone()),
-        ("Request", "texts", candidates),
-        ("Request", "max_tokens_per_doc", json!({"minimum": 1})),
-        ("Request", "tag", json!({"pattern": "^\\S+$"})),
-        ("Bm25Params", "k1", json!({"minimum": 0, "maximum": crate::rank::MAX_K1})),
-        ("Bm25Params", "b", unit.clone()),
-        ("Rm3Params", "fb_docs", count(limits.max_fb_docs)),
-        ("Rm3Params", "fb_terms", count(limits.max_fb_terms)),
-        ("Rm3Params", "original_query_weight", unit),
-        ("Preselect", "per_doc", json!({"minimum": 1})),
-        ("Preselect", "budget", json!({"minimum": 1})),
-        ("SegmentOptions", "words", json!({"minimum": 1})),
-        ("SegmentOptions", "stride", json!({"minimum": 1})),
-        ("?", "limit", count(crate::server::routes::batch::MAX_PAGE)),
-        ("?", "offset", json!({"minimum": 0, "maximum": i64::MAX})),
-        ("/", "name", json!({"pattern": crate::index::NAME_PATTERN})),
+        (Place::Bodies, "documents", candidates.clone()),
+        (Place::Bodies, "texts", candidates),
+        (Place::Bodies, "max_tokens_per_doc", json!({"minimum": 1})),
+        (Place::Bodies, "tag", json!({"pattern": "^\\S+$"})),
+        (Place::Schema("Bm25Params"), "k1", json!({"minimum": 0, "maximum": crate::rank::MAX_K1})),
+        (Place::Schema("Bm25Params"), "b", unit.clone()),
+        (Place::Schema("Rm3Params"), "fb_docs", count(limits.max_fb_docs)),
+        (Place::Schema("Rm3Params"), "fb_terms", count(limits.max_fb_terms)),
+        (Place::Schema("Rm3Params"), "original_query_weight", unit),
+        (Place::Schema("Preselect"), "per_doc", json!({"minimum": 1})),
+        (Place::Schema("Preselect"), "budget", json!({"minimum": 1})),
+        (Place::Schema("SegmentOptions"), "words", json!({"minimum": 1})),
+        (Place::Schema("SegmentOptions"), "stride", json!({"minimum": 1})),
+        (Place::Query, "limit", count(crate::server::routes::batch::MAX_PAGE)),
+        (Place::Query, "offset", json!({"minimum": 0, "maximum": i64::MAX})),
+        (Place::Path, "name", json!({"pattern": crate::index::NAME_PATTERN})),
     ]);
     bounds
 }
 
-/// Merges `bounds` into every schema of `field` that `owner` names (see `bounds`), through nullable
-/// alternatives (`oneOf` with null).
-fn state(document: &mut Value, owner: &str, field: &str, bounds: &Value) {
+/// Merges `bounds` into every schema of `field` at `place`, through nullable alternatives (`oneOf` with null).
+fn state(document: &mut Value, place: Place, field: &str, bounds: &Value) {
     let merge = |schema: &mut Value| {
         let target = match schema.get_mut("oneOf").and_then(Value::as_array_mut) {
             Some(alternatives) => alternatives.iter_mut().find(|a| a["type"] != "null"),
@@ -151,28 +162,25 @@ fn state(document: &mut Value, owner: &str, field: &str, bounds: &Value) {
             target.extend(bounds.as_object().expect("bounds are an object").clone());
         }
     };
-    if let Some(place) = match owner {
-        "?" => Some("query"),
-        "/" => Some("path"),
-        _ => None,
-    } {
+    let owned = |name: &str| match place {
+        Place::Bodies => name.ends_with("Request") || name.ends_with("Params"),
+        Place::Schema(owner) => name == owner,
+        Place::Query | Place::Path => false,
+    };
+    if let Place::Query | Place::Path = place {
+        let located = if let Place::Query = place { "query" } else { "path" };
         let operations = document["paths"].as_object_mut().into_iter().flat_map(|p| p.values_mut());
         for operation in operations.flat_map(|methods| methods.as_object_mut().into_iter().flat_map(|m| m.values_mut()))
         {
             let parameters = operation.get_mut("parameters").and_then(Value::as_array_mut);
             for parameter in parameters.into_iter().flatten() {
-                if parameter["name"] == field && parameter["in"] == place {
+                if parameter["name"] == field && parameter["in"] == located {
                     merge(&mut parameter["schema"]);
                 }
             }
         }
         return;
     }
-    let owned = |name: &str| match owner {
-        // Request bodies and the parameter structs they flatten.
-        "Request" => name.ends_with("Request") || name.ends_with("Params"),
-        _ => name == owner,
-    };
     let schemas = document["components"]["schemas"].as_object_mut().into_iter().flatten();
     for (_, schema) in schemas.filter(|(name, _)| owned(name)) {
         // `flatten` makes inline `allOf` parts.
