@@ -2,7 +2,8 @@
 //! with fewer passes over memory. The query, key and value projections are one matrix product (the attention
 //! scale folded into the query weights at load time); the mask is added only when the batch has padding;
 //! softmax is our row kernel with a vectorized exp; the intermediate bias and the exact GELU are one pass on every core
-//! with a polynomial erf. Weights load from the same checkpoints (`bert.`-prefixed or not).
+//! with a polynomial erf. Weights load from the same checkpoints (`bert.`-prefixed or not), and those of the
+//! families that differ from BERT only around these layers (`family`: RoBERTa and XLM-R, ELECTRA, DistilBERT).
 //!
 //! `Bert::quantize` turns the encoder's linear layers into int8 ones: on CPUs with AVX-512 VNNI our kernel
 //! (one scale per weight row and per activation row, `int8.rs`); elsewhere GGML's Q8_0 blocks (32 weights
@@ -21,12 +22,18 @@ use candle_transformers::models::bert::{Config, HiddenAct};
 use super::cpu::blas::{self, BlasLinear};
 use super::cpu::int8::{self, Int8Linear};
 use super::cpu::kernels;
+use super::family::Family;
 
 pub struct Bert {
     word: Embedding,
     position: Embedding,
-    token_type: Embedding,
+    /// The first position id (RoBERTa's start past the padding id).
+    position_offset: u32,
+    /// None for families without token types (DistilBERT).
+    token_type: Option<Embedding>,
     norm: LayerNorm,
+    /// ELECTRA's projection of embeddings narrower than the encoder.
+    project: Option<Linear>,
     encoder: Encoder,
 }
 
@@ -162,12 +169,25 @@ impl Bert {
 
     fn build(vb: VarBuilder, config: &Config, differentiable: bool) -> candle_core::Result<Bert> {
         let h = config.hidden_size;
-        let embedding = |rows: usize, name: &str| candle_nn::embedding(rows, h, vb.pp("embeddings").pp(name));
+        let family = Family::from_config(config);
+        // ELECTRA's embeddings may be narrower than the encoder: their width is the word embeddings'.
+        let width = match family {
+            Family::Electra => vb.get_unchecked("embeddings.word_embeddings.weight")?.dim(1)?,
+            _ => h,
+        };
+        let embedding = |rows: usize, name: &str| candle_nn::embedding(rows, width, vb.pp("embeddings").pp(name));
+        let token_type = match config.type_vocab_size {
+            0 => None,
+            types => Some(embedding(types, "token_type_embeddings")?),
+        };
+        let project = (width != h).then(|| candle_nn::linear(width, h, vb.pp("embeddings_project"))).transpose()?;
         Ok(Bert {
             word: embedding(config.vocab_size, "word_embeddings")?,
             position: embedding(config.max_position_embeddings, "position_embeddings")?,
-            token_type: embedding(config.type_vocab_size, "token_type_embeddings")?,
-            norm: candle_nn::layer_norm(h, config.layer_norm_eps, vb.pp("embeddings.LayerNorm"))?,
+            position_offset: family.position_offset(config) as u32,
+            token_type,
+            norm: candle_nn::layer_norm(width, config.layer_norm_eps, vb.pp("embeddings.LayerNorm"))?,
+            project,
             encoder: Encoder::load(vb.pp("encoder"), config, config.num_hidden_layers, differentiable)?,
         })
     }
@@ -205,11 +225,19 @@ impl Bert {
     /// Final hidden states `[batch, len, hidden]`; `mask` (`[batch, len]`, 1 for tokens, 0 for padding) is
     /// needed only when the batch has padding.
     pub fn forward(&self, ids: &Tensor, types: &Tensor, mask: Option<&Tensor>) -> candle_core::Result<Tensor> {
-        let len = ids.dim(1)?;
-        let positions = Tensor::arange(0u32, len as u32, ids.device())?;
-        let x = (self.word.forward(ids)? + self.token_type.forward(types)?)?
-            .broadcast_add(&self.position.forward(&positions)?)?;
-        let x = self.encoder.normalize(&self.norm, &x)?;
+        let len = ids.dim(1)? as u32;
+        // Right-padded inputs: the real positions count from the offset (padding positions are masked).
+        let positions = Tensor::arange(self.position_offset, self.position_offset + len, ids.device())?;
+        let x = self.word.forward(ids)?;
+        let x = match &self.token_type {
+            Some(token_type) => (x + token_type.forward(types)?)?,
+            None => x,
+        };
+        let x = self.encoder.normalize(&self.norm, &x.broadcast_add(&self.position.forward(&positions)?)?)?;
+        let x = match &self.project {
+            Some(project) => project.forward(&x)?,
+            None => x,
+        };
         self.encoder.forward(&x, mask)
     }
 }
@@ -386,10 +414,12 @@ fn affine(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> candle_core::Re
     y.reshape(dims)
 }
 
-/// Checkpoints name the encoder `bert.*`, `{model_type}.*` (sequence classifiers) or nothing (bare models).
+/// Checkpoints name the encoder after its family (`bert.*`, `roberta.*`, …: sequence classifiers) or not at all
+/// (bare models); its weights are read under BERT's names.
 pub fn encoder_root<'a>(vb: VarBuilder<'a>, config: &Config) -> VarBuilder<'a> {
-    let prefixes = ["bert".to_string(), config.model_type.clone().unwrap_or_default(), String::new()];
-    prefixes
+    let family = Family::from_config(config);
+    let vb = family.bert_names(vb);
+    [family.prefix(), ""]
         .iter()
         .map(|p| if p.is_empty() { vb.clone() } else { vb.pp(p) })
         .find(|vb| vb.contains_tensor("embeddings.word_embeddings.weight"))

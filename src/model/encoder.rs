@@ -9,14 +9,15 @@ use candle_transformers::models::bert::Config;
 use serde::Deserialize;
 
 use super::bert::Bert;
+use super::family::{Activation, Family};
 use super::load::{load_err, read_config, read_json, weights};
-use super::tokenize::{Encoded, WordPieces};
+use super::tokenize::{Encoded, Pieces};
 use super::ModelError;
 
 /// The encoder and tokenizer every model kind shares.
 pub(super) struct Backbone {
     pub(super) bert: Bert,
-    pub(super) pieces: WordPieces,
+    pub(super) pieces: Pieces,
     pub(super) device: Device,
     pub(super) hidden_size: usize,
     pub(super) config: Config,
@@ -34,12 +35,7 @@ impl Backbone {
         Ok((Backbone::new(vb.clone(), &config, pieces, dir)?, vb))
     }
 
-    pub(super) fn new(
-        vb: VarBuilder,
-        config: &Config,
-        pieces: WordPieces,
-        origin: &Path,
-    ) -> Result<Backbone, ModelError> {
+    pub(super) fn new(vb: VarBuilder, config: &Config, pieces: Pieces, origin: &Path) -> Result<Backbone, ModelError> {
         let device = vb.device().clone();
         let bert = Bert::load(vb, config).map_err(|e| load_err(origin, format!("loading BERT weights: {e}")))?;
         Ok(Backbone { bert, pieces, device, hidden_size: config.hidden_size, config: config.clone() })
@@ -90,11 +86,13 @@ impl Inputs {
     }
 }
 
-/// A sequence classifier scoring (query, segment) pairs: the `[CLS]` state through the pooler (dense + tanh)
-/// and the classifier; with two labels, label 1's logit.
+/// A sequence classifier scoring (query, segment) pairs: the first token's final state through its family's
+/// head (a dense layer, an activation: BERT's pooler and RoBERTa's head with tanh, ELECTRA's with GELU,
+/// DistilBERT's pre-classifier with ReLU; then the output layer); with two labels, label 1's logit.
 pub struct CrossEncoder {
     pub(super) backbone: Backbone,
-    pub(super) pooler: Linear,
+    pub(super) dense: Linear,
+    pub(super) activation: Activation,
     pub(super) classifier: Linear,
     pub(super) label: usize,
 }
@@ -109,7 +107,7 @@ impl CrossEncoder {
     pub(super) fn new(
         vb: VarBuilder,
         config: &Config,
-        pieces: WordPieces,
+        pieces: Pieces,
         origin: &Path,
     ) -> Result<CrossEncoder, ModelError> {
         let backbone = Backbone::new(vb.clone(), config, pieces, origin)?;
@@ -120,15 +118,17 @@ impl CrossEncoder {
                 .find_map(|n| candle_nn::linear(h, out, vb.pp(*n)).ok())
                 .ok_or_else(|| load_err(origin, format!("no weights for {}", names.join(" or "))))
         };
-        let pooler = linear(&["bert.pooler.dense", "pooler.dense"], h)?;
-        let labels = [2usize, 1].into_iter().find(|n| vb.pp("classifier").get((*n, h), "weight").is_ok());
-        let labels = labels.ok_or_else(|| load_err(origin, "no classifier with 1 or 2 labels (classifier.weight)"))?;
-        let classifier = linear(&["classifier"], labels)?;
-        Ok(CrossEncoder { backbone, pooler, classifier, label: labels - 1 })
+        let (dense, activation, output) = Family::from_config(config).head();
+        let dense = linear(dense, h)?;
+        let labels = [2usize, 1].into_iter().find(|n| vb.pp(output).get((*n, h), "weight").is_ok());
+        let labels =
+            labels.ok_or_else(|| load_err(origin, format!("no {output} with 1 or 2 labels ({output}.weight)")))?;
+        let classifier = linear(&[output], labels)?;
+        Ok(CrossEncoder { backbone, dense, activation, classifier, label: labels - 1 })
     }
 
-    /// Encodes a pair: `[CLS] query [SEP] segment [SEP]`, the query cut to `max_query_tokens`, the segment cut
-    /// so the whole fits `max_len`.
+    /// Encodes a pair by the tokenizer's template (BERT's `[CLS] query [SEP] segment [SEP]`), the query cut to
+    /// `max_query_tokens`, the segment cut so the whole fits `max_len`.
     pub fn encode(
         &self,
         query: &str,
@@ -152,7 +152,13 @@ impl CrossEncoder {
         let (hidden, _) = self.backbone.forward(batch)?;
         let cls = hidden.i((.., 0))?;
         let head = |cls: &Tensor| -> candle_core::Result<Tensor> {
-            self.classifier.forward(&self.pooler.forward(cls)?.tanh()?)?.i((.., self.label))
+            let dense = self.dense.forward(cls)?;
+            let activated = match self.activation {
+                Activation::Tanh => dense.tanh()?,
+                Activation::Gelu => dense.gelu_erf()?,
+                Activation::Relu => dense.relu()?,
+            };
+            self.classifier.forward(&activated)?.i((.., self.label))
         };
         let logits = if self.backbone.device.is_cpu() {
             // Row by row, so that a pair's logit has the same bits whatever it is batched with (candle's
@@ -183,10 +189,10 @@ impl CrossEncoder {
     }
 
     pub fn dtype(&self) -> DType {
-        self.pooler.weight().dtype()
+        self.dense.weight().dtype()
     }
 
-    /// FLOPs of scoring one pair of `len` word pieces: the encoder, the pooler and the classifier.
+    /// FLOPs of scoring one pair of `len` word pieces: the encoder and the head's two layers.
     pub fn pair_flops(&self, len: usize) -> f64 {
         let config = &self.backbone.config;
         let h = config.hidden_size as f64;
@@ -223,18 +229,31 @@ impl SentenceLayout {
         let pooling_dir = modules.iter().find(|m| m.kind.ends_with(".Pooling")).map(|m| dir.join(&m.path));
         let pooling_dir = pooling_dir.ok_or_else(|| load_err(&modules_path, "no Pooling module"))?;
         let pooling: PoolingConfig = read_json(&pooling_dir.join("config.json"))?;
-        let pooling = match (pooling.pooling_mode_mean_tokens, pooling.pooling_mode_cls_token) {
+        let mode = pooling.pooling_mode.as_deref();
+        let pooling = match (pooling.pooling_mode_mean_tokens || mode == Some("mean"), pooling.pooling_mode_cls_token) {
             (true, _) => Pooling::Mean,
             (false, true) => Pooling::Cls,
+            _ if mode == Some("cls") => Pooling::Cls,
             _ => return Err(load_err(&pooling_dir, "only mean or CLS pooling is supported")),
         };
         let normalize = modules.iter().any(|m| m.kind.ends_with(".Normalize"));
-        #[derive(Deserialize)]
-        struct StConfig {
-            max_seq_length: usize,
+        // The longest input: sentence_bert_config.json's (sentence-transformers before 6), else the tokenizer
+        // configuration's (6 and later), else the model's.
+        let mut max_seq_length = max_len;
+        for (file, key) in
+            [("sentence_bert_config.json", "max_seq_length"), ("tokenizer_config.json", "model_max_length")]
+        {
+            let path = dir.join(file);
+            // A tokenizer without a limit says 1e30 or so: the model's own bounds it.
+            let longest = match path.exists() {
+                true => read_json::<serde_json::Value>(&path)?.get(key).and_then(serde_json::Value::as_f64),
+                false => None,
+            };
+            if let Some(longest) = longest {
+                max_seq_length = (longest as usize).min(max_len);
+                break;
+            }
         }
-        let st_path = dir.join("sentence_bert_config.json");
-        let max_seq_length = if st_path.exists() { read_json::<StConfig>(&st_path)?.max_seq_length } else { max_len };
         Ok(SentenceLayout { pooling, normalize, max_seq_length })
     }
 
@@ -274,6 +293,9 @@ struct PoolingConfig {
     pooling_mode_cls_token: bool,
     #[serde(default)]
     pooling_mode_mean_tokens: bool,
+    /// sentence-transformers 6 and later: `mean`, `cls`, …
+    #[serde(default)]
+    pooling_mode: Option<String>,
 }
 
 #[derive(Deserialize)]

@@ -1,4 +1,4 @@
-//! Reading model directories: the BERT configuration and tokenizer, the weight files (safetensors, sharded or
+//! Reading model directories: the configuration (of any family `family` knows) and tokenizer, the weight files (safetensors, sharded or
 //! not, else `pytorch_model.bin`), their fingerprints, and the device and dtype by name.
 
 use std::path::{Path, PathBuf};
@@ -7,19 +7,29 @@ use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::Config;
 
-use super::tokenize::WordPieces;
+use super::family::Family;
+use super::tokenize::Pieces;
 use super::{cobert, ModelError};
 
 pub(super) fn load_err(path: &Path, message: impl ToString) -> ModelError {
     ModelError::Load { path: path.to_path_buf(), message: message.to_string() }
 }
 
-/// A directory's BERT configuration and tokenizer.
-pub(super) fn read_config(dir: &Path) -> Result<(Config, WordPieces), ModelError> {
+/// A directory's configuration, BERT-shaped whatever its family (`Family::configuration`), and tokenizer.
+pub(super) fn read_config(dir: &Path) -> Result<(Config, Pieces), ModelError> {
     let config_path = dir.join("config.json");
-    let config: Config = serde_json::from_slice(&std::fs::read(&config_path).map_err(|e| load_err(&config_path, e))?)
-        .map_err(|e| load_err(&config_path, format!("not a BERT config: {e}")))?;
-    let pieces = WordPieces::load(&dir.join("tokenizer.json"), config.max_position_embeddings)?;
+    let raw: serde_json::Map<String, serde_json::Value> = read_json(&config_path)?;
+    let (config, family) = Family::configuration(raw).map_err(|e| load_err(&config_path, e))?;
+    let tokenizer_path = dir.join("tokenizer.json");
+    let pieces = Pieces::load(&tokenizer_path, family.max_len(&config), Some(config.pad_token_id as u32))?;
+    if pieces.vocab_size() > config.vocab_size {
+        let message = format!(
+            "holds {} tokens where config.json's vocab_size is {}: the two files are of different models",
+            pieces.vocab_size(),
+            config.vocab_size
+        );
+        return Err(load_err(&tokenizer_path, message));
+    }
     Ok((config, pieces))
 }
 

@@ -1,13 +1,14 @@
 //! BERT-class models with candle: Hugging Face directories (`config.json`, `tokenizer.json`, `*.safetensors`
-//! or `pytorch_model.bin`) loaded as cross-encoders (a `[CLS]` pooler and a classifier over
-//! `[CLS] query [SEP] segment [SEP]`) or as sentence-transformers bi-encoders (mean or CLS pooling, optional
-//! normalization). Inputs are truncated here, never by the tokenizer file: the shipped MiniLM's tokenizer.json
-//! truncates and pads to 128 on its own, which the loader switches off.
+//! or `pytorch_model.bin`) of the families `family` knows, loaded as cross-encoders (the first token's state
+//! through the family's head, over the tokenizer's pair template) or as sentence-transformers bi-encoders (mean or
+//! CLS pooling, optional normalization). Inputs are truncated here, never by the tokenizer file: the shipped
+//! MiniLM's tokenizer.json truncates and pads to 128 on its own, which the loader switches off.
 
 mod bert;
 pub mod cobert;
 mod cpu;
 mod encoder;
+mod family;
 mod hub;
 mod load;
 mod serve;
@@ -30,7 +31,7 @@ pub use serve::queue::{BatchStats, JobTiming};
 pub use serve::served::{Output, Scores, ServeOptions, Served};
 pub use serve::vectors::VectorFile;
 pub use tokenize::Encoded;
-use tokenize::WordPieces;
+use tokenize::Pieces;
 pub(crate) use trainable::replace_dir;
 pub use trainable::{CoBertInit, TrainableEncoder};
 
@@ -143,7 +144,7 @@ impl Reranker {
     }
 
     /// The model's tokenizer.
-    fn pieces(&self) -> &WordPieces {
+    fn pieces(&self) -> &Pieces {
         &self.backbone().pieces
     }
 

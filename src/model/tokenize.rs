@@ -1,12 +1,16 @@
-//! Word pieces for BERT inputs, with truncation done here (the `tokenizer.json` settings are switched off).
+//! A model's pieces: its `tokenizer.json` (WordPiece, SentencePiece-Unigram or byte-level BPE) with the pair and
+//! single templates of its post-processor (BERT's `[CLS] q [SEP] d [SEP]` with token types, RoBERTa's
+//! `<s> q </s></s> d </s>` without, or any template), truncation done here (the file's own truncation and
+//! padding are switched off).
 
 use std::path::Path;
 
-use tokenizers::Tokenizer;
+use tokenizers::processors::bert::BertProcessing;
+use tokenizers::{Encoding, PostProcessor, Tokenizer, TruncationDirection};
 
 use super::{load_err, ModelError};
 
-/// A model input: word-piece ids with their token types.
+/// A model input: token ids with their token types.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Encoded {
     pub ids: Vec<u32>,
@@ -14,47 +18,69 @@ pub struct Encoded {
 }
 
 #[derive(Clone)]
-pub(super) struct WordPieces {
+pub(super) struct Pieces {
     tokenizer: Tokenizer,
-    cls_id: u32,
-    sep_id: u32,
+    /// Special tokens the template adds to a pair, and to one text.
+    pair_added: usize,
+    single_added: usize,
     pub(super) pad_id: u32,
-    /// The model's longest input (position embeddings).
+    /// The model's longest input (its positions).
     pub(super) max_len: usize,
 }
 
-impl WordPieces {
-    pub(super) fn load(path: &Path, max_len: usize) -> Result<WordPieces, ModelError> {
+impl Pieces {
+    /// The tokenizer at `path` for a model of `max_len` positions; `pad_id` is the model's (`config.json`),
+    /// else the tokenizer's padding token, `[PAD]` or `<pad>`. A tokenizer without a post-processor gets
+    /// BERT's, from its `[CLS]` and `[SEP]`.
+    pub(super) fn load(path: &Path, max_len: usize, pad_id: Option<u32>) -> Result<Pieces, ModelError> {
         let mut tokenizer = Tokenizer::from_file(path).map_err(|e| load_err(path, e))?;
+        let id = |token: &str| tokenizer.token_to_id(token);
+        let pad_id = pad_id
+            .or_else(|| tokenizer.get_padding().map(|p| p.pad_id))
+            .or_else(|| id("[PAD]"))
+            .or_else(|| id("<pad>"))
+            .ok_or_else(|| load_err(path, "no padding token (config.json's pad_token_id, [PAD] or <pad>)"))?;
+        if tokenizer.get_post_processor().is_none() {
+            let (Some(cls), Some(sep)) = (id("[CLS]"), id("[SEP]")) else {
+                return Err(load_err(path, "no post-processor, and no [CLS] and [SEP] to build BERT's"));
+            };
+            tokenizer.with_post_processor(Some(BertProcessing::new(("[SEP]".into(), sep), ("[CLS]".into(), cls))));
+        }
         tokenizer.with_padding(None);
         tokenizer.with_truncation(None).map_err(|e| load_err(path, e))?;
-        let id = |token: &str| tokenizer.token_to_id(token).ok_or_else(|| load_err(path, format!("no {token} token")));
-        Ok(WordPieces { cls_id: id("[CLS]")?, sep_id: id("[SEP]")?, pad_id: id("[PAD]")?, tokenizer, max_len })
+        let added = |pair| tokenizer.get_post_processor().map_or(0, |p| p.added_tokens(pair));
+        let (pair_added, single_added) = (added(true), added(false));
+        Ok(Pieces { tokenizer, pair_added, single_added, pad_id, max_len })
     }
 
-    fn pieces(&self, text: &str) -> Result<Vec<u32>, ModelError> {
-        let encoding = self.tokenizer.encode(text, false).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
-        Ok(encoding.get_ids().to_vec())
+    /// Token ids the tokenizer can give (added tokens included).
+    pub(super) fn vocab_size(&self) -> usize {
+        self.tokenizer.get_vocab_size(true)
+    }
+
+    fn encoding(&self, text: &str) -> Result<Encoding, ModelError> {
+        self.tokenizer.encode(text, false).map_err(|e| ModelError::Tokenizer(e.to_string()))
     }
 
     pub(super) fn count(&self, text: &str) -> Result<usize, ModelError> {
-        Ok(self.pieces(text)?.len())
+        Ok(self.encoding(text)?.len())
     }
 
-    /// The bytes of `text` that hold its first `n` word pieces (all of it when it has no more).
+    /// The bytes of `text` that hold its first `n` pieces (all of it when it has no more).
     pub(super) fn prefix_bytes(&self, text: &str, n: usize) -> Result<usize, ModelError> {
-        let encoding = self.tokenizer.encode(text, false).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        let encoding = self.encoding(text)?;
         let offsets = encoding.get_offsets();
         Ok(if offsets.len() <= n { text.len() } else { offsets[..n].iter().map(|&(_, end)| end).max().unwrap_or(0) })
     }
 
-    /// The most word pieces a segment may have so that `pair` never cuts it: what is left of the input after
-    /// the query budget and the three special tokens.
+    /// The most pieces a segment may have so that `pair` never cuts it: what is left of the input after the
+    /// query budget and the template's special tokens.
     pub(super) fn segment_budget(&self, max_len: usize, max_query_tokens: usize) -> usize {
-        max_len.min(self.max_len).saturating_sub(max_query_tokens + 3).max(1)
+        max_len.min(self.max_len).saturating_sub(max_query_tokens + self.pair_added).max(1)
     }
 
-    /// `[CLS] query [SEP] segment [SEP]`, token types 0 then 1; only the segment side is cut to fit.
+    /// The pair template over the query, cut to `max_query_tokens`, and the segment, cut so the whole fits
+    /// `max_len` (only the segment side is cut for that).
     pub(super) fn pair(
         &self,
         query: &str,
@@ -63,30 +89,30 @@ impl WordPieces {
         max_query_tokens: usize,
     ) -> Result<Encoded, ModelError> {
         let max_len = max_len.min(self.max_len);
-        let mut query = self.pieces(query)?;
-        query.truncate(max_query_tokens.min(max_len.saturating_sub(4)));
-        let mut segment = self.pieces(segment)?;
-        segment.truncate(max_len.saturating_sub(query.len() + 3));
-        let mut ids = Vec::with_capacity(query.len() + segment.len() + 3);
-        ids.push(self.cls_id);
-        ids.extend(&query);
-        ids.push(self.sep_id);
-        let first = ids.len();
-        ids.extend(&segment);
-        ids.push(self.sep_id);
-        let type_ids = (0..ids.len()).map(|i| (i >= first) as u32).collect();
-        Ok(Encoded { ids, type_ids })
+        let query = cut(self.encoding(query)?, max_query_tokens.min(max_len.saturating_sub(self.pair_added + 1)));
+        let room = max_len.saturating_sub(query.len() + self.pair_added);
+        let segment = cut(self.encoding(segment)?, room);
+        self.template(query, Some(segment))
     }
 
-    /// `[CLS] text [SEP]`, cut to `max_len`.
+    /// The single template over `text`, cut to fit `max_len`.
     pub(super) fn single(&self, text: &str, max_len: usize) -> Result<Encoded, ModelError> {
-        let mut pieces = self.pieces(text)?;
-        pieces.truncate(max_len.min(self.max_len).saturating_sub(2));
-        let mut ids = Vec::with_capacity(pieces.len() + 2);
-        ids.push(self.cls_id);
-        ids.extend(pieces);
-        ids.push(self.sep_id);
-        let type_ids = vec![0; ids.len()];
-        Ok(Encoded { ids, type_ids })
+        let text = cut(self.encoding(text)?, max_len.min(self.max_len).saturating_sub(self.single_added));
+        self.template(text, None)
     }
+
+    fn template(&self, first: Encoding, second: Option<Encoding>) -> Result<Encoded, ModelError> {
+        let encoding =
+            self.tokenizer.post_process(first, second, true).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        Ok(Encoded { ids: encoding.get_ids().to_vec(), type_ids: encoding.get_type_ids().to_vec() })
+    }
+}
+
+/// The first `n` pieces of an encoding (what is cut off is dropped, not kept as an overflow).
+fn cut(mut encoding: Encoding, n: usize) -> Encoding {
+    if encoding.len() > n {
+        encoding.truncate(n, 0, TruncationDirection::Right);
+        encoding.take_overflowing();
+    }
+    encoding
 }

@@ -20,7 +20,8 @@ use parking_lot::Mutex;
 use super::bert::{encoder_root, Bert};
 use super::cobert::{CoBert, CoBertConfig, CoBertHeads};
 use super::encoder::{Backbone, SentenceLayout};
-use super::{load_err, read_config, weights, BiEncoder, CrossEncoder, Encoded, Fnv, Inputs, ModelError, WordPieces};
+use super::family::Family;
+use super::{load_err, read_config, weights, BiEncoder, CrossEncoder, Encoded, Fnv, Inputs, ModelError, Pieces};
 use crate::rng::Rng;
 
 /// Tokenizer and vocabulary files copied into every checkpoint, when the source has them.
@@ -30,7 +31,7 @@ pub struct TrainableEncoder {
     varmap: VarMap,
     /// The f32 model over the variables themselves (`None` when passes cast to half precision).
     model: Option<Heads>,
-    pieces: WordPieces,
+    pieces: Pieces,
     config: Config,
     config_json: serde_json::Value,
     source: PathBuf,
@@ -124,6 +125,10 @@ impl TrainableEncoder {
         bi_encoder: bool,
     ) -> Result<TrainableEncoder, ModelError> {
         let (config, pieces) = read_config(dir)?;
+        let family = Family::from_config(&config);
+        if family != Family::Bert {
+            return Err(load_err(dir, format!("training (and `bench model`) take BERT models; this is a {family:?}")));
+        }
         let sentence = bi_encoder.then(|| SentenceLayout::read(dir, pieces.max_len)).transpose()?;
         let config_path = dir.join("config.json");
         let config_json: serde_json::Value =

@@ -10,6 +10,7 @@ mod corpus;
 mod docker;
 mod ecosystem;
 mod eval;
+mod families;
 mod fixtures;
 mod fuzz;
 mod gpu;

@@ -1,0 +1,224 @@
+"""Tiny random-weight models of each family longrank loads beyond BERT, with small tokenizers of each kind and the
+references transformers computes, for the exactness tests (tests/it/families.rs). CI never runs this (it needs
+PyTorch); its output is committed under tests/fixtures/models/, a few hundred kilobytes in all.
+
+usage: python scripts/model-fixtures.py [OUT]   (OUT: tests/fixtures/models; needs torch, transformers,
+sentence-transformers and tokenizers)
+
+Each model directory holds config.json, tokenizer.json, model.safetensors and references.json: pairs of a query
+and a document, the model's input built from the tokenizer's own post-processor (never transformers' tokenizer
+wrapper, which drops pair type ids) and cut as longrank cuts (the query to max_query_tokens, the document to
+what is left of max_length), and the logits transformers gives for them in one padded batch. A bi-encoder's
+references are its texts' inputs and embeddings (mean pooling over the mask, normalized), checked here against
+sentence-transformers' own encode.
+"""
+
+import json
+import os
+import shutil
+import sys
+
+import torch
+import transformers
+from sentence_transformers import CrossEncoder, SentenceTransformer
+from sentence_transformers import models as st_models
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "models")
+SHARED = os.environ.get("LONGRANK_SHARED", os.path.join(os.path.dirname(__file__), "..", "..", "shared"))
+MAX_LENGTH, MAX_QUERY_TOKENS = 48, 8
+SHAPE = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
+
+# What the tokenizers learn from: cranfield's first documents (abstracts of aeronautics papers).
+with open(os.path.join(SHARED, "data", "cranfield", "docs.jsonl")) as f:
+    CORPUS = [json.loads(line)["text"] for _, line in zip(range(300), f)]
+QUERIES = [
+    "boundary layer",
+    "what similarity laws must be obeyed when constructing aeroelastic models of heated high speed aircraft",
+    "supersonic flow",
+    "heat transfer in laminar flow over a flat plate with suction",
+]
+DOCUMENTS = [CORPUS[3], CORPUS[10][:60], "flutter", CORPUS[25] + " " + CORPUS[26]]
+
+
+def wordpiece(lowercase=True):
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokenizer.train_from_iterator(CORPUS, trainers.WordPieceTrainer(vocab_size=300, special_tokens=specials))
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    tokenizer.decoder = decoders.WordPiece()
+    return tokenizer
+
+
+def byte_level_bpe():
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator(CORPUS, trainer)
+    tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    return tokenizer
+
+
+def sentencepiece_unigram():
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.normalizer = normalizers.NFKC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    trainer = trainers.UnigramTrainer(vocab_size=300, special_tokens=specials, unk_token="<unk>")
+    tokenizer.train_from_iterator(CORPUS, trainer)
+    # XLM-R's template: `<s> A </s></s> B </s>`, token types all 0.
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )
+    return tokenizer
+
+
+def cut(encoding, n):
+    if len(encoding.ids) > n:
+        encoding.truncate(n)
+    return encoding
+
+
+def pair_input(tokenizer, query, document):
+    """longrank's cut (model/tokenize.rs): the query to MAX_QUERY_TOKENS, the document to what is left."""
+    added = tokenizer.post_processor.num_special_tokens_to_add(True)
+    q = cut(tokenizer.encode(query, add_special_tokens=False), min(MAX_QUERY_TOKENS, MAX_LENGTH - added - 1))
+    d = cut(tokenizer.encode(document, add_special_tokens=False), MAX_LENGTH - len(q.ids) - added)
+    both = tokenizer.post_process(q, d, add_special_tokens=True)
+    return both.ids, both.type_ids
+
+
+def single_input(tokenizer, text):
+    added = tokenizer.post_processor.num_special_tokens_to_add(False)
+    one = tokenizer.post_process(cut(tokenizer.encode(text, add_special_tokens=False), MAX_LENGTH - added))
+    return one.ids, one.type_ids
+
+
+def padded(rows, pad):
+    n = max(len(r) for r in rows)
+    return torch.tensor([r + [pad] * (n - len(r)) for r in rows]), torch.tensor(
+        [[1] * len(r) + [0] * (n - len(r)) for r in rows]
+    )
+
+
+def save(directory, model, tokenizer, references):
+    shutil.rmtree(directory, ignore_errors=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save(os.path.join(directory, "tokenizer.json"))
+    with open(os.path.join(directory, "references.json"), "w") as f:
+        json.dump(references, f, indent=1)
+        f.write("\n")
+
+
+def cross_encoder(name, config_class, model_class, tokenizer, labels, uses_types, **extra):
+    pad = tokenizer.token_to_id("[PAD]")
+    if pad is None:
+        pad = tokenizer.token_to_id("<pad>")
+    config = config_class(vocab_size=tokenizer.get_vocab_size(), num_labels=labels, pad_token_id=pad, **extra)
+    torch.manual_seed(len(name))
+    model = model_class(config).eval()
+    pairs = [(q, d) for q in QUERIES for d in DOCUMENTS]
+    inputs = [pair_input(tokenizer, q, d) for q, d in pairs]
+    ids, mask = padded([i for i, _ in inputs], pad)
+    kwargs = {"input_ids": ids, "attention_mask": mask}
+    if uses_types:
+        kwargs["token_type_ids"], _ = padded([t for _, t in inputs], 0)
+    with torch.no_grad():
+        logits = model(**kwargs).logits
+    references = {
+        "family": config.model_type,
+        "max_length": MAX_LENGTH,
+        "max_query_tokens": MAX_QUERY_TOKENS,
+        "pairs": [
+            {"query": q, "document": d, "ids": i, "type_ids": t, "logit": float(logits[n, labels - 1])}
+            for n, ((q, d), (i, t)) in enumerate(zip(pairs, inputs))
+        ],
+    }
+    directory = os.path.join(OUT, name)
+    save(directory, model, tokenizer, references)
+    if labels == 1:
+        # How users load such a model: sentence-transformers' CrossEncoder gives the same logits for pairs that
+        # need no cut (its tokenizer wrapper has no query budget).
+        whole = [n for n, ((q, d), (i, _)) in enumerate(zip(pairs, inputs)) if tokenizer.encode(q, d).ids == i]
+        loaded = CrossEncoder(directory, max_length=MAX_LENGTH, activation_fn=torch.nn.Identity())
+        predicted = loaded.predict([pairs[n] for n in whole])
+        mine = [references["pairs"][n]["logit"] for n in whole]
+        assert whole and max(abs(a - b) for a, b in zip(predicted, mine)) < 1e-5, (name, predicted, mine)
+    print(name, config.model_type, f"{labels} label(s)", f"{len(pairs)} pairs")
+
+
+def bi_encoder(name, config_class, model_class, tokenizer, **extra):
+    pad = tokenizer.token_to_id("<pad>")
+    config = config_class(vocab_size=tokenizer.get_vocab_size(), pad_token_id=pad, **extra)
+    torch.manual_seed(len(name))
+    model = model_class(config).eval()
+    texts = QUERIES + DOCUMENTS
+    inputs = [single_input(tokenizer, t) for t in texts]
+    ids, mask = padded([i for i, _ in inputs], pad)
+    with torch.no_grad():
+        states = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    mean = (states * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+    embeddings = torch.nn.functional.normalize(mean, dim=1)
+    directory = os.path.join(OUT, name)
+    references = {
+        "family": config.model_type,
+        "max_length": MAX_LENGTH,
+        "texts": [
+            {"text": t, "ids": i, "embedding": e.tolist()} for t, (i, _), e in zip(texts, inputs, embeddings)
+        ],
+    }
+    save(directory, model, tokenizer, references)
+    transformer = st_models.Transformer(directory, max_seq_length=MAX_LENGTH)
+    pooling = st_models.Pooling(config.hidden_size, pooling_mode="mean")
+    SentenceTransformer(modules=[transformer, pooling, st_models.Normalize()]).save(directory)
+    # sentence-transformers writes tokenizer.json again through transformers' wrapper: the one made here stays.
+    tokenizer.save(os.path.join(directory, "tokenizer.json"))
+    for stray in ["README.md", "config_sentence_transformers.json"]:
+        if os.path.exists(os.path.join(directory, stray)):
+            os.remove(os.path.join(directory, stray))
+    # How users load it: sentence-transformers' own encode agrees on texts that need no cut.
+    loaded = SentenceTransformer(directory)
+    whole = [t for t, (i, _) in zip(texts, inputs) if tokenizer.encode(t).ids == i]
+    theirs = loaded.encode(whole, convert_to_tensor=True)
+    mine = torch.stack([e for t, e in zip(texts, embeddings) if t in whole])
+    assert (theirs - mine).abs().max() < 1e-5, name
+    print(name, config.model_type, "bi-encoder", f"{len(texts)} texts")
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    shape = dict(SHAPE, max_position_embeddings=MAX_LENGTH + 16)
+    roberta_shape = dict(SHAPE, max_position_embeddings=MAX_LENGTH + 18, type_vocab_size=1)
+    cross_encoder(
+        "roberta", transformers.RobertaConfig, transformers.RobertaForSequenceClassification, byte_level_bpe(), 1,
+        False, **roberta_shape,
+    )
+    cross_encoder(
+        "xlm-roberta", transformers.XLMRobertaConfig, transformers.XLMRobertaForSequenceClassification,
+        sentencepiece_unigram(), 2, False, **roberta_shape,
+    )
+    cross_encoder(
+        "electra", transformers.ElectraConfig, transformers.ElectraForSequenceClassification, wordpiece(), 1, True,
+        embedding_size=16, **shape,
+    )
+    distil = {"dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 64, "max_position_embeddings": MAX_LENGTH + 16}
+    cross_encoder(
+        "distilbert", transformers.DistilBertConfig, transformers.DistilBertForSequenceClassification, wordpiece(), 2,
+        False, **distil,
+    )
+    bi_encoder("xlm-roberta-bi", transformers.XLMRobertaConfig, transformers.XLMRobertaModel, sentencepiece_unigram(),
+               **roberta_shape)
+
+
+if __name__ == "__main__":
+    main()
