@@ -10,7 +10,8 @@ and a document, the model's input built from the tokenizer's own post-processor 
 wrapper, which drops pair type ids) and cut as longrank cuts (the query to max_query_tokens, the document to
 what is left of max_length), and the logits transformers gives for them in one padded batch. A bi-encoder's
 references are its texts' inputs and embeddings (mean pooling over the mask, normalized), checked here against
-sentence-transformers' own encode.
+sentence-transformers' own encode. The tokenizers' trainers break ties differently from run to run: a new run
+makes equivalent fixtures, not the same bytes (the committed ones are checked together with their references).
 """
 
 import json
@@ -41,30 +42,37 @@ QUERIES = [
 DOCUMENTS = [CORPUS[3], CORPUS[10][:60], "flutter", CORPUS[25] + " " + CORPUS[26]]
 
 
-def wordpiece(lowercase=True):
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tokenizer.train_from_iterator(CORPUS, trainers.WordPieceTrainer(vocab_size=300, special_tokens=specials))
+def bert_template(tokenizer):
+    """BERT's template, `[CLS] A [SEP] B [SEP]` (token types 0, then 1 with `types`)."""
     cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    tokenizer.post_processor = processors.TemplateProcessing(
+    return processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
     )
+
+
+BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def wordpiece():
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.train_from_iterator(CORPUS, trainers.WordPieceTrainer(vocab_size=300, special_tokens=BERT_SPECIALS))
+    tokenizer.post_processor = bert_template(tokenizer)
     tokenizer.decoder = decoders.WordPiece()
     return tokenizer
 
 
-def byte_level_bpe():
+def byte_level_bpe(specials, template):
+    """Byte-level BPE (RoBERTa's kind, ModernBERT's), the post-processor `template(tokenizer)`."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
     trainer = trainers.BpeTrainer(
         vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tokenizer.train_from_iterator(CORPUS, trainer)
-    tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    tokenizer.post_processor = template(tokenizer)
     return tokenizer
 
 
@@ -146,6 +154,11 @@ def cross_encoder(name, config_class, model_class, tokenizer, labels, uses_types
     }
     directory = os.path.join(OUT, name)
     save(directory, model, tokenizer, references)
+    if config.model_type == "modernbert":
+        # As ModernBERT's repositories have it: transformers' wrapper learns the special tokens from here.
+        specials = {f"{k}_token": f"[{k.upper()}]" for k in ["pad", "unk", "cls", "sep", "mask"]}
+        with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+            json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": MAX_LENGTH, **specials}, f)
     if labels == 1:
         # How users load such a model: sentence-transformers' CrossEncoder gives the same logits for pairs that
         # need no cut (its tokenizer wrapper has no query budget).
@@ -200,8 +213,9 @@ def main():
     shape = dict(SHAPE, max_position_embeddings=MAX_LENGTH + 16)
     roberta_shape = dict(SHAPE, max_position_embeddings=MAX_LENGTH + 18, type_vocab_size=1)
     cross_encoder(
-        "roberta", transformers.RobertaConfig, transformers.RobertaForSequenceClassification, byte_level_bpe(), 1,
-        False, **roberta_shape,
+        "roberta", transformers.RobertaConfig, transformers.RobertaForSequenceClassification,
+        byte_level_bpe(["<s>", "<pad>", "</s>", "<unk>", "<mask>"], lambda _: processors.RobertaProcessing(("</s>", 2), ("<s>", 0))),
+        1, False, **roberta_shape,
     )
     cross_encoder(
         "xlm-roberta", transformers.XLMRobertaConfig, transformers.XLMRobertaForSequenceClassification,
@@ -216,6 +230,20 @@ def main():
         "distilbert", transformers.DistilBertConfig, transformers.DistilBertForSequenceClassification, wordpiece(), 2,
         False, **distil,
     )
+    # ModernBERT: three layers (global, local, global), a local window of 16 shorter than most inputs (48),
+    # the head's both poolings.
+    modern = dict(
+        hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=48,
+        max_position_embeddings=128, local_attention=16, global_attn_every_n_layers=2,
+    )
+    for pooling, labels in [("cls", 1), ("mean", 2)]:
+        tokenizer = byte_level_bpe(BERT_SPECIALS, bert_template)
+        ids = {name: tokenizer.token_to_id(name) for name in ["[CLS]", "[SEP]", "[MASK]"]}
+        cross_encoder(
+            f"modernbert-{pooling}", transformers.ModernBertConfig, transformers.ModernBertForSequenceClassification,
+            tokenizer, labels, False, classifier_pooling=pooling, cls_token_id=ids["[CLS]"],
+            sep_token_id=ids["[SEP]"], bos_token_id=ids["[CLS]"], eos_token_id=ids["[SEP]"], **modern,
+        )
     bi_encoder("xlm-roberta-bi", transformers.XLMRobertaConfig, transformers.XLMRobertaModel, sentencepiece_unigram(),
                **roberta_shape)
 

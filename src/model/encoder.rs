@@ -3,20 +3,22 @@
 
 use std::path::Path;
 
-use candle_core::{DType, Device, IndexOp, Module, Tensor, D};
-use candle_nn::{Linear, VarBuilder};
+use candle_core::{DType, Device, IndexOp, Tensor, D};
+use candle_nn::VarBuilder;
 use candle_transformers::models::bert::Config;
 use serde::Deserialize;
 
 use super::bert::Bert;
-use super::family::{Activation, Family};
+use super::family::Family;
+use super::head::Head;
 use super::load::{load_err, read_config, read_json, weights};
+use super::modernbert::ModernBert;
 use super::tokenize::{Encoded, Pieces};
 use super::ModelError;
 
 /// The encoder and tokenizer every model kind shares.
 pub(super) struct Backbone {
-    pub(super) bert: Bert,
+    pub(super) network: Network,
     pub(super) pieces: Pieces,
     pub(super) device: Device,
     pub(super) hidden_size: usize,
@@ -37,23 +39,58 @@ impl Backbone {
 
     pub(super) fn new(vb: VarBuilder, config: &Config, pieces: Pieces, origin: &Path) -> Result<Backbone, ModelError> {
         let device = vb.device().clone();
-        let bert = Bert::load(vb, config).map_err(|e| load_err(origin, format!("loading BERT weights: {e}")))?;
-        Ok(Backbone { bert, pieces, device, hidden_size: config.hidden_size, config: config.clone() })
+        let network = match Family::from_config(config) {
+            Family::ModernBert => Network::ModernBert(ModernBert::load(vb, origin)?),
+            _ => Network::Bert(
+                Bert::load(vb, config).map_err(|e| load_err(origin, format!("loading BERT weights: {e}")))?,
+            ),
+        };
+        Ok(Backbone { network, pieces, device, hidden_size: config.hidden_size, config: config.clone() })
     }
 
     /// Final hidden states `[batch, len, hidden]` of right-padded inputs, and the attention mask `[batch, len]`.
     pub(super) fn forward(&self, batch: &[Encoded]) -> Result<(Tensor, Tensor), ModelError> {
         let inputs = Inputs::new(batch, self.pieces.pad_id, &self.device)?;
-        let hidden = self.bert.forward(&inputs.ids, &inputs.types, inputs.padded.then_some(&inputs.mask))?;
+        let hidden = match &self.network {
+            Network::Bert(bert) => bert.forward(&inputs.ids, &inputs.types, inputs.padded.then_some(&inputs.mask))?,
+            Network::ModernBert(model) => model.forward(&inputs.ids, &inputs.mask)?,
+        };
         Ok((hidden, inputs.mask))
+    }
+
+    /// Whether inputs must be computed one at a time for their outputs not to depend on their batch
+    /// (`Bert::computes_alone`); candle's ModernBERT sums in batch-shaped products everywhere.
+    pub(super) fn computes_alone(&self) -> bool {
+        match &self.network {
+            Network::Bert(bert) => bert.computes_alone(),
+            Network::ModernBert(_) => self.device.is_cpu(),
+        }
+    }
+
+    /// Makes the encoder's linear layers int8 (our BERT encoder's: the families it runs).
+    pub(super) fn quantize(&mut self) -> Result<(), ModelError> {
+        match &mut self.network {
+            Network::Bert(bert) => Ok(bert.quantize()?),
+            Network::ModernBert(_) => {
+                Err(ModelError::Unsupported("int8 takes BERT-family encoders, not ModernBERT".into()))
+            }
+        }
     }
 }
 
-/// FLOPs of one BERT encoder pass over `len` positions (multiply-adds counted as two): per layer the four
-/// attention projections (8·L·h²), the feed-forward (4·L·h·i) and the attention products (4·L²·h).
+/// The layers a backbone runs: our BERT encoder (BERT, RoBERTa, ELECTRA, DistilBERT), or candle's ModernBERT.
+pub(super) enum Network {
+    Bert(Bert),
+    ModernBert(ModernBert),
+}
+
+/// FLOPs of one encoder pass over `len` positions (multiply-adds counted as two): per layer the four attention
+/// projections (8·L·h²), the feed-forward (4·L·h·i; ModernBERT's gated one 6·L·h·i) and the attention products
+/// (4·L²·h, counted whole for ModernBERT's local layers too: an upper bound there).
 pub fn encoder_flops(config: &Config, layers: usize, len: usize) -> f64 {
     let (l, h, i) = (len as f64, config.hidden_size as f64, config.intermediate_size as f64);
-    layers as f64 * (8.0 * l * h * h + 4.0 * l * h * i + 4.0 * l * l * h)
+    let feed_forward = if Family::from_config(config) == Family::ModernBert { 6.0 } else { 4.0 };
+    layers as f64 * (8.0 * l * h * h + feed_forward * l * h * i + 4.0 * l * l * h)
 }
 
 /// A batch of encoded inputs as tensors, right-padded to the longest.
@@ -86,15 +123,10 @@ impl Inputs {
     }
 }
 
-/// A sequence classifier scoring (query, segment) pairs: the first token's final state through its family's
-/// head (a dense layer, an activation: BERT's pooler and RoBERTa's head with tanh, ELECTRA's with GELU,
-/// DistilBERT's pre-classifier with ReLU; then the output layer); with two labels, label 1's logit.
+/// A sequence classifier scoring (query, segment) pairs: the final states through its family's head (`head`).
 pub struct CrossEncoder {
     pub(super) backbone: Backbone,
-    pub(super) dense: Linear,
-    pub(super) activation: Activation,
-    pub(super) classifier: Linear,
-    pub(super) label: usize,
+    pub(super) head: Head,
 }
 
 impl CrossEncoder {
@@ -110,21 +142,8 @@ impl CrossEncoder {
         pieces: Pieces,
         origin: &Path,
     ) -> Result<CrossEncoder, ModelError> {
-        let backbone = Backbone::new(vb.clone(), config, pieces, origin)?;
-        let h = backbone.hidden_size;
-        let linear = |names: &[&str], out: usize| -> Result<Linear, ModelError> {
-            names
-                .iter()
-                .find_map(|n| candle_nn::linear(h, out, vb.pp(*n)).ok())
-                .ok_or_else(|| load_err(origin, format!("no weights for {}", names.join(" or "))))
-        };
-        let (dense, activation, output) = Family::from_config(config).head();
-        let dense = linear(dense, h)?;
-        let labels = [2usize, 1].into_iter().find(|n| vb.pp(output).get((*n, h), "weight").is_ok());
-        let labels =
-            labels.ok_or_else(|| load_err(origin, format!("no {output} with 1 or 2 labels ({output}.weight)")))?;
-        let classifier = linear(&[output], labels)?;
-        Ok(CrossEncoder { backbone, dense, activation, classifier, label: labels - 1 })
+        let head = Head::load(&vb, config, origin)?;
+        Ok(CrossEncoder { backbone: Backbone::new(vb, config, pieces, origin)?, head })
     }
 
     /// Encodes a pair by the tokenizer's template (BERT's `[CLS] query [SEP] segment [SEP]`), the query cut to
@@ -149,32 +168,22 @@ impl CrossEncoder {
         if batch.is_empty() {
             return Ok((Vec::new(), Tensor::zeros((0, self.backbone.hidden_size), DType::F32, &self.backbone.device)?));
         }
-        let (hidden, _) = self.backbone.forward(batch)?;
+        let (hidden, mask) = self.backbone.forward(batch)?;
         let cls = hidden.i((.., 0))?;
-        let head = |cls: &Tensor| -> candle_core::Result<Tensor> {
-            let dense = self.dense.forward(cls)?;
-            let activated = match self.activation {
-                Activation::Tanh => dense.tanh()?,
-                Activation::Gelu => dense.gelu_erf()?,
-                Activation::Relu => dense.relu()?,
-            };
-            self.classifier.forward(&activated)?.i((.., self.label))
-        };
         let logits = if self.backbone.device.is_cpu() {
             // Row by row, so that a pair's logit has the same bits whatever it is batched with (candle's
             // product over several rows sums in another order than over one).
-            let rows =
-                (0..batch.len()).map(|i| head(&cls.narrow(0, i, 1)?)).collect::<candle_core::Result<Vec<_>>>()?;
-            Tensor::cat(&rows, 0)?
+            let row = |i| self.head.forward(&hidden.narrow(0, i, 1)?, &mask.narrow(0, i, 1)?);
+            Tensor::cat(&(0..batch.len()).map(row).collect::<candle_core::Result<Vec<_>>>()?, 0)?
         } else {
-            head(&cls)?
+            self.head.forward(&hidden, &mask)?
         };
         Ok((logits.to_dtype(DType::F32)?.to_vec1::<f32>()?, cls))
     }
 
     /// Makes the encoder's linear layers int8.
     pub fn quantize(&mut self) -> Result<(), ModelError> {
-        Ok(self.backbone.bert.quantize()?)
+        self.backbone.quantize()
     }
 
     /// Per pair, the logit followed by the final `[CLS]` state.
@@ -189,14 +198,14 @@ impl CrossEncoder {
     }
 
     pub fn dtype(&self) -> DType {
-        self.dense.weight().dtype()
+        self.head.dtype()
     }
 
     /// FLOPs of scoring one pair of `len` word pieces: the encoder and the head's two layers.
     pub fn pair_flops(&self, len: usize) -> f64 {
         let config = &self.backbone.config;
         let h = config.hidden_size as f64;
-        encoder_flops(config, config.num_hidden_layers, len) + 2.0 * h * h + 2.0 * h * (self.label + 1) as f64
+        encoder_flops(config, config.num_hidden_layers, len) + 2.0 * h * h + 2.0 * h * self.head.labels() as f64
     }
 
     /// Token counts as this model's tokenizer sees them (for the segmenter's budget).

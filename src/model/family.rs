@@ -2,7 +2,8 @@
 //! differ from it only around the same layers (RoBERTa and XLM-RoBERTa: positions offset past the padding id, no
 //! token types in use, their classification head; ELECTRA: embeddings narrower than the encoder, projected, and
 //! its head; DistilBERT: other names, no token types, a pre-classifier). Each runs through `bert::Bert`, whose
-//! CPU kernels pay for all of them; what differs is read here.
+//! CPU kernels pay for all of them; what differs is read here. ModernBERT is another architecture: candle's
+//! backbone (`modernbert`).
 
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::Config;
@@ -16,10 +17,12 @@ pub enum Family {
     Roberta,
     Electra,
     DistilBert,
+    /// ModernBERT: candle-transformers' backbone (`modernbert`), not ours.
+    ModernBert,
 }
 
 /// `model_type`s longrank loads, as a refusal lists them.
-pub const LOADED: &str = "bert, roberta, xlm-roberta, camembert, electra, distilbert";
+pub const LOADED: &str = "bert, roberta, xlm-roberta, camembert, electra, distilbert, modernbert";
 
 /// How a family's classification head reads the first token's final state: a dense layer, an activation, and
 /// the output layer (one or two labels).
@@ -37,6 +40,7 @@ impl Family {
             "roberta" | "xlm-roberta" | "camembert" => Some(Family::Roberta),
             "electra" => Some(Family::Electra),
             "distilbert" => Some(Family::DistilBert),
+            "modernbert" => Some(Family::ModernBert),
             _ => None,
         }
     }
@@ -52,18 +56,23 @@ impl Family {
         let model_type = raw.get("model_type").and_then(Value::as_str).unwrap_or("bert").to_string();
         let family = Family::of(&model_type)
             .ok_or_else(|| format!("model_type {model_type:?} is not one longrank loads ({LOADED})"))?;
-        if family == Family::DistilBert {
-            for (from, to) in [
+        let renamed: &[(&str, &str)] = match family {
+            Family::DistilBert => &[
                 ("dim", "hidden_size"),
                 ("n_layers", "num_hidden_layers"),
                 ("n_heads", "num_attention_heads"),
                 ("hidden_dim", "intermediate_size"),
                 ("activation", "hidden_act"),
-            ] {
-                if let Some(value) = raw.remove(from) {
-                    raw.insert(to.into(), value);
-                }
+            ],
+            Family::ModernBert => &[("hidden_activation", "hidden_act"), ("norm_eps", "layer_norm_eps")],
+            Family::Bert | Family::Roberta | Family::Electra => &[],
+        };
+        for (from, to) in renamed {
+            if let Some(value) = raw.remove(*from) {
+                raw.insert(to.to_string(), value);
             }
+        }
+        if matches!(family, Family::DistilBert | Family::ModernBert) {
             raw.insert("type_vocab_size".into(), 0.into());
         }
         for (name, value) in [
@@ -88,6 +97,7 @@ impl Family {
             Family::Roberta => "roberta",
             Family::Electra => "electra",
             Family::DistilBert => "distilbert",
+            Family::ModernBert => "model",
         }
     }
 
@@ -95,7 +105,7 @@ impl Family {
     pub fn position_offset(self, config: &Config) -> usize {
         match self {
             Family::Roberta => config.pad_token_id + 1,
-            Family::Bert | Family::Electra | Family::DistilBert => 0,
+            Family::Bert | Family::Electra | Family::DistilBert | Family::ModernBert => 0,
         }
     }
 
@@ -137,6 +147,8 @@ impl Family {
             Family::Roberta => (&["classifier.dense"], Activation::Tanh, "classifier.out_proj"),
             Family::Electra => (&["classifier.dense"], Activation::Gelu, "classifier.out_proj"),
             Family::DistilBert => (&["pre_classifier"], Activation::Relu, "classifier"),
+            // Its activation and the rest of its head: `modernbert::head_options`.
+            Family::ModernBert => (&["head.dense"], Activation::Gelu, "classifier"),
         }
     }
 }

@@ -9,8 +9,10 @@ pub mod cobert;
 mod cpu;
 mod encoder;
 mod family;
+mod head;
 mod hub;
 mod load;
+mod modernbert;
 mod serve;
 mod tokenize;
 mod trainable;
@@ -102,7 +104,7 @@ impl Reranker {
     pub fn quantize(&mut self) -> Result<(), ModelError> {
         match self {
             Reranker::Cross(m) => m.quantize(),
-            Reranker::Bi(m) => Ok(m.backbone.bert.quantize()?),
+            Reranker::Bi(m) => m.backbone.quantize(),
             Reranker::CoBert(m) => {
                 m.cross.quantize()?;
                 m.own.as_mut().map_or(Ok(()), CrossEncoder::quantize)
@@ -184,7 +186,7 @@ impl Reranker {
         // An output must not depend on what its input was batched with (nor then on whether it was computed
         // now or read from a store): where the encoder's products are not exact across batch shapes (the CPU
         // without BLAS), each input is computed alone, at its own length.
-        if batch.len() > 1 && self.backbone().bert.computes_alone() {
+        if batch.len() > 1 && self.backbone().computes_alone() {
             let alone = batch.iter().map(|input| self.forward(std::slice::from_ref(input)));
             return alone.collect::<Result<Vec<_>, _>>().map(|outputs| outputs.into_iter().flatten().collect());
         }

@@ -1,0 +1,135 @@
+//! ModernBERT (rotary positions, local attention in every layer but each `global_attn_every_n_layers`-th,
+//! GeGLU, inputs up to 8,192 tokens) through candle-transformers' backbone, and what its configuration says of
+//! its sequence-classification head (built by `head`: candle's answers probabilities, a reranker needs logits).
+//! Options candle's backbone does not read (biases) are refused rather than ignored.
+
+use std::path::Path;
+
+use candle_core::Tensor;
+use candle_nn::VarBuilder;
+use candle_transformers::models::modernbert;
+use serde::Deserialize;
+
+use super::family::Activation;
+use super::head::HeadPooling;
+use super::load::{load_err, read_json};
+use super::ModelError;
+
+/// The backbone over a checkpoint's root (a sequence classifier's `model.*`, or a bare model's names).
+pub struct ModernBert(modernbert::ModernBert);
+
+/// What `config.json` says beyond candle's configuration: the options candle's backbone does not read and
+/// longrank refuses rather than ignores, and the head's.
+#[derive(Deserialize)]
+struct Options {
+    #[serde(default)]
+    attention_bias: bool,
+    #[serde(default)]
+    mlp_bias: bool,
+    #[serde(default)]
+    norm_bias: bool,
+    #[serde(default)]
+    classifier_bias: bool,
+    #[serde(default = "gelu")]
+    classifier_activation: String,
+    #[serde(default = "cls")]
+    classifier_pooling: String,
+    #[serde(default = "gelu")]
+    hidden_activation: String,
+    #[serde(default = "norm_eps")]
+    norm_eps: f64,
+}
+
+fn gelu() -> String {
+    "gelu".into()
+}
+
+fn cls() -> String {
+    "cls".into()
+}
+
+fn norm_eps() -> f64 {
+    1e-5
+}
+
+/// What the head of the checkpoint in `dir` is: its pooling, whether its dense layer has a bias, its
+/// activation, and its LayerNorm's epsilon.
+pub struct HeadOptions {
+    pub pooling: HeadPooling,
+    pub dense_bias: bool,
+    pub activation: Activation,
+    pub norm_eps: f64,
+}
+
+pub fn head_options(dir: &Path) -> Result<HeadOptions, ModelError> {
+    let options = options(dir)?;
+    let path = dir.join("config.json");
+    let pooling = match options.classifier_pooling.as_str() {
+        "cls" => HeadPooling::First,
+        "mean" => HeadPooling::Mean,
+        other => return Err(load_err(&path, format!("classifier_pooling {other:?} is not supported"))),
+    };
+    let activation = match options.classifier_activation.as_str() {
+        "gelu" => Activation::Gelu,
+        "tanh" => Activation::Tanh,
+        "relu" => Activation::Relu,
+        other => return Err(load_err(&path, format!("classifier_activation {other:?} is not supported"))),
+    };
+    Ok(HeadOptions { pooling, dense_bias: options.classifier_bias, activation, norm_eps: options.norm_eps })
+}
+
+fn options(dir: &Path) -> Result<Options, ModelError> {
+    let path = dir.join("config.json");
+    let options: Options = read_json(&path)?;
+    for (name, set) in [("attention_bias", options.attention_bias), ("mlp_bias", options.mlp_bias)] {
+        if set {
+            return Err(load_err(&path, format!("ModernBERT with {name} = true is not supported")));
+        }
+    }
+    if options.norm_bias || options.hidden_activation != "gelu" {
+        return Err(load_err(&path, "ModernBERT with norm_bias or an activation other than gelu is not supported"));
+    }
+    Ok(options)
+}
+
+impl ModernBert {
+    /// The backbone of the checkpoint whose variables `vb` holds and whose configuration is in `dir`.
+    pub fn load(vb: VarBuilder, dir: &Path) -> Result<ModernBert, ModelError> {
+        options(dir)?;
+        let path = dir.join("config.json");
+        let mut raw: serde_json::Map<String, serde_json::Value> = read_json(&path)?;
+        // transformers names it `norm_eps`, candle `layer_norm_eps`; transformers 5 writes the rotary bases as
+        // `rope_parameters` (full attention's, the sliding window's) where earlier versions wrote
+        // `global_rope_theta` and `local_rope_theta`.
+        if let Some(eps) = raw.get("norm_eps").cloned() {
+            raw.entry("layer_norm_eps").or_insert(eps);
+        }
+        for (kind, name) in [("full_attention", "global_rope_theta"), ("sliding_attention", "local_rope_theta")] {
+            let rope = raw.get("rope_parameters").and_then(|p| p.get(kind)).cloned();
+            if let Some(rope) = rope {
+                if rope.get("rope_type").and_then(serde_json::Value::as_str).is_some_and(|t| t != "default") {
+                    return Err(load_err(
+                        &path,
+                        format!("ModernBERT's {kind} rope_type {} is not supported", rope["rope_type"]),
+                    ));
+                }
+                if let Some(theta) = rope.get("rope_theta").cloned() {
+                    raw.entry(name).or_insert(theta);
+                }
+            }
+        }
+        let config: modernbert::Config =
+            serde_json::from_value(serde_json::Value::Object(raw)).map_err(|e| load_err(&path, e))?;
+        // candle reads `model.*`: a bare model's checkpoint names its weights without it.
+        let vb = match vb.contains_tensor("model.embeddings.tok_embeddings.weight") {
+            true => vb,
+            false => vb.rename_f(|name: &str| name.strip_prefix("model.").unwrap_or(name).to_string()),
+        };
+        modernbert::ModernBert::load(vb, &config).map(ModernBert).map_err(|e| load_err(dir, e))
+    }
+
+    /// Final states `[batch, len, hidden]` of right-padded `ids` under `mask` (1 for tokens).
+    pub fn forward(&self, ids: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+        self.0.forward(ids, mask)
+    }
+}
