@@ -76,19 +76,26 @@ def byte_level_bpe(specials, template):
     return tokenizer
 
 
-def sentencepiece_unigram():
+def xlm_template(_):
+    """XLM-R's template: `<s> A </s></s> B </s>`, token types all 0."""
+    return processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )
+
+
+def sentencepiece_unigram(specials, template, unk):
+    """SentencePiece's Unigram (XLM-R's kind, DeBERTa-v3's), the post-processor `template(tokenizer)`."""
     tokenizer = Tokenizer(models.Unigram())
     tokenizer.normalizer = normalizers.NFKC()
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     tokenizer.decoder = decoders.Metaspace()
-    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
-    trainer = trainers.UnigramTrainer(vocab_size=300, special_tokens=specials, unk_token="<unk>")
+    trainer = trainers.UnigramTrainer(vocab_size=300, special_tokens=specials, unk_token=unk)
     tokenizer.train_from_iterator(CORPUS, trainer)
-    # XLM-R's template: `<s> A </s></s> B </s>`, token types all 0.
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
-    )
+    tokenizer.post_processor = template(tokenizer)
     return tokenizer
+
+
+XLM_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 
 
 def cut(encoding, n):
@@ -154,8 +161,8 @@ def cross_encoder(name, config_class, model_class, tokenizer, labels, uses_types
     }
     directory = os.path.join(OUT, name)
     save(directory, model, tokenizer, references)
-    if config.model_type == "modernbert":
-        # As ModernBERT's repositories have it: transformers' wrapper learns the special tokens from here.
+    if config.model_type in ("modernbert", "deberta-v2"):
+        # As their repositories have it: transformers' wrapper learns the special tokens from here.
         specials = {f"{k}_token": f"[{k.upper()}]" for k in ["pad", "unk", "cls", "sep", "mask"]}
         with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
             json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": MAX_LENGTH, **specials}, f)
@@ -219,7 +226,7 @@ def main():
     )
     cross_encoder(
         "xlm-roberta", transformers.XLMRobertaConfig, transformers.XLMRobertaForSequenceClassification,
-        sentencepiece_unigram(), 2, False, **roberta_shape,
+        sentencepiece_unigram(XLM_SPECIALS, xlm_template, "<unk>"), 2, False, **roberta_shape,
     )
     cross_encoder(
         "electra", transformers.ElectraConfig, transformers.ElectraForSequenceClassification, wordpiece(), 1, True,
@@ -244,8 +251,18 @@ def main():
             tokenizer, labels, False, classifier_pooling=pooling, cls_token_id=ids["[CLS]"],
             sep_token_id=ids["[SEP]"], bos_token_id=ids["[CLS]"], eos_token_id=ids["[SEP]"], **modern,
         )
-    bi_encoder("xlm-roberta-bi", transformers.XLMRobertaConfig, transformers.XLMRobertaModel, sentencepiece_unigram(),
-               **roberta_shape)
+    # DeBERTa-v3's shape: relative attention in 16 buckets under inputs of 48, no absolute positions nor token
+    # types, the context pooler.
+    cross_encoder(
+        "deberta-v3", transformers.DebertaV2Config, transformers.DebertaV2ForSequenceClassification,
+        sentencepiece_unigram(BERT_SPECIALS, bert_template, "[UNK]"), 1, False, hidden_size=32,
+        num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=128,
+        relative_attention=True, position_buckets=16, max_relative_positions=-1, pos_att_type=["p2c", "c2p"],
+        position_biased_input=False, type_vocab_size=0, norm_rel_ebd="layer_norm", share_att_key=True,
+        pooler_hidden_size=32, pooler_hidden_act="gelu",
+    )
+    bi_encoder("xlm-roberta-bi", transformers.XLMRobertaConfig, transformers.XLMRobertaModel,
+               sentencepiece_unigram(XLM_SPECIALS, xlm_template, "<unk>"), **roberta_shape)
 
 
 if __name__ == "__main__":

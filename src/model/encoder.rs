@@ -9,6 +9,7 @@ use candle_transformers::models::bert::Config;
 use serde::Deserialize;
 
 use super::bert::Bert;
+use super::deberta::Deberta;
 use super::family::Family;
 use super::head::Head;
 use super::load::{load_err, read_config, read_json, weights};
@@ -41,6 +42,7 @@ impl Backbone {
         let device = vb.device().clone();
         let network = match Family::from_config(config) {
             Family::ModernBert => Network::ModernBert(ModernBert::load(vb, origin)?),
+            Family::Deberta => Network::Deberta(Deberta::load(vb, origin)?),
             _ => Network::Bert(
                 Bert::load(vb, config).map_err(|e| load_err(origin, format!("loading BERT weights: {e}")))?,
             ),
@@ -54,16 +56,17 @@ impl Backbone {
         let hidden = match &self.network {
             Network::Bert(bert) => bert.forward(&inputs.ids, &inputs.types, inputs.padded.then_some(&inputs.mask))?,
             Network::ModernBert(model) => model.forward(&inputs.ids, &inputs.mask)?,
+            Network::Deberta(model) => model.forward(&inputs.ids, &inputs.types, &inputs.mask)?,
         };
         Ok((hidden, inputs.mask))
     }
 
     /// Whether inputs must be computed one at a time for their outputs not to depend on their batch
-    /// (`Bert::computes_alone`); candle's ModernBERT sums in batch-shaped products everywhere.
+    /// (`Bert::computes_alone`); candle's ModernBERT and DeBERTa sum in batch-shaped products everywhere.
     pub(super) fn computes_alone(&self) -> bool {
         match &self.network {
             Network::Bert(bert) => bert.computes_alone(),
-            Network::ModernBert(_) => self.device.is_cpu(),
+            Network::ModernBert(_) | Network::Deberta(_) => self.device.is_cpu(),
         }
     }
 
@@ -71,17 +74,19 @@ impl Backbone {
     pub(super) fn quantize(&mut self) -> Result<(), ModelError> {
         match &mut self.network {
             Network::Bert(bert) => Ok(bert.quantize()?),
-            Network::ModernBert(_) => {
-                Err(ModelError::Unsupported("int8 takes BERT-family encoders, not ModernBERT".into()))
+            Network::ModernBert(_) | Network::Deberta(_) => {
+                Err(ModelError::Unsupported("int8 takes BERT-family encoders, not ModernBERT or DeBERTa".into()))
             }
         }
     }
 }
 
-/// The layers a backbone runs: our BERT encoder (BERT, RoBERTa, ELECTRA, DistilBERT), or candle's ModernBERT.
+/// The layers a backbone runs: our BERT encoder (BERT, RoBERTa, ELECTRA, DistilBERT), or candle's ModernBERT
+/// or DeBERTa.
 pub(super) enum Network {
     Bert(Bert),
     ModernBert(ModernBert),
+    Deberta(Deberta),
 }
 
 /// FLOPs of one encoder pass over `len` positions (multiply-adds counted as two): per layer the four attention

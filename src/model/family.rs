@@ -2,8 +2,8 @@
 //! differ from it only around the same layers (RoBERTa and XLM-RoBERTa: positions offset past the padding id, no
 //! token types in use, their classification head; ELECTRA: embeddings narrower than the encoder, projected, and
 //! its head; DistilBERT: other names, no token types, a pre-classifier). Each runs through `bert::Bert`, whose
-//! CPU kernels pay for all of them; what differs is read here. ModernBERT is another architecture: candle's
-//! backbone (`modernbert`).
+//! CPU kernels pay for all of them; what differs is read here. ModernBERT and DeBERTa are other architectures:
+//! candle's backbones (`modernbert`, `deberta`).
 
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::Config;
@@ -19,10 +19,12 @@ pub enum Family {
     DistilBert,
     /// ModernBERT: candle-transformers' backbone (`modernbert`), not ours.
     ModernBert,
+    /// DeBERTa-v2 and v3: candle-transformers' backbone (`deberta`).
+    Deberta,
 }
 
 /// `model_type`s longrank loads, as a refusal lists them.
-pub const LOADED: &str = "bert, roberta, xlm-roberta, camembert, electra, distilbert, modernbert";
+pub const LOADED: &str = "bert, roberta, xlm-roberta, camembert, electra, distilbert, modernbert, deberta-v2";
 
 /// How a family's classification head reads the first token's final state: a dense layer, an activation, and
 /// the output layer (one or two labels).
@@ -41,6 +43,7 @@ impl Family {
             "electra" => Some(Family::Electra),
             "distilbert" => Some(Family::DistilBert),
             "modernbert" => Some(Family::ModernBert),
+            "deberta-v2" => Some(Family::Deberta),
             _ => None,
         }
     }
@@ -65,7 +68,7 @@ impl Family {
                 ("activation", "hidden_act"),
             ],
             Family::ModernBert => &[("hidden_activation", "hidden_act"), ("norm_eps", "layer_norm_eps")],
-            Family::Bert | Family::Roberta | Family::Electra => &[],
+            Family::Bert | Family::Roberta | Family::Electra | Family::Deberta => &[],
         };
         for (from, to) in renamed {
             if let Some(value) = raw.remove(*from) {
@@ -98,6 +101,7 @@ impl Family {
             Family::Electra => "electra",
             Family::DistilBert => "distilbert",
             Family::ModernBert => "model",
+            Family::Deberta => "deberta",
         }
     }
 
@@ -105,7 +109,7 @@ impl Family {
     pub fn position_offset(self, config: &Config) -> usize {
         match self {
             Family::Roberta => config.pad_token_id + 1,
-            Family::Bert | Family::Electra | Family::DistilBert | Family::ModernBert => 0,
+            Family::Bert | Family::Electra | Family::DistilBert | Family::ModernBert | Family::Deberta => 0,
         }
     }
 
@@ -149,6 +153,8 @@ impl Family {
             Family::DistilBert => (&["pre_classifier"], Activation::Relu, "classifier"),
             // Its activation and the rest of its head: `modernbert::head_options`.
             Family::ModernBert => (&["head.dense"], Activation::Gelu, "classifier"),
+            // The context pooler (its activation checked by `deberta`).
+            Family::Deberta => (&["pooler.dense"], Activation::Gelu, "classifier"),
         }
     }
 }

@@ -7,6 +7,7 @@
 mod bert;
 pub mod cobert;
 mod cpu;
+mod deberta;
 mod encoder;
 mod family;
 mod head;

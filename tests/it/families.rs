@@ -29,7 +29,7 @@ fn numbers(value: &Value) -> Vec<u32> {
 
 #[test]
 fn cross_encoders_of_each_family_read_their_templates_and_score_as_transformers() {
-    for name in ["roberta", "xlm-roberta", "electra", "distilbert", "modernbert-cls", "modernbert-mean"] {
+    for name in ["roberta", "xlm-roberta", "electra", "distilbert", "modernbert-cls", "modernbert-mean", "deberta-v3"] {
         let dir = fixture(name);
         let refs = references(&dir);
         let Reranker::Cross(model) = Reranker::load(&dir, &Device::Cpu, DType::F32, Kind::Auto).unwrap() else {
@@ -121,11 +121,11 @@ fn what_cannot_load_names_the_file_and_the_families_that_do() {
     assert!(refused.contains("tokenizer.json") && refused.contains("vocab_size"), "{refused}");
     let mut config: Value =
         serde_json::from_str(&std::fs::read_to_string(fixture("xlm-roberta").join("config.json")).unwrap()).unwrap();
-    config["model_type"] = json!("deberta-v2");
+    config["model_type"] = json!("mpnet");
     std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
     let refused = Reranker::load(dir.path(), &Device::Cpu, DType::F32, Kind::Auto).err().unwrap().to_string();
     assert!(
-        refused.contains("config.json") && refused.contains("\"deberta-v2\"") && refused.contains("modernbert"),
+        refused.contains("config.json") && refused.contains("\"mpnet\"") && refused.contains("deberta-v2"),
         "{refused}"
     );
 }
