@@ -83,6 +83,8 @@ impl Backbone {
 
 /// The layers a backbone runs: our BERT encoder (BERT, RoBERTa, ELECTRA, DistilBERT), or candle's ModernBERT
 /// or DeBERTa.
+// One per loaded model: the variants' sizes do not matter, and boxing one would cost every pass a deref.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Network {
     Bert(Bert),
     ModernBert(ModernBert),

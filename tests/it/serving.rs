@@ -214,13 +214,14 @@ fn a_full_queue_answers_429_and_scores_are_cached_across_pipelines() {
     ];
     let server = TestServer::start(dir.path(), &env).wait_ready();
     let url = server.url("/search");
-    // Different queries, so no request is answered from the cache.
+    // Different queries, so no request is answered from the cache; every segment read, so that each request
+    // keeps the model busy long enough for the others to find its queue full (with the default preselection a
+    // fast machine served all eight one after another).
     let handles: Vec<_> = (0..8)
         .map(|i| {
-            let (url, body) = (
-                url.clone(),
-                json!({"query": format!("the history {i}"), "pipeline": "maxp", "depth": 20}).to_string(),
-            );
+            let body = json!({"query": format!("the history {i}"), "pipeline": "maxp", "depth": 20,
+                "preselect": {"selector": "none"}});
+            let (url, body) = (url.clone(), body.to_string());
             std::thread::spawn(move || {
                 crate::common::request("POST", &url, &[("content-type", "application/json")], Some(&body))
             })
