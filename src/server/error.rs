@@ -354,7 +354,7 @@ impl From<TaskError> for ApiError {
             TaskError::NotCancellable { .. } => ErrorCode::TaskConflict,
             TaskError::ReadOnly => ErrorCode::ReadOnlyReplica,
             TaskError::TooLarge { .. } => ErrorCode::UploadTooLarge,
-            TaskError::Upload(_) => ErrorCode::InvalidBody,
+            TaskError::Upload(_) | TaskError::NoDocuments(_) => ErrorCode::InvalidBody,
             TaskError::Index(IndexError::InvalidName(_)) => ErrorCode::InvalidCollectionName,
             TaskError::Index(IndexError::UnknownCollection(_)) => ErrorCode::UnknownCollection,
             TaskError::Index(_) | TaskError::Store(_) | TaskError::Io(_) => return ApiError::internal(e.to_string()),

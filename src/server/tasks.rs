@@ -42,6 +42,9 @@ pub enum TaskError {
     Upload(String),
     #[error("storing the upload: {0}")]
     Io(#[from] std::io::Error),
+    /// An upload that gave nothing to index, and why when a file was set aside (`: …`).
+    #[error("the upload holds no documents{0}")]
+    NoDocuments(String),
     #[error("this server is a replica (its store is PostgreSQL): collections are read-only here; build them with `longrank index` and copy the directory to each replica")]
     ReadOnly,
 }
@@ -427,7 +430,12 @@ impl Tasks {
                 }
                 serde_json::to_value(problem).expect("problems serialize")
             })
-            .collect();
+            .collect::<Vec<serde_json::Value>>();
+        // An upload that held nothing to index says so (an empty body, or a file of another kind: topics, a run).
+        if input.file.is_some() && report.indexed + report.skipped == 0 {
+            let why = errors.first().and_then(|e| e["message"].as_str()).map(|m| format!(": {m}"));
+            return Err(TaskError::NoDocuments(why.unwrap_or_default()));
+        }
         Ok(TaskOutcome {
             read: (report.indexed + report.skipped) as i64,
             indexed: report.indexed as i64,

@@ -475,3 +475,19 @@ fn waiting_for_a_task_past_the_timeout_answers_202_and_where_to_follow_it() {
     assert_eq!(again.status, 200, "{}", again.body);
     assert_eq!(task(again)["status"], "succeeded");
 }
+
+/// An upload with nothing to index fails and says why, rather than succeeding with nothing said: an empty body,
+/// and a file of another kind (a topic file) set aside by format detection.
+#[test]
+fn an_upload_without_documents_fails_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), &[]);
+    let empty = task(send(&server, "POST", "/collections/c/documents?wait=true", "application/x-ndjson", Some("\n\n")));
+    assert_eq!(empty["status"], "failed", "{empty}");
+    assert!(empty["error"].as_str().unwrap().starts_with("the upload holds no documents"), "{empty}");
+    let topics = "<top>\n<num> Number: 301\n<title> International Organized Crime\n</top>\n";
+    let wrong = task(send(&server, "POST", "/collections/c/documents?wait=true", "text/plain", Some(topics)));
+    assert_eq!(wrong["status"], "failed", "{wrong}");
+    let error = wrong["error"].as_str().unwrap();
+    assert!(error.starts_with("the upload holds no documents: ") && error.contains("topic"), "{wrong}");
+}
