@@ -141,6 +141,12 @@ pub struct Store {
     backend: Backend,
 }
 
+/// `PRAGMA auto_vacuum`'s value for incremental vacuum.
+const INCREMENTAL_VACUUM: i64 = 2;
+
+/// Pages one step of `Store::reclaim` hands back (4 KiB each: 8 MiB).
+const RECLAIM_PAGES: i64 = 2048;
+
 /// `JOB_COLUMNS` without the files and with `metrics` cut to the means (`{all}`), for lists.
 const SUMMARY_COLUMNS: &str =
     "id, status, created_at, updated_at, params, '' AS topics, NULL AS qrels, NULL AS rerank, provenance, total, \
@@ -172,6 +178,7 @@ impl Store {
         });
         let pool = match backend {
             Backend::Sqlite => {
+                Store::incremental_vacuum(url).await?;
                 options
                     .after_connect(|conn, _| {
                         Box::pin(async move {
@@ -195,6 +202,45 @@ impl Store {
             Backend::Postgres => sqlx::migrate!("./migrations/postgres").run(&pool).await?,
         }
         Ok(Store { pool, backend })
+    }
+
+    /// SQLite keeps the pages of deleted rows (old jobs' runs) in its file: an incremental-vacuum database can
+    /// hand them back in small steps (`reclaim`). A new database is made so; one made before is changed once,
+    /// at its next opening, by a VACUUM out of WAL mode (VACUUM cannot change the setting in it; it writes the
+    /// whole file once). Best effort: while another process holds the file, it stays as it is until later.
+    async fn incremental_vacuum(url: &str) -> Result<(), StoreError> {
+        use sqlx::Connection;
+        let mut conn = sqlx::SqliteConnection::connect(url).await?;
+        let mode: i64 = sqlx::query("PRAGMA auto_vacuum").fetch_one(&mut conn).await?.try_get(0)?;
+        if mode != INCREMENTAL_VACUUM {
+            conn.execute("PRAGMA busy_timeout = 10000").await?;
+            // Another process with the file open keeps it in WAL mode: then not now.
+            let journal: String = sqlx::query("PRAGMA journal_mode = DELETE").fetch_one(&mut conn).await?.try_get(0)?;
+            if journal == "delete" {
+                conn.execute("PRAGMA auto_vacuum = INCREMENTAL").await?;
+                if let Err(e) = conn.execute("VACUUM").await {
+                    tracing::warn!("the store's file keeps its deleted pages for now (VACUUM: {e})");
+                }
+            }
+        }
+        conn.close().await?;
+        Ok(())
+    }
+
+    /// Hands the pages that deleted rows left back to the file system (SQLite; PostgreSQL's autovacuum does
+    /// its own), a few megabytes per write transaction, so that readers never wait (WAL) and writers briefly.
+    pub async fn reclaim(&self) -> Result<(), StoreError> {
+        if self.backend != Backend::Sqlite {
+            return Ok(());
+        }
+        loop {
+            let free: i64 = sqlx::query("PRAGMA freelist_count").fetch_one(&self.pool).await?.try_get(0)?;
+            if free == 0 {
+                return Ok(());
+            }
+            sqlx::query(&format!("PRAGMA incremental_vacuum({RECLAIM_PAGES})")).execute(&self.pool).await?;
+            tokio::task::yield_now().await;
+        }
     }
 
     pub fn backend(&self) -> Backend {
@@ -286,7 +332,7 @@ impl Store {
     /// Deletes a job with its run.
     pub async fn delete_job(&self, id: &str) -> Result<(), StoreError> {
         sqlx::query("DELETE FROM jobs WHERE id = $1").bind(id).execute(&self.pool).await?;
-        Ok(())
+        self.reclaim().await
     }
 
     /// Deletes the finished jobs (with their runs) beyond the newest `keep`; 0 keeps every one.
@@ -302,6 +348,9 @@ impl Store {
         .bind(keep as i64)
         .execute(&self.pool)
         .await?;
+        if deleted.rows_affected() > 0 {
+            self.reclaim().await?;
+        }
         Ok(deleted.rows_affected())
     }
 
@@ -582,6 +631,37 @@ mod tests {
         store.delete_job("c").await.unwrap();
         assert!(store.job("c").await.unwrap().is_none());
         assert_eq!(store.run_text("c").await.unwrap(), "", "its run goes with it");
+    }
+
+    /// Deleting old jobs hands their pages back: the database shrinks (SQLite; set to incremental vacuum at
+    /// its first opening, or by one VACUUM when it was made without).
+    #[tokio::test]
+    async fn deleted_jobs_give_their_space_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        let store = Store::open(&path).await.unwrap();
+        let pages = |store: Store| async move {
+            let count: i64 = sqlx::query("PRAGMA page_count").fetch_one(&store.pool).await.unwrap().try_get(0).unwrap();
+            count
+        };
+        let empty = pages(store.clone()).await;
+        let topics = format!("1\t{}\n", "word ".repeat(40_000));
+        store.create_job(NewJob { id: "big", topics: &topics, total: 1, ..NewJob::default() }).await.unwrap();
+        store.set_status("big", JobStatus::Cancelled, None).await.unwrap();
+        let grown = pages(store.clone()).await;
+        assert!(grown > empty + 40, "{empty} -> {grown}");
+        assert_eq!(store.keep_finished(1).await.unwrap(), 0);
+        store.delete_job("big").await.unwrap();
+        assert!(pages(store.clone()).await <= empty + 1, "{empty} -> {grown} -> {}", pages(store.clone()).await);
+        // A database made without incremental vacuum is switched at its next opening.
+        drop(store);
+        let old = dir.path().join("old.sqlite");
+        let pool = sqlx::SqlitePool::connect(&sqlite_url(&old)).await.unwrap();
+        sqlx::query("CREATE TABLE t (x TEXT)").execute(&pool).await.unwrap();
+        pool.close().await;
+        let reopened = Store::open(&old).await.unwrap();
+        let mode: i64 = sqlx::query("PRAGMA auto_vacuum").fetch_one(&reopened.pool).await.unwrap().try_get(0).unwrap();
+        assert_eq!(mode, INCREMENTAL_VACUUM);
     }
 
     async fn query_log(store: &Store) {
