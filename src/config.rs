@@ -186,6 +186,10 @@ pub struct ModelSource {
     pub kind: Kind,
     #[serde(default)]
     pub quantize: Quantize,
+    /// This model's longest input in tokens [default: `max_length` of `[model]`]: a model of longer positions
+    /// (ModernBERT's 8,192) reads longer segments with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_length: Option<usize>,
 }
 
 impl NamedModel {
@@ -206,6 +210,13 @@ impl NamedModel {
         match self {
             NamedModel::Source(_) => Quantize::None,
             NamedModel::With(source) => source.quantize,
+        }
+    }
+
+    pub fn max_length(&self) -> Option<usize> {
+        match self {
+            NamedModel::Source(_) => None,
+            NamedModel::With(source) => source.max_length,
         }
     }
 }

@@ -31,6 +31,8 @@ struct Slot {
     source: String,
     kind: Kind,
     quantize: Quantize,
+    /// Its longest input (its own, or `[model] max_length`).
+    max_length: usize,
     state: OnceLock<Result<Arc<LoadedModel>, String>>,
 }
 
@@ -43,6 +45,8 @@ pub struct LoadedModel {
     /// FNV-1a (64-bit, hex) over the weight files, in name order: which weights a run was made with.
     pub weights_hash: String,
     pub served: Served,
+    /// Its longest input in tokens (its `max_length`, else `[model] max_length`).
+    max_length: usize,
     dtype: String,
     /// `model::pairs_hash`, on first use (stores of pair outputs, per collection).
     pairs_hash: OnceLock<String>,
@@ -76,13 +80,21 @@ pub struct ModelStatus {
 
 impl Models {
     pub fn new(config: &ModelConfig) -> Models {
-        let default =
-            (!config.path.is_empty()).then(|| (DEFAULT.to_string(), config.path.clone(), config.kind, config.quantize));
-        let slots = default
-            .into_iter()
-            .chain(config.named.iter().map(|(n, m)| (n.clone(), m.source().to_string(), m.kind(), m.quantize())))
-            .map(|(name, source, kind, quantize)| Slot { name, source, kind, quantize, state: OnceLock::new() })
-            .collect();
+        let slot = |name: String, source: String, kind, quantize, max_length: Option<usize>| Slot {
+            name,
+            source,
+            kind,
+            quantize,
+            max_length: max_length.unwrap_or(config.max_length),
+            state: OnceLock::new(),
+        };
+        let default = (!config.path.is_empty())
+            .then(|| slot(DEFAULT.to_string(), config.path.clone(), config.kind, config.quantize, None));
+        let named = config
+            .named
+            .iter()
+            .map(|(n, m)| slot(n.clone(), m.source().to_string(), m.kind(), m.quantize(), m.max_length()));
+        let slots = default.into_iter().chain(named).collect();
         Models { slots, config: config.clone(), stores: Mutex::default() }
     }
 
@@ -132,13 +144,14 @@ impl Models {
         let weights_hash = model::weights_hash(&dir)?;
         let c = &self.config;
         let options = ServeOptions {
-            max_length: c.max_length,
+            max_length: slot.max_length,
             max_query_tokens: c.max_query_tokens,
             max_batch_tokens: c.max_batch_tokens,
             max_queued_inputs: c.max_queued_inputs,
             cache_entries: c.cache_entries,
         };
         Ok(LoadedModel {
+            max_length: slot.max_length,
             served: Served::start(&slot.name, reranker, options),
             name: slot.name.clone(),
             source: slot.source.clone(),
@@ -198,7 +211,7 @@ impl Models {
                     model.pairs_hash.get_or_init(|| hash)
                 }
             };
-            let name = format!("{pairs}-{}-{}-{}-{width}", model.dtype, c.max_length, c.max_query_tokens);
+            let name = format!("{pairs}-{}-{}-{}-{width}", model.dtype, model.max_length, c.max_query_tokens);
             // Each stored output ends with its pair's length.
             ("scores", name, width + 1)
         };

@@ -85,7 +85,11 @@ fn an_xlm_roberta_bi_encoder_embeds_as_sentence_transformers() {
 #[test]
 fn families_serve_every_pipeline_and_preselect() {
     let dir = crate::fixtures::cranfield_data_dir();
-    let config = format!("[model.named]\nbi = {:?}\n", fixture("xlm-roberta-bi").to_str().unwrap());
+    let config = format!(
+        "[model]\nmax_query_tokens = 8\n[model.named]\nbi = {:?}\nshort = {{ path = {:?}, max_length = 32 }}\n",
+        fixture("xlm-roberta-bi").to_str().unwrap(),
+        fixture("xlm-roberta").to_str().unwrap()
+    );
     let config_path = dir.path().join("families.toml");
     std::fs::write(&config_path, config).unwrap();
     let cross = fixture("xlm-roberta");
@@ -106,6 +110,18 @@ fn families_serve_every_pipeline_and_preselect() {
     assert_eq!(tei.status, 200, "{}", tei.body);
     let rerank = json!({"query": "flutter", "documents": [{"text": "wing flutter"}], "model": "bi"});
     assert_eq!(post_json(&server.url("/rerank"), &rerank.to_string()).status, 200);
+    // A model's own max_length: the same document in shorter segments (the default model's length is its
+    // positions', 128).
+    let long = "The wing flutter of heated aircraft was measured at high speed. ".repeat(12);
+    let segments = |model: &str| {
+        let body = json!({"query": "flutter", "documents": [{"text": long}], "model": model,
+            "preselect": {"selector": "none"}});
+        let reply = post_json(&server.url("/rerank"), &body.to_string());
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        reply.json()["results"][0]["segments"].as_array().unwrap().len()
+    };
+    let (whole, short) = (segments("default"), segments("short"));
+    assert!(short > whole, "max_length 32: {short} segments, 128: {whole}");
 }
 
 /// What cannot load says why, naming the file: an architecture longrank does not load lists those it does, and
