@@ -293,12 +293,13 @@ pub struct ServerConfig {
     pub allowed_hosts: Vec<String>,
     /// Searches kept in the query log, the newest (0: no query log).
     pub query_log_entries: usize,
-    /// Connections open at once; beyond them new clients wait to be accepted.
+    /// Connections open at once; beyond them the one idle longest is closed to make room, and when every one
+    /// has a request in flight, new clients wait to be accepted.
     pub max_connections: usize,
     /// Requests whose engine work (search, re-ranking, documents) runs at once; 0: four per core (re-ranking
     /// requests spend part of their time waiting on the model's queue, which batches several requests'
-    /// pairs). The others wait for their turn, and beyond `max_waiting_requests` waiting are answered 429
-    /// `overloaded`.
+    /// pairs). The others wait for their turn, and beyond `max_waiting_requests` waiting, or when their turn
+    /// would come too late to end within `request_timeout_ms`, are answered 429 `overloaded`.
     pub max_concurrent_work: usize,
     pub max_waiting_requests: usize,
     /// A client that has not sent a request's headers this long after connecting, or after its previous
@@ -417,7 +418,7 @@ impl IndexConfig {
 const ENV_PREFIX: &str = "LONGRANK_";
 
 /// `LONGRANK_*` variables that are not settings: the configuration file's path, the BLAS library, test hooks.
-const NOT_SETTINGS: [&str; 3] = ["CONFIG", "BLAS", "TEST_HOLD"];
+const NOT_SETTINGS: [&str; 4] = ["CONFIG", "BLAS", "TEST_HOLD", "TEST_SLOW"];
 
 impl Config {
     /// Parses a configuration file's text (`path` names it in errors): unknown keys and wrong types are

@@ -1,7 +1,8 @@
 //! Test hooks: named points in long work where a test can hold the process, so that it kills or watches it at
 //! a known place instead of racing a clock. `LONGRANK_TEST_HOLD=NAME:N` holds at the Nth pass through the point
-//! NAME for good; `LONGRANK_TEST_HOLD=NAME:N:FILE` holds there until FILE exists. Unset (always, outside
-//! tests), a point costs one check of a value read once.
+//! NAME for good; `LONGRANK_TEST_HOLD=NAME:N:FILE` holds there until FILE exists. `LONGRANK_TEST_SLOW=NAME:MS`
+//! sleeps MS milliseconds at every pass through NAME (a tiny model as slow as a large one, whatever the
+//! machine). Unset (always, outside tests), a point costs one check of a value read once.
 //!
 //! Points: `index.commit` (after each commit of an index build), `train.checkpoint` (after each checkpoint of
 //! a model in training), `model.batch` (before each forward pass of a model's inference thread), `batch.topic`
@@ -43,8 +44,21 @@ pub async fn reached(name: &'static str) {
     }
 }
 
-/// A named point: holds here when a test asks for it (see the module).
+fn slow() -> Option<&'static (String, Duration)> {
+    static SLOW: OnceLock<Option<(String, Duration)>> = OnceLock::new();
+    SLOW.get_or_init(|| {
+        let spec = std::env::var("LONGRANK_TEST_SLOW").ok()?;
+        let (point, ms) = spec.split_once(':')?;
+        Some((point.to_string(), Duration::from_millis(ms.parse().ok()?)))
+    })
+    .as_ref()
+}
+
+/// A named point: holds or sleeps here when a test asks for it (see the module).
 pub fn point(name: &str) {
+    if let Some((_, pause)) = slow().filter(|(point, _)| point == name) {
+        std::thread::sleep(*pause);
+    }
     let Some(hold) = hold().filter(|h| h.point == name) else { return };
     if hold.passes.fetch_add(1, Ordering::Relaxed) + 1 != hold.at {
         return;

@@ -271,7 +271,8 @@ fn peer_docs(batch: usize) -> Vec<String> {
 
 #[derive(clap::Args)]
 pub struct ModelBench {
-    /// A Hugging Face BERT directory (a head is added when it has none).
+    /// A Hugging Face cross-encoder directory of any family, or a BERT backbone (a head is added when it has
+    /// none).
     #[arg(long)]
     dir: PathBuf,
     #[arg(long, value_delimiter = ',', default_value = "128,256,512")]
@@ -322,15 +323,17 @@ fn check_docs() -> Vec<String> {
 }
 
 /// Cross-encoder pairs/s: the model's forward pass on pre-tokenized batches, as the peers time theirs. A
-/// backbone without a classifier (the shipped MiniLM) gets a seeded `Linear(hidden, 1)` head, as the peers'
-/// `num_labels=1` adds one: the arithmetic is the same.
+/// sequence classifier of any family loads as it is served; a BERT backbone without a classifier (the shipped
+/// MiniLM) gets a seeded `Linear(hidden, 1)` head, as the peers' `num_labels=1` adds one: the arithmetic is
+/// the same.
 fn model(b: ModelBench) -> anyhow::Result<()> {
     use candle_core::{DType, Device};
-    use longrank::model::{self, TrainableEncoder};
+    use longrank::model::{self, CrossEncoder, TrainableEncoder};
     let device = model::device(&b.device)?;
     let dtype = model::dtype(&b.dtype, &device)?;
-    let trainable = TrainableEncoder::init(&b.dir, &Device::Cpu, DType::F32, 0)?;
-    let mut scorer = trainable.snapshot_on(&device, dtype)?;
+    let headless = || TrainableEncoder::init(&b.dir, &Device::Cpu, DType::F32, 0)?.snapshot_on(&device, dtype);
+    // When neither loads, the classifier's reason is the one to read.
+    let mut scorer = CrossEncoder::load(&b.dir, &device, dtype).or_else(|first| headless().map_err(|_| first))?;
     if b.int8 {
         scorer.quantize()?;
     }

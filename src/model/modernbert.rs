@@ -104,6 +104,18 @@ impl ModernBert {
         if let Some(eps) = raw.get("norm_eps").cloned() {
             raw.entry("layer_norm_eps").or_insert(eps);
         }
+        if !raw.contains_key("global_attn_every_n_layers") {
+            let types: Vec<&str> = raw
+                .get("layer_types")
+                .and_then(serde_json::Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(serde_json::Value::as_str)
+                .collect();
+            let every = global_every(&types)
+                .ok_or_else(|| load_err(&path, "layer_types is not one global layer every n others: not supported"))?;
+            raw.insert("global_attn_every_n_layers".into(), every.into());
+        }
         for (kind, name) in [("full_attention", "global_rope_theta"), ("sliding_attention", "local_rope_theta")] {
             let rope = raw.get("rope_parameters").and_then(|p| p.get(kind)).cloned();
             if let Some(rope) = rope {
@@ -131,5 +143,31 @@ impl ModernBert {
     /// Final states `[batch, len, hidden]` of right-padded `ids` under `mask` (1 for tokens).
     pub fn forward(&self, ids: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
         self.0.forward(ids, mask)
+    }
+}
+
+/// transformers 5 writes ModernBERT's layers as `layer_types`: the `n` of a global layer every `n` (the first
+/// one global), when that is their pattern.
+fn global_every(types: &[&str]) -> Option<usize> {
+    let every = types.iter().skip(1).position(|t| *t == "full_attention").map_or(types.len(), |p| p + 1);
+    let regular = types
+        .iter()
+        .enumerate()
+        .all(|(i, t)| *t == if i % every == 0 { "full_attention" } else { "sliding_attention" });
+    (regular && !types.is_empty()).then_some(every)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn layer_types_give_the_global_layers_period() {
+        let (full, sliding) = ("full_attention", "sliding_attention");
+        assert_eq!(super::global_every(&[full, sliding, sliding, full, sliding, sliding, full]), Some(3));
+        assert_eq!(super::global_every(&[full, sliding, full]), Some(2));
+        assert_eq!(super::global_every(&[full]), Some(1));
+        assert_eq!(super::global_every(&[full, full]), Some(1));
+        assert_eq!(super::global_every(&[full, sliding, full, full]), None);
+        assert_eq!(super::global_every(&[sliding, full]), None);
+        assert_eq!(super::global_every(&[]), None);
     }
 }

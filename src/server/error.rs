@@ -240,10 +240,12 @@ impl ApiError {
     /// see the deadline before the timeout layer's timer fires) timed out: it is not a client that went away.
     pub fn of_work(e: RankError, expired: bool, timeout_ms: u64) -> ApiError {
         if expired && e.code() == ErrorCode::Cancelled {
-            ApiError::timeout(timeout_ms)
-        } else {
-            e.into()
+            return ApiError::timeout(timeout_ms);
         }
+        let mut error = ApiError::from(e);
+        // A retry is worth more than the wait for the timeout: the estimate beyond it is not waited for.
+        error.retry_after_s = error.retry_after_s.min(timeout_ms.div_ceil(1000).max(1));
+        error
     }
 
     pub fn internal(message: impl Into<String>) -> ApiError {

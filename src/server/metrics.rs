@@ -49,7 +49,7 @@ impl Metrics {
         out
     }
 
-    pub fn render(&self, catalog: &Catalog, models: &[ModelStatus], waiting: usize) -> String {
+    pub fn render(&self, catalog: &Catalog, models: &[ModelStatus], waiting: usize, connections: usize) -> String {
         let mut out = String::new();
         let series = self.series.lock();
         let labels = |(route, method, status): &(String, String, u16)| {
@@ -67,6 +67,9 @@ impl Metrics {
         let name = "longrank_requests_waiting";
         header(&mut out, name, "Requests waiting for a turn at the engine (server.max_concurrent_work).", "gauge");
         let _ = writeln!(out, "{name} {waiting}");
+        let name = "longrank_connections_open";
+        header(&mut out, name, "Connections open (server.max_connections).", "gauge");
+        let _ = writeln!(out, "{name} {connections}");
         let collections = catalog.all();
         header(&mut out, "longrank_collection_documents", "Live documents per collection.", "gauge");
         for c in &collections {
@@ -152,7 +155,7 @@ mod tests {
         m.observe("/search", "GET", 200, Duration::from_millis(300));
         let dir = tempfile::tempdir().unwrap();
         let (catalog, _) = Catalog::open(dir.path()).unwrap();
-        let text = m.render(&catalog, &[], 0);
+        let text = m.render(&catalog, &[], 0, 0);
         assert!(text.contains("longrank_http_requests_total{route=\"/search\",method=\"GET\",status=\"200\"} 2"));
         assert!(text.contains("le=\"0.001\"} 0"));
         assert!(text.contains("le=\"0.005\"} 1"));

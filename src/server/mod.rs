@@ -3,6 +3,7 @@
 
 mod admission;
 mod compat;
+mod connections;
 mod decode;
 mod error;
 pub mod jobs;
@@ -25,7 +26,7 @@ use utoipa_swagger_ui::SwaggerUi;
 pub use error::{ApiError, ErrorBody};
 pub use openapi::ApiDoc;
 
-use crate::config::{Config, ServerConfig};
+use crate::config::Config;
 use crate::index::Catalog;
 use crate::model::Cancel;
 use crate::rank::{Engine, RankError, RerankRequest, RerankResponse, SearchRequest, SearchResponse};
@@ -47,6 +48,7 @@ struct Inner {
     /// The address the server listens on, once bound.
     bound: std::sync::OnceLock<SocketAddr>,
     admission: admission::Admission,
+    connections: connections::Connections,
 }
 
 impl AppState {
@@ -54,9 +56,14 @@ impl AppState {
         let engine = Arc::new(Engine::new(catalog, &config));
         let tasks = tasks::Tasks::new(engine.clone(), store.clone(), &config);
         let jobs = Jobs::new(engine.clone(), store, config.clone());
-        let admission = admission::Admission::new(config.server.concurrent_work(), config.server.max_waiting_requests);
+        let admission = admission::Admission::new(
+            config.server.concurrent_work(),
+            config.server.max_waiting_requests,
+            Duration::from_millis(config.server.request_timeout_ms),
+        );
         let inner = Inner {
             admission,
+            connections: connections::Connections::new(config.server.max_connections),
             config,
             engine,
             jobs,
@@ -134,6 +141,11 @@ impl AppState {
         self.inner.admission.waiting()
     }
 
+    /// Connections open now.
+    pub fn connections(&self) -> usize {
+        self.inner.connections.open()
+    }
+
     pub fn is_ready(&self) -> bool {
         self.inner.ready.load(Ordering::Acquire)
     }
@@ -154,16 +166,20 @@ impl AppState {
                 self.0.cancel();
             }
         }
-        let permit = self.inner.admission.admit().await?;
-        let state = self.clone();
-        // The request's deadline travels with its work: the model's queue refuses what would time out in it.
+        // The request's deadline, from its arrival, travels with its work: admission and the model's queue
+        // refuse what would time out.
         let timeout = Duration::from_millis(self.config().server.request_timeout_ms);
-        let deadline = Instant::now() + timeout;
+        let deadline = middleware::deadline().unwrap_or_else(|| Instant::now() + timeout);
+        let permit = self.inner.admission.admit(deadline).await?;
+        let state = self.clone();
         let guard = CancelOnDrop(Cancel::until(deadline));
         let cancel = guard.0.clone();
         let result = tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            work(state.engine(), &cancel)
+            let result = work(state.engine(), &cancel);
+            if result.is_ok() {
+                permit.finished();
+            }
+            result
         })
         .await;
         drop(guard);
@@ -222,8 +238,7 @@ pub async fn serve(
     prepare: impl FnOnce(&AppState) -> anyhow::Result<()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let addr = &state.config().server.addr;
-    let listener =
-        tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr} (server.addr)"))?;
+    let listener = listen(addr).await.with_context(|| format!("listening on {addr} (server.addr)"))?;
     let addr = listener.local_addr()?;
     let _ = state.inner.bound.set(addr);
     on_listening(addr);
@@ -251,7 +266,26 @@ pub async fn serve(
             Err(e) => tracing::error!("start-up panicked, staying unready: {e}"),
         }
     });
-    accept(listener, app, &state.config().server).await
+    accept(listener, app, &state).await
+}
+
+/// A listener whose backlog holds a burst of new clients (the kernel caps it at `net.core.somaxconn`; the
+/// standard library asks for 128).
+async fn listen(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
+    const BACKLOG: u32 = 4096;
+    let mut last = None;
+    for addr in tokio::net::lookup_host(addr).await? {
+        let socket = match addr {
+            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+        };
+        socket.set_reuseaddr(true)?;
+        match socket.bind(addr).and_then(|()| socket.listen(BACKLOG)) {
+            Ok(listener) => return Ok(listener),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "no address to listen on")))
 }
 
 /// Keeps the catalog in step with the data directory (`Catalog::sync`), every `server.catalog_poll_ms`, on a
@@ -279,12 +313,12 @@ fn follow_data_dir(state: AppState) {
 }
 
 /// Serves connections until SIGINT or SIGTERM, then lets those open finish. hyper directly, for what
-/// `axum::serve` does not set: each connection holds one of `max_connections` permits (beyond them clients wait
-/// in the listen backlog, not holding file descriptors), and one that sends no request headers within
-/// `header_read_timeout_ms` (idle keep-alive ones included) is closed, so slow clients cannot hold sockets.
-async fn accept(listener: tokio::net::TcpListener, app: Router, config: &ServerConfig) -> anyhow::Result<()> {
+/// `axum::serve` does not set: at most `max_connections` open, the one idle longest closed to make room
+/// (`connections`), and one that sends no request headers within `header_read_timeout_ms` (idle keep-alive ones
+/// included) closed too.
+async fn accept(listener: tokio::net::TcpListener, app: Router, state: &AppState) -> anyhow::Result<()> {
     use hyper_util::rt::{TokioIo, TokioTimer};
-    let permits = Arc::new(tokio::sync::Semaphore::new(config.max_connections.max(1)));
+    let (config, connections) = (&state.config().server, &state.inner.connections);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -293,10 +327,6 @@ async fn accept(listener: tokio::net::TcpListener, app: Router, config: &ServerC
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     loop {
-        let permit = tokio::select! {
-            permit = permits.clone().acquire_owned() => permit?,
-            _ = &mut shutdown => break,
-        };
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
@@ -309,13 +339,30 @@ async fn accept(listener: tokio::net::TcpListener, app: Router, config: &ServerC
             },
             _ = &mut shutdown => break,
         };
-        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        // Room is made once there is a client to take it (a slot kept waiting would be taken from it).
+        let slot = tokio::select! {
+            slot = connections.slot() => Arc::new(slot),
+            _ = &mut shutdown => break,
+        };
+        let service = {
+            let (app, slot) = (app.clone(), slot.clone());
+            hyper::service::service_fn(move |request: axum::extract::Request<hyper::body::Incoming>| {
+                let (mut app, busy) = (app.clone(), slot.busy());
+                async move {
+                    let response = tower::Service::call(&mut app, request).await?;
+                    Ok::<_, std::convert::Infallible>(
+                        response.map(|body| axum::body::Body::new(connections::Tracked { body, _busy: busy })),
+                    )
+                }
+            })
+        };
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!("connection: {e}");
+            match slot.serve(connection).await {
+                Some(Err(e)) => tracing::debug!("connection: {e}"),
+                None => tracing::debug!("connection closed to make room for a new one"),
+                Some(Ok(())) => {}
             }
-            drop(permit);
         });
     }
     drop(listener);

@@ -145,3 +145,20 @@ fn what_cannot_load_names_the_file_and_the_families_that_do() {
         "{refused}"
     );
 }
+
+/// `bench model` times a sequence classifier of any family as it is served.
+#[test]
+fn bench_model_times_each_family() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["xlm-roberta", "modernbert-mean", "deberta-v3"] {
+        let fixture = fixture(name);
+        let args = ["bench", "model", "--dir", fixture.to_str().unwrap(), "--lengths", "24", "--batches", "2"];
+        let out = crate::common::cli(dir.path(), &[&args[..], &["--warmup", "0", "--reps", "1"]].concat());
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && said.contains("RESULT system=longrank-candle len=24 batch=2"),
+            "{name}: {said} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -534,6 +534,51 @@ fn requests_beyond_the_engines_permits_and_line_are_refused() {
     assert_eq!(post_json(&server.url("/rerank"), &body).status, 200, "the permit is free again");
 }
 
+/// A burst of re-rankings on every route past what the model can do within the timeout (a tiny model made slow
+/// by a test hook, requests of 2 s): each is answered 200 or refused 429 with a Retry-After within the timeout,
+/// none times out, and the model serves what fits; a `/batch` job sharing the model meanwhile waits and is done.
+#[test]
+fn a_burst_past_the_models_rate_is_refused_early_never_timed_out() {
+    let models = tempfile::tempdir().unwrap();
+    tiny_cross_encoder(models.path(), 17);
+    let dir = crate::fixtures::cranfield_data_dir();
+    let env = [
+        ("LONGRANK_MODEL_PATH", models.path().to_str().unwrap()),
+        ("LONGRANK_TEST_SLOW", "model.batch:40"),
+        ("LONGRANK_MODEL_MAX_BATCH_TOKENS", "64"),
+        ("LONGRANK_SERVER_REQUEST_TIMEOUT_MS", "2000"),
+    ];
+    let server = TestServer::start(dir.path(), &env).wait_ready();
+    let topics: String = (0..4).map(|i| format!("b{i}\tboundary layer flow {i}\n")).collect();
+    let job = json!({"collection": "cranfield", "topics": topics, "pipeline": "maxp", "depth": 3});
+    let job = post_json(&server.url("/batch"), &job.to_string()).json()["id"].as_str().unwrap().to_string();
+    let handles: Vec<_> = (0..60)
+        .map(|i| {
+            // Texts of their own, so that no score comes from a cache.
+            let texts: Vec<String> = (0..4).map(|d| format!("wing flutter {i} at speed {d}")).collect();
+            let (path, body) = match i % 4 {
+                0 => ("/rerank", json!({"query": "flutter", "documents": texts.iter().map(|t| json!({"text": t})).collect::<Vec<_>>()})),
+                1 => ("/v1/rerank", json!({"query": "flutter", "documents": texts})),
+                2 => ("/v2/rerank", json!({"model": "default", "query": "flutter", "documents": texts})),
+                _ => ("/tei/rerank", json!({"query": "flutter", "texts": texts})),
+            };
+            let (url, body) = (server.url(path), body.to_string());
+            std::thread::spawn(move || (path, post_json(&url, &body)))
+        })
+        .collect();
+    let replies: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let count = |status| replies.iter().filter(|(_, r)| r.status == status).count();
+    let statuses: Vec<_> = replies.iter().map(|(path, r)| (*path, r.status)).collect();
+    assert_eq!(count(200) + count(429), replies.len(), "only served or refused, never timed out: {statuses:?}");
+    assert!(count(429) > 0 && count(200) >= 5, "the model serves what fits and refuses the rest: {statuses:?}");
+    for (path, reply) in replies.iter().filter(|(_, r)| r.status == 429) {
+        let retry = reply.header("retry-after").and_then(|s| s.parse::<u64>().ok());
+        assert!(retry.is_some_and(|s| (1..=2).contains(&s)), "{path}: Retry-After {retry:?}, within the timeout");
+    }
+    let job = crate::batch::wait_for(&server, &job, |v| v["status"] != "running" && v["status"] != "queued");
+    assert_eq!(job["status"], "done", "{job}");
+}
+
 /// A model that cannot be loaded is reported by its message alone, in `/pipelines` and in the 422: no
 /// backtrace and no build paths, even when the server runs with RUST_BACKTRACE set (candle then attaches a
 /// backtrace to its errors).

@@ -183,10 +183,12 @@ impl Queue {
             if ahead > 0 && ahead + n > self.shared.max_queued {
                 return Err(overloaded().into());
             }
-            // Refused now rather than timed out later: the wait ahead would pass the request's deadline. Its own
-            // work is admitted whatever its size.
-            if let (Some(wait), Some(deadline)) = (wait, cancel.deadline()) {
-                if ahead > 0 && Instant::now() + Duration::from_secs_f64(wait) > deadline {
+            // Refused now rather than timed out later: the work ahead and its own would pass the request's
+            // deadline (the rate, an average over batches of other lengths, taken a tenth slower). Behind
+            // nothing, its work runs whatever its size (what it finishes is kept for a retry).
+            if let (Some(rate), Some(deadline)) = ((state.rate > 0.0).then_some(state.rate), cancel.deadline()) {
+                let done = Instant::now() + Duration::from_secs_f64(1.1 * (ahead + n) as f64 / rate);
+                if ahead > 0 && done > deadline {
                     return Err(overloaded().into());
                 }
             }

@@ -41,7 +41,12 @@ pub async fn health(State(state): State<AppState>) -> Result<Json<Health>, ApiEr
 /// Prometheus metrics (text exposition format).
 #[utoipa::path(get, path = "/metrics", tag = "system", responses((status = 200, content_type = "text/plain", body = String), PlainErrors))]
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    let text = state.metrics().render(state.engine().catalog(), &state.engine().models().status(), state.waiting());
+    let text = state.metrics().render(
+        state.engine().catalog(),
+        &state.engine().models().status(),
+        state.waiting(),
+        state.connections(),
+    );
     let text = text + &state.metrics().render_batch(&state.replica(), &state.jobs().counters);
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
