@@ -1,5 +1,13 @@
 //! Cross-cutting request handling in one place, built by `layers`: the host and origin checks, keys by route
-//! access, CORS, the body limit, request ids, logging, readiness, timeouts and metrics.
+//! access, CORS, the body limit, request ids, logging, readiness, timeouts, metrics and compression.
+//!
+//! The stack's own layers where they fit: tower-http's CORS and response compression (gzip, for clients that
+//! ask: run files and large JSON answers), axum's body limit. Written here, for what those lack: the timeout
+//! (tower-http's answers an empty 408; ours is the one JSON error, 503 `timeout` saying what cuts the work,
+//! leaves uploads alone, and hands the deadline to admission), request ids (tower-http's keeps any incoming
+//! value; ours bounds it before it is logged and echoed), and, outside this stack, admission (tower's load
+//! shedding and concurrency limits refuse only when nothing is free now, with no wait estimate nor Retry-After:
+//! `admission`) and connection limits (below tower, in hyper's accept loop: `connections`).
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -48,6 +56,7 @@ pub fn layers(open: Router<AppState>, read: Router<AppState>, admin: Router<AppS
         .layer(cors(&state.config().server.cors_origins))
         .layer(from_fn_with_state(state.clone(), observe))
         .layer(from_fn(speak_dialect))
+        .layer(tower_http::compression::CompressionLayer::new())
         .with_state(state)
 }
 

@@ -46,6 +46,38 @@ fn many_topics(n: usize) -> String {
     (0..n).map(|i| format!("x{i}\t{}\n", base[i % base.len()])).collect()
 }
 
+/// Answers are compressed for clients that ask (gzip): a run file comes back the same once decompressed, a
+/// third of its size at most, and a client that does not ask gets it as it is.
+#[test]
+fn run_files_are_gzipped_for_clients_that_ask() {
+    use std::io::{Read, Write};
+    let f = crate::common::fixture();
+    let body = json!({"collection": "cranfield", "topics": many_topics(20), "k": 1000});
+    let job = post_json(&f.server.url("/batch?wait=true"), &body.to_string()).json();
+    assert_eq!(job["status"], "done", "{job}");
+    let url = f.server.url(&format!("/batch/{}/run", job["id"].as_str().unwrap()));
+    // By hand: this build's ureq asks for gzip and decompresses on its own, dropping the header that says so.
+    let fetch = |accept: &str| {
+        let mut stream = std::net::TcpStream::connect(f.server.base.trim_start_matches("http://")).unwrap();
+        let path = url.trim_start_matches(&f.server.base);
+        write!(stream, "GET {path} HTTP/1.0\r\n{accept}\r\n").unwrap();
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).unwrap();
+        let split = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+        (String::from_utf8_lossy(&answer[..split]).to_lowercase(), answer[split + 4..].to_vec())
+    };
+    let (head, plain) = fetch("");
+    assert!(!head.contains("content-encoding"), "{head}");
+    let plain = String::from_utf8(plain).unwrap();
+    assert!(plain.lines().count() > 1000, "{plain}");
+    let (head, gzipped) = fetch("Accept-Encoding: gzip\r\n");
+    assert!(head.contains("content-encoding: gzip"), "{head}");
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(&gzipped[..]).read_to_string(&mut text).unwrap();
+    assert_eq!(text, plain);
+    assert!(gzipped.len() * 3 < plain.len(), "{} bytes gzipped, {} plain", gzipped.len(), plain.len());
+}
+
 /// Polls a job until `what` holds (two minutes at most).
 pub fn wait_for(server: &TestServer, id: &str, what: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + Duration::from_secs(120);
