@@ -130,6 +130,11 @@ def save(directory, model, tokenizer, references):
     shutil.rmtree(directory, ignore_errors=True)
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save(os.path.join(directory, "tokenizer.json"))
+    if model.config.model_type in ("modernbert", "deberta-v2"):
+        # As their repositories have it: transformers' wrapper learns the special tokens from here.
+        specials = {f"{k}_token": f"[{k.upper()}]" for k in ["pad", "unk", "cls", "sep", "mask"]}
+        with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+            json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": MAX_LENGTH, **specials}, f)
     with open(os.path.join(directory, "references.json"), "w") as f:
         json.dump(references, f, indent=1)
         f.write("\n")
@@ -161,11 +166,6 @@ def cross_encoder(name, config_class, model_class, tokenizer, labels, uses_types
     }
     directory = os.path.join(OUT, name)
     save(directory, model, tokenizer, references)
-    if config.model_type in ("modernbert", "deberta-v2"):
-        # As their repositories have it: transformers' wrapper learns the special tokens from here.
-        specials = {f"{k}_token": f"[{k.upper()}]" for k in ["pad", "unk", "cls", "sep", "mask"]}
-        with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
-            json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": MAX_LENGTH, **specials}, f)
     if labels == 1:
         # How users load such a model: sentence-transformers' CrossEncoder gives the same logits for pairs that
         # need no cut (its tokenizer wrapper has no query budget).
@@ -178,7 +178,7 @@ def cross_encoder(name, config_class, model_class, tokenizer, labels, uses_types
 
 
 def bi_encoder(name, config_class, model_class, tokenizer, **extra):
-    pad = tokenizer.token_to_id("<pad>")
+    pad = next(i for i in map(tokenizer.token_to_id, ["<pad>", "[PAD]"]) if i is not None)
     config = config_class(vocab_size=tokenizer.get_vocab_size(), pad_token_id=pad, **extra)
     torch.manual_seed(len(name))
     model = model_class(config).eval()
@@ -263,6 +263,17 @@ def main():
     )
     bi_encoder("xlm-roberta-bi", transformers.XLMRobertaConfig, transformers.XLMRobertaModel,
                sentencepiece_unigram(XLM_SPECIALS, xlm_template, "<unk>"), **roberta_shape)
+    # The other backbones as sentence-transformers bi-encoders (gte-modernbert-base's kind; DeBERTa's).
+    tokenizer = byte_level_bpe(BERT_SPECIALS, bert_template)
+    ids = {name: tokenizer.token_to_id(name) for name in ["[CLS]", "[SEP]"]}
+    bi_encoder("modernbert-bi", transformers.ModernBertConfig, transformers.ModernBertModel, tokenizer,
+               cls_token_id=ids["[CLS]"], sep_token_id=ids["[SEP]"], bos_token_id=ids["[CLS]"],
+               eos_token_id=ids["[SEP]"], **modern)
+    bi_encoder("deberta-v3-bi", transformers.DebertaV2Config, transformers.DebertaV2Model,
+               sentencepiece_unigram(BERT_SPECIALS, bert_template, "[UNK]"), hidden_size=32, num_hidden_layers=2,
+               num_attention_heads=4, intermediate_size=64, max_position_embeddings=128, relative_attention=True,
+               position_buckets=16, max_relative_positions=-1, pos_att_type=["p2c", "c2p"],
+               position_biased_input=False, type_vocab_size=0, norm_rel_ebd="layer_norm", share_att_key=True)
 
 
 if __name__ == "__main__":

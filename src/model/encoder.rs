@@ -34,7 +34,7 @@ impl Backbone {
         dtype: DType,
     ) -> Result<(Backbone, VarBuilder<'static>), ModelError> {
         let (config, pieces) = read_config(dir)?;
-        let vb = weights(dir, device, dtype)?;
+        let vb = weights(dir, device, Family::from_config(&config).dtype(dtype))?;
         Ok((Backbone::new(vb.clone(), &config, pieces, dir)?, vb))
     }
 
@@ -139,6 +139,7 @@ pub struct CrossEncoder {
 impl CrossEncoder {
     pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<CrossEncoder, ModelError> {
         let (config, pieces) = read_config(dir)?;
+        let dtype = Family::from_config(&config).dtype(dtype);
         CrossEncoder::new(weights(dir, device, dtype)?, &config, pieces, dir)
     }
 

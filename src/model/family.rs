@@ -5,6 +5,7 @@
 //! CPU kernels pay for all of them; what differs is read here. ModernBERT and DeBERTa are other architectures:
 //! candle's backbones (`modernbert`, `deberta`).
 
+use candle_core::DType;
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::Config;
 use serde_json::{Map, Value};
@@ -45,6 +46,16 @@ impl Family {
             "modernbert" => Some(Family::ModernBert),
             "deberta-v2" => Some(Family::Deberta),
             _ => None,
+        }
+    }
+
+    /// The dtype the family computes in when `asked` is: ModernBERT and DeBERTa in f32 whatever is asked, since
+    /// candle-transformers' backbones build parts of their attention in f32 (ModernBERT's masks, DeBERTa's
+    /// relative scores) and add them to scores in the weights' dtype, which fails in f16 and bf16.
+    pub fn dtype(self, asked: DType) -> DType {
+        match self {
+            Family::ModernBert | Family::Deberta => DType::F32,
+            _ => asked,
         }
     }
 

@@ -27,22 +27,33 @@ fn numbers(value: &Value) -> Vec<u32> {
     value.as_array().unwrap().iter().map(|n| n.as_u64().unwrap() as u32).collect()
 }
 
+const CROSS: [&str; 7] =
+    ["roberta", "xlm-roberta", "electra", "distilbert", "modernbert-cls", "modernbert-mean", "deberta-v3"];
+
+/// A cross-encoder fixture loaded in `dtype`, its references, and its pairs' inputs as longrank makes them.
+fn cross_encoder(name: &str, dtype: DType) -> (longrank::model::CrossEncoder, Value, Vec<Encoded>) {
+    let dir = fixture(name);
+    let refs = references(&dir);
+    let Reranker::Cross(model) = Reranker::load(&dir, &Device::Cpu, dtype, Kind::Auto).unwrap() else {
+        panic!("{name} is not a cross-encoder");
+    };
+    let (max_len, max_query) =
+        (refs["max_length"].as_u64().unwrap() as usize, refs["max_query_tokens"].as_u64().unwrap() as usize);
+    let inputs: Vec<Encoded> = refs["pairs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| model.encode(p["query"].as_str().unwrap(), p["document"].as_str().unwrap(), max_len, max_query))
+        .collect::<Result<_, _>>()
+        .unwrap();
+    (model, refs, inputs)
+}
+
 #[test]
 fn cross_encoders_of_each_family_read_their_templates_and_score_as_transformers() {
-    for name in ["roberta", "xlm-roberta", "electra", "distilbert", "modernbert-cls", "modernbert-mean", "deberta-v3"] {
-        let dir = fixture(name);
-        let refs = references(&dir);
-        let Reranker::Cross(model) = Reranker::load(&dir, &Device::Cpu, DType::F32, Kind::Auto).unwrap() else {
-            panic!("{name} is not a cross-encoder");
-        };
-        let (max_len, max_query) =
-            (refs["max_length"].as_u64().unwrap() as usize, refs["max_query_tokens"].as_u64().unwrap() as usize);
-        let pairs = refs["pairs"].as_array().unwrap();
-        let inputs: Vec<Encoded> = pairs
-            .iter()
-            .map(|p| model.encode(p["query"].as_str().unwrap(), p["document"].as_str().unwrap(), max_len, max_query))
-            .collect::<Result<_, _>>()
-            .unwrap();
+    for name in CROSS {
+        let (model, refs, inputs) = cross_encoder(name, DType::F32);
+        let (max_len, pairs) = (refs["max_length"].as_u64().unwrap() as usize, refs["pairs"].as_array().unwrap());
         for (input, pair) in inputs.iter().zip(pairs) {
             assert_eq!(input.ids, numbers(&pair["ids"]), "{name}: {pair}");
             assert_eq!(input.type_ids, numbers(&pair["type_ids"]), "{name}: {pair}");
@@ -61,35 +72,67 @@ fn cross_encoders_of_each_family_read_their_templates_and_score_as_transformers(
     }
 }
 
+/// In half precision every family scores within stated bounds of transformers' f32 logits, in a padded batch:
+/// 0.01 in f16 and 0.05 in bf16 (relative beyond |logit| > 1), what 11 and 8 bits of mantissa keep through a
+/// few layers. ModernBERT and DeBERTa compute in f32 whatever is asked (`Family::dtype`).
 #[test]
-fn an_xlm_roberta_bi_encoder_embeds_as_sentence_transformers() {
-    let dir = fixture("xlm-roberta-bi");
-    let refs = references(&dir);
-    let Reranker::Bi(model) = Reranker::load(&dir, &Device::Cpu, DType::F32, Kind::Auto).unwrap() else {
-        panic!("not a bi-encoder");
-    };
-    let texts = refs["texts"].as_array().unwrap();
-    let inputs: Vec<Encoded> = texts.iter().map(|t| model.encode(t["text"].as_str().unwrap()).unwrap()).collect();
-    for (input, text) in inputs.iter().zip(texts) {
-        assert_eq!(input.ids, numbers(&text["ids"]), "{text}");
+fn cross_encoders_score_in_half_precision_within_bounds() {
+    let mut worst = Vec::new();
+    for (dtype, bound) in [(DType::F16, 1e-2), (DType::BF16, 5e-2)] {
+        for name in CROSS {
+            let (model, refs, inputs) = cross_encoder(name, dtype);
+            let scores = model.score(&inputs).unwrap();
+            let error = scores
+                .iter()
+                .zip(refs["pairs"].as_array().unwrap())
+                .map(|(got, pair)| {
+                    let want = pair["logit"].as_f64().unwrap();
+                    (*got as f64 - want).abs() / want.abs().max(1.0)
+                })
+                .fold(0.0, f64::max);
+            worst.push((name, format!("{dtype:?}"), error, bound));
+        }
     }
-    let embedded = model.embed(&inputs).unwrap();
-    for (got, text) in embedded.iter().zip(texts) {
-        let want: Vec<f64> = text["embedding"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
-        assert!(got.iter().zip(&want).all(|(g, w)| close(*g, *w)), "{got:?} against {want:?}");
+    assert!(worst.iter().all(|(_, _, error, bound)| error <= bound), "{worst:#?}");
+}
+
+#[test]
+fn bi_encoders_of_each_backbone_embed_as_sentence_transformers() {
+    for name in ["xlm-roberta-bi", "modernbert-bi", "deberta-v3-bi"] {
+        let dir = fixture(name);
+        let refs = references(&dir);
+        let Reranker::Bi(model) = Reranker::load(&dir, &Device::Cpu, DType::F32, Kind::Auto).unwrap() else {
+            panic!("{name}: not a bi-encoder");
+        };
+        let texts = refs["texts"].as_array().unwrap();
+        let inputs: Vec<Encoded> = texts.iter().map(|t| model.encode(t["text"].as_str().unwrap()).unwrap()).collect();
+        for (input, text) in inputs.iter().zip(texts) {
+            assert_eq!(input.ids, numbers(&text["ids"]), "{name}: {text}");
+        }
+        let embedded = model.embed(&inputs).unwrap();
+        for (got, text) in embedded.iter().zip(texts) {
+            let want: Vec<f64> = text["embedding"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+            assert!(got.iter().zip(&want).all(|(g, w)| close(*g, *w)), "{name}: {got:?} against {want:?}");
+        }
     }
 }
 
 /// Served as any model is: every re-ranking pipeline over a collection, `/rerank` and TEI's API, and the
-/// bi-encoder as a `bi-encoder:NAME` preselection in front of the cross-encoder.
+/// bi-encoder as a `bi-encoder:NAME` preselection in front of the cross-encoder; every other family's cross-
+/// and bi-encoders by name, ModernBERT's and DeBERTa's bi-encoders as preselectors too.
 #[test]
 fn families_serve_every_pipeline_and_preselect() {
     let dir = crate::fixtures::cranfield_data_dir();
-    let config = format!(
+    let mut config = format!(
         "[model]\nmax_query_tokens = 8\n[model.named]\nbi = {:?}\nshort = {{ path = {:?}, max_length = 32 }}\n",
         fixture("xlm-roberta-bi").to_str().unwrap(),
         fixture("xlm-roberta").to_str().unwrap()
     );
+    let others =
+        ["roberta", "electra", "distilbert", "modernbert-mean", "deberta-v3", "modernbert-bi", "deberta-v3-bi"];
+    for name in others {
+        config += &format!("{name:?} = {:?}\n", fixture(name).to_str().unwrap());
+    }
     let config_path = dir.path().join("families.toml");
     std::fs::write(&config_path, config).unwrap();
     let cross = fixture("xlm-roberta");
@@ -122,6 +165,49 @@ fn families_serve_every_pipeline_and_preselect() {
     };
     let (whole, short) = (segments("default"), segments("short"));
     assert!(short > whole, "max_length 32: {short} segments, 128: {whole}");
+    // Every other family, cross-encoder or bi-encoder: MaxP over the collection by name, and the bi-encoders as
+    // preselectors.
+    for name in others {
+        let body = json!({"query": "boundary layer flow", "pipeline": "maxp", "depth": 5, "k": 5, "model": name});
+        let reply = post_json(&server.url("/search"), &body.to_string());
+        assert_eq!(reply.status, 200, "{name}: {}", reply.body);
+        assert_eq!(reply.json()["model"], name);
+        assert_eq!(reply.json()["results"].as_array().unwrap().len(), 5, "{name}");
+    }
+    for bi in ["modernbert-bi", "deberta-v3-bi"] {
+        let body = json!({"query": "boundary layer flow", "pipeline": "maxp", "depth": 5, "model": "deberta-v3",
+            "preselect": {"selector": format!("bi-encoder:{bi}"), "per_doc": 1}});
+        let reply = post_json(&server.url("/search"), &body.to_string());
+        assert_eq!(reply.status, 200, "{bi}: {}", reply.body);
+    }
+}
+
+/// The CLI's model commands take every family: `embed` stores a collection's segment embeddings with ModernBERT's
+/// and DeBERTa's bi-encoders, and `eval-segments` measures segment selection with each backbone's cross-encoder.
+#[test]
+fn embed_and_eval_segments_take_every_family() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Cranfield's first 50 documents.
+    let docs = std::fs::read_to_string(crate::common::data("cranfield/docs.jsonl")).unwrap();
+    std::fs::write(d.join("docs.jsonl"), docs.lines().take(50).map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    crate::common::cli_ok(d, &["index", "--collection", "cranfield", d.join("docs.jsonl").to_str().unwrap()]);
+    for bi in ["modernbert-bi", "deberta-v3-bi"] {
+        let model = fixture(bi);
+        let args = ["--model", model.to_str().unwrap(), "embed", "--collection", "cranfield"];
+        let out = crate::common::cli_ok(d, &args);
+        assert!(out.contains("segment embeddings computed") && !out.contains(": 0 segment"), "{bi}: {out}");
+    }
+    std::fs::write(d.join("topics.tsv"), "q1\tslipstream wing aerodynamics\n").unwrap();
+    std::fs::write(d.join("passages.tsv"), "q1\t1\t0\t60\n").unwrap();
+    for cross in ["xlm-roberta", "modernbert-mean", "deberta-v3"] {
+        let model = fixture(cross);
+        let args = ["--model", model.to_str().unwrap(), "eval-segments", "--topics", "topics.tsv"];
+        let args = [&args[..], &["--passages", "passages.tsv"]].concat();
+        let out = crate::common::cli_ok(d, &args);
+        assert_eq!(crate::common::tsv_value(&out, "questions"), 1.0, "{cross}: {out}");
+        assert!((0.0..=1.0).contains(&crate::common::tsv_value(&out, "p1_model")), "{cross}: {out}");
+    }
 }
 
 /// What cannot load says why, naming the file: an architecture longrank does not load lists those it does, and
