@@ -54,11 +54,16 @@ fn slow() -> Option<&'static (String, Duration)> {
     .as_ref()
 }
 
-/// A named point: holds or sleeps here when a test asks for it (see the module).
-pub fn point(name: &str) {
+/// A named point of slow work: sleeps here when a test asks for it (`LONGRANK_TEST_SLOW`), inside the work's
+/// own timing, as a slower machine would.
+pub fn slow_point(name: &str) {
     if let Some((_, pause)) = slow().filter(|(point, _)| point == name) {
         std::thread::sleep(*pause);
     }
+}
+
+/// A named point: holds here when a test asks for it (see the module).
+pub fn point(name: &str) {
     let Some(hold) = hold().filter(|h| h.point == name) else { return };
     if hold.passes.fetch_add(1, Ordering::Relaxed) + 1 != hold.at {
         return;

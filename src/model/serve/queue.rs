@@ -61,9 +61,32 @@ struct Shared {
 struct State {
     pending: VecDeque<Item>,
     shutdown: bool,
-    /// Inputs per second over recent batches (for Retry-After).
+    /// Inputs per second over recent batches (for Retry-After), and in the last one.
     rate: f64,
+    last_rate: f64,
     stats: BatchStats,
+}
+
+impl State {
+    /// Whether `n` inputs behind `ahead` others would end past `deadline`, at the model's recent rate or its
+    /// last batch's, whichever is slower (the average lags a model that slows), taken a tenth slower still
+    /// (batches differ in length). Behind nothing, work runs whatever its size (what it finishes is kept for a
+    /// retry).
+    fn ends_too_late(&self, ahead: usize, n: usize, deadline: Option<Instant>) -> bool {
+        let rate = self.rate.min(self.last_rate);
+        match deadline {
+            Some(deadline) if ahead > 0 && rate > 0.0 => {
+                Instant::now() + Duration::from_secs_f64(1.1 * (ahead + n) as f64 / rate) > deadline
+            }
+            _ => false,
+        }
+    }
+
+    /// The refusal of a request with `ahead` inputs before it: Retry-After their drain time.
+    fn overloaded(&self, ahead: usize) -> ModelError {
+        let wait = if self.rate > 0.0 { (ahead as f64 / self.rate).ceil() as u64 } else { 1 };
+        ModelError::Overloaded { queued: ahead, retry_after_s: wait.max(1) }
+    }
 }
 
 /// What a model's inference threads have run and its caches answered, for metrics (as
@@ -176,21 +199,10 @@ impl Queue {
             // Ahead of this job: the inputs of requests still waiting (a gone one's are dropped unrun), drained
             // at the model's recent rate.
             let ahead = state.pending.iter().filter(|item| !item.job.cancel.is_cancelled()).count();
-            let wait = (state.rate > 0.0).then(|| ahead as f64 / state.rate);
-            let overloaded =
-                || ModelError::Overloaded { queued: ahead, retry_after_s: wait.map_or(1, |w| w.ceil() as u64).max(1) };
-            // A job larger than the whole queue still runs when it would wait behind nothing.
-            if ahead > 0 && ahead + n > self.shared.max_queued {
-                return Err(overloaded().into());
-            }
-            // Refused now rather than timed out later: the work ahead and its own would pass the request's
-            // deadline (the rate, an average over batches of other lengths, taken a tenth slower). Behind
-            // nothing, its work runs whatever its size (what it finishes is kept for a retry).
-            if let (Some(rate), Some(deadline)) = ((state.rate > 0.0).then_some(state.rate), cancel.deadline()) {
-                let done = Instant::now() + Duration::from_secs_f64(1.1 * (ahead + n) as f64 / rate);
-                if ahead > 0 && done > deadline {
-                    return Err(overloaded().into());
-                }
+            // A job larger than the whole queue still runs when it would wait behind nothing. Refused now rather
+            // than timed out later: the work ahead and its own would pass the request's deadline.
+            if ahead > 0 && ahead + n > self.shared.max_queued || state.ends_too_late(ahead, n, cancel.deadline()) {
+                return Err(state.overloaded(ahead).into());
             }
             let mut order: Vec<(usize, Encoded)> = inputs.into_iter().enumerate().collect();
             order.sort_by_key(|(_, e)| e.ids.len());
@@ -219,7 +231,21 @@ impl Queue {
             if cancel.is_cancelled() {
                 return Err(unfinished(&mut progress, ModelError::Cancelled));
             }
-            // Woken by the thread on completion; the timeout only notices cancellation.
+            // While none of its inputs has been taken, the request leaves (refused, as on arrival) once the
+            // model's pace says they would end past its deadline: refused before it starts, not timed out.
+            if progress.started.is_none() && cancel.deadline().is_some() {
+                let mut state = self.shared.state.lock();
+                let mine = |item: &Item| Arc::ptr_eq(&item.job, &job);
+                if state.pending.iter().filter(|item| mine(item)).count() == n {
+                    let before = state.pending.iter().take_while(|item| !mine(item));
+                    let ahead = before.filter(|item| !item.job.cancel.is_cancelled()).count();
+                    if state.ends_too_late(ahead, n, cancel.deadline()) {
+                        state.pending.retain(|item| !mine(item));
+                        return Err(state.overloaded(ahead).into());
+                    }
+                }
+            }
+            // Woken by the thread on completion; the timeout notices cancellation and a pace fallen behind.
             job.done.wait_for(&mut progress, Duration::from_millis(50));
         }
     }
@@ -271,6 +297,7 @@ impl Shared {
             let mut batch = batch;
             batch.sort_by_key(|item| item.input.ids.len());
             let inputs: Vec<Encoded> = batch.iter().map(|item| item.input.clone()).collect();
+            crate::hooks::slow_point("model.batch");
             let result = forward(&inputs);
             let elapsed = started.elapsed();
             self.state.lock().stats.inference_seconds.observe(elapsed.as_secs_f64());
@@ -278,6 +305,7 @@ impl Shared {
                 let mut state = self.state.lock();
                 let rate = outputs.len() as f64 / elapsed.as_secs_f64().max(1e-6);
                 state.rate = if state.rate == 0.0 { rate } else { 0.8 * state.rate + 0.2 * rate };
+                state.last_rate = rate;
             }
             deliver(batch, result, started, elapsed);
         }
@@ -377,6 +405,42 @@ mod tests {
             assert_eq!(h.join().unwrap(), (0..10).map(|i| t as u32 * 100 + i).collect::<Vec<_>>());
         }
         assert!(batches.lock().iter().any(|&(n, _)| n > 10), "jobs were never batched together");
+    }
+
+    /// A request let in at the model's pace leaves, refused, when the model slows so that its inputs (none taken
+    /// yet) would end past its deadline: before the deadline, not cut by it.
+    #[test]
+    fn a_queued_request_the_model_falls_behind_on_is_refused_before_its_deadline() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let pause = Arc::new(AtomicU64::new(5));
+        let forward: Box<Forward> = {
+            let pause = pause.clone();
+            Box::new(move |batch: &[Encoded]| {
+                std::thread::sleep(Duration::from_millis(pause.load(Ordering::Relaxed)));
+                Ok(batch.iter().map(|_| vec![0.0]).collect())
+            })
+        };
+        // Batches of 4 inputs of 2 tokens: 5 ms each at first (800 inputs/s), then 200 ms (20 inputs/s).
+        let queue = Arc::new(Queue::start("test", forward, 8, 10_000));
+        queue.run(vec![input(2, 0); 4], &Cancel::default()).unwrap();
+        pause.store(200, Ordering::Relaxed);
+        let long = {
+            let queue = queue.clone();
+            std::thread::spawn(move || queue.run(vec![input(2, 1); 40], &Cancel::default()))
+        };
+        while queue.queued() < 36 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // At the first pace the 36 inputs ahead take 50 ms: let in with a second left. At the slow one they take
+        // nearly 2 s: once a slow batch has run, it leaves.
+        let deadline = Instant::now() + Duration::from_secs(1);
+        match queue.run(vec![input(2, 2)], &Cancel::until(deadline)) {
+            Err(Unfinished { error: ModelError::Overloaded { retry_after_s, .. }, .. }) => {
+                assert!(Instant::now() < deadline && retry_after_s >= 1)
+            }
+            other => panic!("not refused in time: {other:?}"),
+        }
+        assert_eq!(long.join().unwrap().unwrap().0.len(), 40);
     }
 
     /// A request whose wait ahead would pass its deadline is refused at once, with the drain time as Retry-After;
