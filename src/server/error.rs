@@ -67,6 +67,8 @@ codes! {
     DocumentsOrDocids = "documents_or_docids", 400, "/rerank needs either documents or docids.";
     NoFirstStage = "no_first_stage", 400, "interpolate needs first-stage scores, which documents given as text lack.";
     CollectionRequired = "collection_required", 400, "Several collections and no default: name one.";
+    InvalidIdempotencyKey = "invalid_idempotency_key", 400, "An Idempotency-Key must be 1 to 255 printable ASCII \
+        characters.";
     InvalidCollectionName = "invalid_collection_name", 400, "A collection name must be letters, digits, '-', '_' \
         and '.' (not leading), at most 128.";
     MissingKey = "missing_key", 401, "The route needs a key (`Authorization: Bearer KEY`) and none was sent.";
@@ -99,6 +101,8 @@ codes! {
     UnknownModel = "unknown_model", 422, "No model of that name.";
     NotABiEncoder = "not_a_bi_encoder", 422, "The model named is not a bi-encoder (embeddings computed ahead, a \
         `bi-encoder:NAME` selector).";
+    IdempotencyKeyReused = "idempotency_key_reused", 422, "The Idempotency-Key was given to a job submitted with \
+        other parameters or files (the message names it): a new job needs a new key.";
     MalformedFile = "malformed_file", 422, "A topic, qrels or run file does not parse (the message names the line).";
     Overloaded = "overloaded", 429, "The server is at capacity (`server.max_waiting_requests` waiting, or the \
         model's queue full or its wait past the request's timeout); retry after `Retry-After` seconds.";
@@ -344,6 +348,7 @@ impl From<JobError> for ApiError {
             JobError::UnknownJob(_) => ApiError::new(ErrorCode::UnknownJob, e.to_string()),
             JobError::Conflict { .. } => ApiError::new(ErrorCode::JobConflict, e.to_string()),
             JobError::CollectionInUse { .. } => ApiError::new(ErrorCode::CollectionInUse, e.to_string()),
+            JobError::KeyReused { .. } => ApiError::new(ErrorCode::IdempotencyKeyReused, e.to_string()),
             JobError::Store(_) | JobError::Worker(_) => ApiError::internal(e.to_string()),
         }
     }
@@ -453,7 +458,8 @@ route_errors! {
     SubmitErrors(Admin): [MalformedJson, InvalidBody, DuplicateField, BodyTooLarge, UnsupportedMediaType,
         ForbiddenOrigin, EmptyQuery, QueryTooLong, OutOfRange, InvalidTag, InvalidSegments, NotApplicable,
         RerankingPipelineRequired, CollectionRequired, UnknownCollection, UnknownPipeline, PipelineUnavailable,
-        ModelRequired, UnknownModel, NotABiEncoder, MalformedFile, ModelUnavailable, InvalidQueryString, IndexError];
+        ModelRequired, UnknownModel, NotABiEncoder, MalformedFile, ModelUnavailable, InvalidQueryString, IndexError,
+        InvalidIdempotencyKey, IdempotencyKeyReused];
     /// Writing a collection: a task queued.
     TaskSubmitErrors(Admin): [InvalidPath, InvalidQueryString, ForbiddenOrigin, InvalidCollectionName, ReadOnlyReplica];
     /// Uploading documents: a task queued once the upload is stored.

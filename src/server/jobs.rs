@@ -39,6 +39,8 @@ pub enum JobError {
     Worker(String),
     #[error("collection {collection} is in use by batch jobs {} (queued or running): cancel them or let them finish", jobs.join(", "))]
     CollectionInUse { collection: String, jobs: Vec<String> },
+    #[error("Idempotency-Key {key:?} was given to job {id}, submitted with other parameters or files: use a new key for another job")]
+    KeyReused { key: String, id: String },
 }
 
 /// Deletes a collection, refused while a queued or running job reads it (`longrank collections delete`).
@@ -191,7 +193,14 @@ impl Jobs {
     }
 
     /// Validates and queues a job; returns its id at once.
-    pub async fn submit(self: &Arc<Self>, submission: Submission) -> Result<String, JobError> {
+    /// Submits a job: its id. With an Idempotency-Key, a repeat of a submission (a client's or a proxy's retry)
+    /// answers the first job's id instead of creating another, and the key given with other parameters or
+    /// files is refused.
+    pub async fn submit(self: &Arc<Self>, submission: Submission, key: Option<&str>) -> Result<String, JobError> {
+        let params = serde_json::to_string(&submission.params).unwrap_or_default();
+        if let Some(first) = self.keyed(key, &params, &submission).await? {
+            return Ok(first);
+        }
         let topics = eval::formats::parse_topics(&submission.topics, &eval::formats::upload_path("topics"))?;
         if let Some(qrels) = &submission.qrels {
             Qrels::parse(qrels, &eval::formats::upload_path("qrels"))?;
@@ -200,7 +209,6 @@ impl Jobs {
         let rerank = parse_rerank(submission.rerank.as_deref())?;
         let plan = self.engine.plan_batch(&submission.params, topics, rerank)?;
         let id = new_job_id();
-        let params = serde_json::to_string(&submission.params).unwrap_or_default();
         let provenance =
             serde_json::to_string(&plan.provenance(&self.engine, &self.config.recorded())).unwrap_or_default();
         // Hashing new index files reads them: on a blocking thread.
@@ -220,11 +228,40 @@ impl Jobs {
             total,
             fingerprint: Some(&fingerprint),
             weights: weights.as_deref(),
+            idempotency_key: key,
         };
-        self.store.create_job(job).await?;
+        match self.store.create_job(job).await {
+            // The same key submitted at once by another request (or replica): the first one created wins.
+            Err(e) if e.is_duplicate() && key.is_some() => {
+                if let Some(first) = self.keyed(key, &params, &submission).await? {
+                    return Ok(first);
+                }
+                return Err(e.into());
+            }
+            created => created?,
+        }
         self.plans.lock().insert(id.clone(), Arc::new(Planned { plan, qrels: submission.qrels }));
         self.submitted.notify_waiters();
         Ok(id)
+    }
+
+    /// The job already submitted with `key`, when this submission repeats it.
+    async fn keyed(
+        &self,
+        key: Option<&str>,
+        params: &str,
+        submission: &Submission,
+    ) -> Result<Option<String>, JobError> {
+        let Some(key) = key else { return Ok(None) };
+        let Some(first) = self.store.job_by_idempotency_key(key).await? else { return Ok(None) };
+        let same = first.params == params
+            && first.topics == submission.topics
+            && first.qrels == submission.qrels
+            && first.rerank == submission.rerank;
+        match same {
+            true => Ok(Some(first.id)),
+            false => Err(JobError::KeyReused { key: key.to_string(), id: first.id }),
+        }
     }
 
     /// Starts this replica's workers, named `replica` in their leases. First the leases a previous run of this

@@ -29,6 +29,13 @@ pub enum StoreError {
     Directory { path: String, source: std::io::Error },
 }
 
+impl StoreError {
+    /// A row whose unique key another row holds (two submissions with one Idempotency-Key at once).
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, StoreError::Sqlx(sqlx::Error::Database(e)) if e.is_unique_violation())
+    }
+}
+
 /// The database behind a store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -124,6 +131,18 @@ pub struct NewJob<'a> {
     pub fingerprint: Option<&'a str>,
     /// The model's weights hash (re-ranking pipelines).
     pub weights: Option<&'a str>,
+    /// The client's Idempotency-Key.
+    pub idempotency_key: Option<&'a str>,
+}
+
+/// A job submitted with an Idempotency-Key, and what it was submitted with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyedJob {
+    pub id: String,
+    pub params: String,
+    pub topics: String,
+    pub qrels: Option<String>,
+    pub rerank: Option<String>,
 }
 
 /// One search, for the query log.
@@ -259,7 +278,7 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         sqlx::query(
             "INSERT INTO jobs (id, status, created_at, updated_at, params, topics, qrels, rerank, provenance, total, \
-             fingerprint, weights) VALUES ($1, 'queued', $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+             fingerprint, weights, idempotency_key) VALUES ($1, 'queued', $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         )
         .bind(job.id)
         .bind(&now)
@@ -272,6 +291,7 @@ impl Store {
         .bind(job.total)
         .bind(job.fingerprint)
         .bind(job.weights)
+        .bind(job.idempotency_key)
         .execute(&mut *tx)
         .await?;
         sqlx::query(
@@ -284,6 +304,24 @@ impl Store {
         .await?;
         tx.commit().await?;
         Ok(())
+    }
+
+    /// The job submitted with this Idempotency-Key, if any (kept as long as the job is).
+    pub async fn job_by_idempotency_key(&self, key: &str) -> Result<Option<KeyedJob>, StoreError> {
+        let row = sqlx::query("SELECT id, params, topics, qrels, rerank FROM jobs WHERE idempotency_key = $1")
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?;
+        let keyed = |r: AnyRow| -> Result<KeyedJob, sqlx::Error> {
+            Ok(KeyedJob {
+                id: r.try_get(0)?,
+                params: r.try_get(1)?,
+                topics: r.try_get(2)?,
+                qrels: r.try_get(3)?,
+                rerank: r.try_get(4)?,
+            })
+        };
+        Ok(row.map(keyed).transpose()?)
     }
 
     /// Moves a job that is not finished to `status` (a cancelled or failed job stays so).
@@ -561,6 +599,25 @@ mod tests {
     async fn jobs_round_trip_and_resume_points() {
         for store in testing::stores().await.0 {
             jobs_round_trip(&store).await;
+        }
+    }
+
+    /// A job's Idempotency-Key finds it with what it was submitted with; a second job with the key is a
+    /// duplicate; jobs without a key are any number.
+    #[tokio::test]
+    async fn an_idempotency_key_names_one_job() {
+        for store in testing::stores().await.0 {
+            let keyed =
+                NewJob { id: "k1", topics: "1\tx\n", total: 1, idempotency_key: Some("key"), ..NewJob::default() };
+            store.create_job(keyed).await.unwrap();
+            let found = store.job_by_idempotency_key("key").await.unwrap().unwrap();
+            assert_eq!((found.id.as_str(), found.topics.as_str(), found.qrels), ("k1", "1\tx\n", None));
+            assert_eq!(store.job_by_idempotency_key("other").await.unwrap(), None);
+            let again = NewJob { id: "k2", total: 1, idempotency_key: Some("key"), ..NewJob::default() };
+            assert!(store.create_job(again).await.unwrap_err().is_duplicate());
+            for id in ["n1", "n2"] {
+                store.create_job(NewJob { id, total: 1, ..NewJob::default() }).await.unwrap();
+            }
         }
     }
 

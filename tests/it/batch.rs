@@ -78,6 +78,34 @@ fn run_files_are_gzipped_for_clients_that_ask() {
     assert!(gzipped.len() * 3 < plain.len(), "{} bytes gzipped, {} plain", gzipped.len(), plain.len());
 }
 
+/// A repeated `POST /batch` with the same Idempotency-Key (a client's or a proxy's retry) answers the first job;
+/// the key with other parameters is refused, naming the job; a key that is not printable ASCII is refused.
+#[test]
+fn a_repeated_submission_with_its_idempotency_key_answers_the_first_job() {
+    let f = crate::common::fixture();
+    let url = f.server.url("/batch");
+    let body = json!({"collection": "cranfield", "topics": many_topics(3), "k": 10}).to_string();
+    let submit = |key: &str, body: &str| {
+        let headers = [("content-type", "application/json"), ("idempotency-key", key)];
+        request("POST", &url, &headers, Some(body))
+    };
+    let key = format!("retry-{}", std::process::id());
+    let first = submit(&key, &body);
+    assert_eq!(first.status, 202, "{}", first.body);
+    let id = first.json()["id"].as_str().unwrap().to_string();
+    let again = submit(&key, &body);
+    assert!(again.status == 202 || again.status == 200, "{}", again.body);
+    assert_eq!(again.json()["id"], id.as_str(), "the first job, not another");
+    assert_eq!(again.header("location"), Some(format!("/batch/{id}").as_str()));
+    let other = json!({"collection": "cranfield", "topics": many_topics(3), "k": 20}).to_string();
+    let reused = submit(&key, &other);
+    reused.assert_error(422, "idempotency_key_reused");
+    assert!(reused.json()["error"]["message"].as_str().unwrap().contains(&id));
+    submit(&"k".repeat(256), &body).assert_error(400, "invalid_idempotency_key");
+    let fresh = submit(&format!("{key}-2"), &body);
+    assert_ne!(fresh.json()["id"], id.as_str(), "another key, another job");
+}
+
 /// Polls a job until `what` holds (two minutes at most).
 pub fn wait_for(server: &TestServer, id: &str, what: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + Duration::from_secs(120);
