@@ -418,7 +418,7 @@ impl IndexConfig {
 const ENV_PREFIX: &str = "LONGRANK_";
 
 /// `LONGRANK_*` variables that are not settings: the configuration file's path, the BLAS library, test hooks.
-const NOT_SETTINGS: [&str; 4] = ["CONFIG", "BLAS", "TEST_HOLD", "TEST_SLOW"];
+const NOT_SETTINGS: [&str; 5] = ["CONFIG", "BLAS", "TEST_HOLD", "TEST_SLOW", "TEST_FAIL"];
 
 impl Config {
     /// Parses a configuration file's text (`path` names it in errors): unknown keys and wrong types are

@@ -2,7 +2,8 @@
 //! a known place instead of racing a clock. `LONGRANK_TEST_HOLD=NAME:N` holds at the Nth pass through the point
 //! NAME for good; `LONGRANK_TEST_HOLD=NAME:N:FILE` holds there until FILE exists. `LONGRANK_TEST_SLOW=NAME:MS`
 //! sleeps MS milliseconds at every pass through NAME (a tiny model as slow as a large one, whatever the
-//! machine). Unset (always, outside tests), a point costs one check of a value read once.
+//! machine); `LONGRANK_TEST_FAIL=NAME:N` fails the Nth pass through NAME (`batch.commit`: the store's error).
+//! Unset (always, outside tests), a point costs one check of a value read once.
 //!
 //! Points: `index.commit` (after each commit of an index build), `train.checkpoint` (after each checkpoint of
 //! a model in training), `model.batch` (before each forward pass of a model's inference thread), `batch.topic`
@@ -44,21 +45,30 @@ pub async fn reached(name: &'static str) {
     }
 }
 
-fn slow() -> Option<&'static (String, Duration)> {
-    static SLOW: OnceLock<Option<(String, Duration)>> = OnceLock::new();
-    SLOW.get_or_init(|| {
-        let spec = std::env::var("LONGRANK_TEST_SLOW").ok()?;
-        let (point, ms) = spec.split_once(':')?;
-        Some((point.to_string(), Duration::from_millis(ms.parse().ok()?)))
-    })
-    .as_ref()
+/// `NAME:NUMBER` from an environment variable.
+fn named_number(var: &str) -> Option<(String, u64)> {
+    let spec = std::env::var(var).ok()?;
+    let (point, number) = spec.split_once(':')?;
+    Some((point.to_string(), number.parse().ok()?))
 }
 
 /// A named point of slow work: sleeps here when a test asks for it (`LONGRANK_TEST_SLOW`), inside the work's
 /// own timing, as a slower machine would.
 pub fn slow_point(name: &str) {
-    if let Some((_, pause)) = slow().filter(|(point, _)| point == name) {
-        std::thread::sleep(*pause);
+    static SLOW: OnceLock<Option<(String, u64)>> = OnceLock::new();
+    if let Some((_, ms)) = SLOW.get_or_init(|| named_number("LONGRANK_TEST_SLOW")).as_ref().filter(|(p, _)| p == name) {
+        std::thread::sleep(Duration::from_millis(*ms));
+    }
+}
+
+/// Whether this pass through the named point fails (`LONGRANK_TEST_FAIL=NAME:N`: the Nth), as the store does
+/// when a stalled process comes back past its pool's timeout.
+pub fn fails(name: &str) -> bool {
+    static FAIL: OnceLock<Option<(String, u64)>> = OnceLock::new();
+    static PASSES: AtomicU64 = AtomicU64::new(0);
+    match FAIL.get_or_init(|| named_number("LONGRANK_TEST_FAIL")) {
+        Some((point, at)) if point == name => PASSES.fetch_add(1, Ordering::Relaxed) + 1 == *at,
+        _ => false,
     }
 }
 

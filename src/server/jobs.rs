@@ -311,11 +311,21 @@ impl Jobs {
                         self.counters.retried.fetch_add(1, Ordering::Relaxed);
                         tracing::info!(job = %claim.job_id, topic = claim.seq, attempt = claim.attempt, "retrying a topic");
                     }
-                    if let Err(e) = self.run_topic(&claim).await {
-                        tracing::error!(job = %claim.job_id, "batch job failed: {e}");
-                        let _ = self.store.set_status(&claim.job_id, JobStatus::Failed, Some(&e.to_string())).await;
-                        self.forget(&claim.job_id);
-                        self.finished.notify_waiters();
+                    match self.run_topic(&claim).await {
+                        Ok(()) => {}
+                        // The store failed (a replica stalled past its pool's timeout, a lost connection): not
+                        // the job's fault. The topic's lease runs out and a claim, here or on another replica,
+                        // runs it again.
+                        Err(JobError::Store(e)) => tracing::warn!(
+                            job = %claim.job_id, topic = claim.seq,
+                            "the store failed for a topic, which runs again once its lease runs out: {e}"
+                        ),
+                        Err(e) => {
+                            tracing::error!(job = %claim.job_id, "batch job failed: {e}");
+                            let _ = self.store.set_status(&claim.job_id, JobStatus::Failed, Some(&e.to_string())).await;
+                            self.forget(&claim.job_id);
+                            self.finished.notify_waiters();
+                        }
                     }
                 }
                 Ok(None) => {
@@ -359,6 +369,9 @@ impl Jobs {
         run.write(&mut text).expect("writing to memory");
         let complete = |whole: &str| completion(plan, whole, planned.qrels.as_deref()).map_err(|e| e.to_string());
         crate::hooks::reached("batch.commit").await;
+        if crate::hooks::fails("batch.commit") {
+            return Err(StoreError::Sqlx(sqlx::Error::PoolTimedOut).into());
+        }
         let committed =
             self.store.commit_topic(claim, qid, &String::from_utf8_lossy(&text), ranked.flops, complete).await?;
         if matches!(committed, Committed::Topic | Committed::Job) {

@@ -106,6 +106,25 @@ fn a_repeated_submission_with_its_idempotency_key_answers_the_first_job() {
     assert_ne!(fresh.json()["id"], id.as_str(), "another key, another job");
 }
 
+/// A store error while a topic commits (a replica stalled past its pool's timeout, a lost connection; here a test
+/// hook) costs that topic's lease, not the job: the topic runs again once its lease runs out, and the job ends
+/// done with the run a second job without the failure gives, byte for byte.
+#[test]
+fn a_store_error_on_a_topic_loses_its_lease_not_the_job() {
+    let dir = crate::fixtures::cranfield_data_dir();
+    let env = [("LONGRANK_TEST_FAIL", "batch.commit:2"), ("LONGRANK_BATCH_LEASE_MS", "1000")];
+    let server = TestServer::start(dir.path(), &env).wait_ready();
+    let body = json!({"collection": "cranfield", "topics": many_topics(4), "k": 10}).to_string();
+    let run_of = |body: &str| {
+        let id = post_json(&server.url("/batch"), body).json()["id"].as_str().unwrap().to_string();
+        let job = wait_for(&server, &id, |v| v["status"] != "running" && v["status"] != "queued");
+        assert_eq!((&job["status"], &job["progress"]["done"]), (&json!("done"), &json!(4)), "{job}");
+        get(&server.url(&format!("/batch/{id}/run"))).1
+    };
+    let failed_once = run_of(&body);
+    assert_eq!(failed_once, run_of(&body));
+}
+
 /// Polls a job until `what` holds (two minutes at most).
 pub fn wait_for(server: &TestServer, id: &str, what: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + Duration::from_secs(120);
