@@ -64,7 +64,7 @@ impl Config {
     /// The database's URL: `store.url`, else the SQLite file in the data directory.
     pub fn store_url(&self) -> String {
         match self.store.url.is_empty() {
-            true => crate::store::sqlite_url(&self.database_path()),
+            true => sqlite_url(&self.database_path()),
             false => self.store.url.clone(),
         }
     }
@@ -114,6 +114,12 @@ pub fn redact_url(url: &str) -> String {
         Some((user, _)) => format!("{scheme}://{user}:{REDACTED}{}", &rest[at..]),
         None => url.to_string(),
     }
+}
+
+/// The URL of the SQLite file at `path` (created if missing); `%`, `?` and `#` escaped, as sqlx decodes them.
+pub fn sqlite_url(path: &Path) -> String {
+    let path = path.to_string_lossy().replace('%', "%25").replace('?', "%3F").replace('#', "%23");
+    format!("sqlite://{path}?mode=rwc")
 }
 
 /// Where jobs, runs, tasks and the query log are kept.
@@ -611,7 +617,7 @@ mod tests {
         let mut c = Config::default();
         c.store.url = "postgresql://me:pw@db/x".into();
         assert_eq!(c.recorded().store.url, "postgresql://me:<redacted>@db/x");
-        assert_eq!(Config::default().store_url(), crate::store::sqlite_url(Path::new("data/longrank.db")));
+        assert_eq!(Config::default().store_url(), sqlite_url(Path::new("data/longrank.db")));
     }
 
     #[test]

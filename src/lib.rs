@@ -13,7 +13,8 @@
 //! | `rank` | the pipeline: parameters, validation, retrieval, re-ranking, batch runs |
 //! | `eval` | topics, qrels, runs, trec_eval's measures, comparisons |
 //! | `store` | the database (SQLite or PostgreSQL) of jobs, their topics' leases, tasks and the query log |
-//! | `server` | HTTP: routes, decoding, errors, middleware, metrics, OpenAPI, batch jobs |
+//! | `scheduler` | the server's background services: batch jobs and collection tasks |
+//! | `server` | HTTP: routes, decoding, errors, middleware, metrics, OpenAPI |
 //! | `train` | fine-tuning: FirstP, all segments, BeST, Co-BERT, a learned segment selector |
 //! | `progress` | how long jobs report progress |
 //! | `cancel` | cancelling work whose requester is gone or whose deadline passed |
@@ -36,6 +37,7 @@ pub mod preselect;
 pub mod progress;
 pub mod rank;
 pub mod rng;
+pub mod scheduler;
 pub mod segment;
 pub mod server;
 pub mod store;

@@ -55,7 +55,7 @@ fn delete(config: &Config, name: &str) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
         let store = super::open_store(config).await?;
-        longrank::server::jobs::delete_collection(&catalog, &store, name).await?;
+        longrank::scheduler::jobs::delete_collection(&catalog, &store, name).await?;
         anyhow::Ok(())
     })?;
     println!("deleted collection {name}");

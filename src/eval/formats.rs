@@ -246,6 +246,14 @@ pub struct Scored {
     pub score: f64,
 }
 
+/// A topic's documents in trec_eval's order: score descending, ties by docid descending (how runs are written and
+/// measured).
+pub fn ranked(docs: &[Scored]) -> Vec<&Scored> {
+    let mut ranked: Vec<&Scored> = docs.iter().collect();
+    ranked.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| b.docid.as_bytes().cmp(a.docid.as_bytes())));
+    ranked
+}
+
 /// A run: qid -> retrieved documents (in file order), plus the problems found reading it.
 #[derive(Debug, Clone, Default)]
 pub struct Run {
@@ -319,7 +327,7 @@ impl Run {
         let rest = self.topics.keys().map(String::as_str).filter(|q| !order.contains(q));
         let ordered: Vec<&str> = order.iter().copied().filter(|q| self.topics.contains_key(*q)).chain(rest).collect();
         for qid in ordered {
-            for (rank, doc) in super::measures::ranked(&self.topics[qid]).into_iter().enumerate() {
+            for (rank, doc) in ranked(&self.topics[qid]).into_iter().enumerate() {
                 writeln!(out, "{qid} Q0 {} {} {} {}", doc.docid, rank + 1, format_score(doc.score), self.tag)?;
             }
         }

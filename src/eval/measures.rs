@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use super::formats::{Qrels, Run, Scored};
+use super::formats::{ranked, Qrels, Run, Scored};
 use super::EvalError;
 
 /// trec_eval's default cutoffs for P, recall, ndcg_cut and map_cut.
@@ -209,13 +209,6 @@ impl Evaluation {
 
 fn is_count(name: &str) -> bool {
     matches!(name, "num_q" | "num_ret" | "num_rel" | "num_rel_ret")
-}
-
-/// A topic's documents in trec_eval's order: score descending, ties by docid descending.
-pub fn ranked(docs: &[Scored]) -> Vec<&Scored> {
-    let mut ranked: Vec<&Scored> = docs.iter().collect();
-    ranked.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| b.docid.as_bytes().cmp(a.docid.as_bytes())));
-    ranked
 }
 
 /// Evaluates a run against qrels.

@@ -296,7 +296,7 @@ impl Engine {
             });
         };
         let depth = options.rerank.as_ref().map_or(0, |r| r.depth);
-        let given = crate::eval::measures::ranked(given);
+        let given = crate::eval::formats::ranked(given);
         let tail: Vec<Ranked> = given
             .iter()
             .skip(depth)

@@ -12,12 +12,12 @@ use serde::Serialize;
 use utoipa::openapi::{ContentBuilder, RefOr, ResponseBuilder};
 use utoipa::ToSchema;
 
-use super::jobs::JobError;
-use super::middleware::Access;
-use super::tasks::TaskError;
+use super::access::Access;
 use crate::index::IndexError;
 use crate::model::ModelError;
 use crate::rank::RankError;
+use crate::scheduler::jobs::JobError;
+use crate::scheduler::tasks::TaskError;
 
 /// Declares every code once: its variant, its text, its HTTP status and what it means.
 macro_rules! codes {

@@ -26,7 +26,7 @@ impl Metrics {
 
     /// The Prometheus text exposition.
     /// This replica's identity, and its batch workers' counters labelled with its name.
-    pub fn render_batch(&self, replica: &str, counters: &crate::server::jobs::Counters) -> String {
+    pub fn render_batch(&self, replica: &str, counters: &crate::scheduler::jobs::Counters) -> String {
         let mut out = String::new();
         // The replica's name as a label every series of this target can be joined on (Prometheus's info idiom).
         let name = "longrank_replica_info";

@@ -20,19 +20,9 @@ use axum::Router;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tracing::Instrument;
 
+use super::access::Access;
 use super::error::{ApiError, Dialect, ErrorCode};
 use super::AppState;
-
-/// What a route needs of a request's key (`server.admin_keys`, `server.search_keys`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
-    /// Never a key: health, the web page and its assets, the OpenAPI document.
-    Open,
-    /// A search or admin key when keys are set: everything that only reads.
-    Read,
-    /// An admin key when keys are set, and an admin key at all on an address beyond loopback: jobs and writes.
-    Admin,
-}
 
 /// Routes grouped by access, each group behind its key check; then the stack every request goes through.
 pub fn layers(open: Router<AppState>, read: Router<AppState>, admin: Router<AppState>, state: AppState) -> Router {
@@ -235,7 +225,7 @@ async fn observe(State(state): State<AppState>, mut request: Request, next: Next
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
         .map(String::from)
-        .unwrap_or_else(new_request_id);
+        .unwrap_or_else(crate::timestamp::unique_id);
     // Handlers read it too (a compatible API's response `id`).
     if let Ok(value) = HeaderValue::from_str(&request_id) {
         request.headers_mut().insert(REQUEST_ID, value);
@@ -284,14 +274,6 @@ async fn label_route(request: Request, next: Next) -> Response {
         let _ = label.0.set(matched.as_str().to_string());
     }
     next.run(request).await
-}
-
-/// A new request id: the time in nanoseconds and a counter, unique within the process.
-pub(super) fn new_request_id() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    format!("{:x}-{:x}", nanos as u64, COUNTER.fetch_add(1, Ordering::Relaxed))
 }
 
 #[cfg(test)]

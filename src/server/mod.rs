@@ -1,22 +1,22 @@
-//! The HTTP server: axum router, shared state, middleware, OpenAPI. Handlers are thin; the work happens in
-//! `rank::Engine`, on blocking threads so the async runtime never waits on an index.
+//! The HTTP server: axum router, shared state (`state`), middleware, OpenAPI, and hyper's accept loop. Handlers
+//! are thin; the work happens in `rank::Engine`, on blocking threads so the async runtime never waits on an
+//! index, and in the background services of `scheduler`.
 
+mod access;
 mod admission;
 mod compat;
 mod connections;
 mod decode;
 mod error;
-pub mod jobs;
 mod metrics;
 mod middleware;
 mod openapi;
 mod routes;
-pub mod tasks;
+mod state;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use axum::routing::{delete, get, post};
@@ -25,174 +25,9 @@ use utoipa_swagger_ui::SwaggerUi;
 
 pub use error::{ApiError, ErrorBody};
 pub use openapi::ApiDoc;
+pub use state::AppState;
 
-use crate::config::Config;
-use crate::index::Catalog;
-use crate::model::Cancel;
-use crate::rank::{Engine, RankError, RerankRequest, RerankResponse, SearchRequest, SearchResponse};
-use crate::store::{QueryLogEntry, Store};
-use jobs::Jobs;
-
-#[derive(Clone)]
-pub struct AppState {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    config: Config,
-    engine: Arc<Engine>,
-    jobs: Arc<Jobs>,
-    tasks: Arc<tasks::Tasks>,
-    metrics: metrics::Metrics,
-    ready: AtomicBool,
-    /// The address the server listens on, once bound.
-    bound: std::sync::OnceLock<SocketAddr>,
-    admission: admission::Admission,
-    connections: connections::Connections,
-}
-
-impl AppState {
-    pub fn new(config: Config, catalog: Arc<Catalog>, store: Store) -> AppState {
-        let engine = Arc::new(Engine::new(catalog, &config));
-        let tasks = tasks::Tasks::new(engine.clone(), store.clone(), &config);
-        let jobs = Jobs::new(engine.clone(), store, config.clone());
-        let admission = admission::Admission::new(
-            config.server.concurrent_work(),
-            config.server.max_waiting_requests,
-            Duration::from_millis(config.server.request_timeout_ms),
-        );
-        let inner = Inner {
-            admission,
-            connections: connections::Connections::new(config.server.max_connections),
-            config,
-            engine,
-            jobs,
-            tasks,
-            metrics: metrics::Metrics::default(),
-            ready: AtomicBool::new(false),
-            bound: std::sync::OnceLock::new(),
-        };
-        AppState { inner: Arc::new(inner) }
-    }
-
-    pub fn jobs(&self) -> &Arc<Jobs> {
-        &self.inner.jobs
-    }
-
-    pub fn tasks(&self) -> &Arc<tasks::Tasks> {
-        &self.inner.tasks
-    }
-
-    /// Runs a search and records it in the query log (in the background: logging never slows a search).
-    async fn search(&self, request: SearchRequest) -> Result<SearchResponse, ApiError> {
-        let response = self.run(move |engine, cancel| engine.search(request, cancel)).await?;
-        let store = self.jobs().store().clone();
-        let keep = self.config().server.query_log_entries;
-        let (query, collection, pipeline) =
-            (response.query.clone(), response.collection.clone(), response.pipeline.name());
-        let (latency_ms, results) = (response.took_ms, response.results.len() as i64);
-        tokio::spawn(async move {
-            let entry = QueryLogEntry { query: &query, collection: Some(&collection), pipeline, latency_ms, results };
-            if let Err(e) = store.log_query(entry, keep).await {
-                tracing::warn!("query log: {e}");
-            }
-        });
-        Ok(response)
-    }
-
-    /// Re-ranks the client's candidates (`/rerank` and its compatible forms).
-    async fn rerank(&self, request: RerankRequest) -> Result<RerankResponse, ApiError> {
-        self.run(move |engine, cancel| engine.rerank_documents(request, cancel)).await
-    }
-
-    pub fn config(&self) -> &Config {
-        &self.inner.config
-    }
-
-    pub fn engine(&self) -> &Engine {
-        &self.inner.engine
-    }
-
-    /// The engine, to move onto a blocking thread.
-    pub fn engine_arc(&self) -> Arc<Engine> {
-        self.inner.engine.clone()
-    }
-
-    fn metrics(&self) -> &metrics::Metrics {
-        &self.inner.metrics
-    }
-
-    /// Whether the server listens on a loopback address only (else writes need an admin key, and the host
-    /// check accepts any host unless `allowed_hosts` lists some).
-    pub fn loopback(&self) -> bool {
-        self.inner.bound.get().is_some_and(|addr| addr.ip().is_loopback())
-    }
-
-    /// This replica's name: `server.replica_id`, else the address it listens on.
-    pub fn replica(&self) -> String {
-        match &self.inner.config.server.replica_id {
-            id if id.is_empty() => self.inner.bound.get().map(|a| a.to_string()).unwrap_or_default(),
-            id => id.clone(),
-        }
-    }
-
-    /// Requests waiting for a turn at the engine.
-    pub fn waiting(&self) -> usize {
-        self.inner.admission.waiting()
-    }
-
-    /// Connections open now.
-    pub fn connections(&self) -> usize {
-        self.inner.connections.open()
-    }
-
-    pub fn is_ready(&self) -> bool {
-        self.inner.ready.load(Ordering::Acquire)
-    }
-
-    pub fn set_ready(&self) {
-        self.inner.ready.store(true, Ordering::Release);
-    }
-
-    /// Runs engine work on a blocking thread. When the request goes away first (the client disconnected, or
-    /// it timed out), the work is told through its `Cancel`, and its queued model inputs are dropped.
-    async fn run<T: Send + 'static>(
-        &self,
-        work: impl FnOnce(&Engine, &Cancel) -> Result<T, RankError> + Send + 'static,
-    ) -> Result<T, ApiError> {
-        struct CancelOnDrop(Cancel);
-        impl Drop for CancelOnDrop {
-            fn drop(&mut self) {
-                self.0.cancel();
-            }
-        }
-        // The request's deadline, from its arrival, travels with its work: admission and the model's queue
-        // refuse what would time out.
-        let timeout = Duration::from_millis(self.config().server.request_timeout_ms);
-        let deadline = middleware::deadline().unwrap_or_else(|| Instant::now() + timeout);
-        let permit = self.inner.admission.admit(deadline).await?;
-        let state = self.clone();
-        let guard = CancelOnDrop(Cancel::until(deadline));
-        let cancel = guard.0.clone();
-        let result = tokio::task::spawn_blocking(move || {
-            let result = work(state.engine(), &cancel);
-            if result.is_ok() {
-                permit.finished();
-            }
-            result
-        })
-        .await;
-        drop(guard);
-        match result {
-            Ok(result) => {
-                result.map_err(|e| ApiError::of_work(e, Instant::now() >= deadline, timeout.as_millis() as u64))
-            }
-            Err(e) => Err(ApiError::internal(format!("worker failed: {e}"))),
-        }
-    }
-}
-
-/// The routes, grouped by what they need of a key (`middleware::Access`), behind the one layer stack.
+/// The routes, grouped by what they need of a key (`access::Access`), behind the one layer stack.
 pub fn router(state: AppState) -> Router {
     use routes::{batch, collections, compat, documents, pipelines, rerank, search, system, tasks, web};
     let open = Router::new()
@@ -240,7 +75,7 @@ pub async fn serve(
     let addr = &state.config().server.addr;
     let listener = listen(addr).await.with_context(|| format!("listening on {addr} (server.addr)"))?;
     let addr = listener.local_addr()?;
-    let _ = state.inner.bound.set(addr);
+    state.bound(addr);
     on_listening(addr);
     let app = router(state.clone());
     let preparing = state.clone();
@@ -318,7 +153,7 @@ fn follow_data_dir(state: AppState) {
 /// included) closed too.
 async fn accept(listener: tokio::net::TcpListener, app: Router, state: &AppState) -> anyhow::Result<()> {
     use hyper_util::rt::{TokioIo, TokioTimer};
-    let (config, connections) = (&state.config().server, &state.inner.connections);
+    let (config, connections) = (&state.config().server, state.connection_slots());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())

@@ -17,6 +17,8 @@ use serde::{Deserialize, Serialize};
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Executor, Row};
 
+use crate::config::{redact_url, sqlite_url};
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("database: {0}")]
@@ -187,7 +189,7 @@ impl Store {
     /// is a first start, not an error) or `postgres://…` and applies the migrations.
     pub async fn connect(url: &str) -> Result<Store, StoreError> {
         sqlx::any::install_default_drivers();
-        let backend = Backend::of_url(url).ok_or_else(|| StoreError::Scheme { url: crate::config::redact_url(url) })?;
+        let backend = Backend::of_url(url).ok_or_else(|| StoreError::Scheme { url: redact_url(url) })?;
         if backend == Backend::Sqlite {
             create_sqlite_directory(url)?;
         }
@@ -493,12 +495,6 @@ impl Store {
 fn means_of(metrics: Option<&str>) -> Option<String> {
     let all = serde_json::from_str::<serde_json::Value>(metrics?).ok()?.get("all")?.clone();
     Some(serde_json::json!({ "all": all }).to_string())
-}
-
-/// The URL of the SQLite file at `path` (created if missing); `%`, `?` and `#` escaped, as sqlx decodes them.
-pub fn sqlite_url(path: &Path) -> String {
-    let path = path.to_string_lossy().replace('%', "%25").replace('?', "%3F").replace('#', "%23");
-    format!("sqlite://{path}?mode=rwc")
 }
 
 /// Creates the directory of the SQLite file a `sqlite:` URL names (none for an in-memory database).

@@ -1,4 +1,4 @@
-//! The tasks table: writes to collections, queued in id order (`server::tasks` applies them).
+//! The tasks table: writes to collections, queued in id order (`scheduler::tasks` applies them).
 
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
@@ -55,7 +55,7 @@ pub struct TaskRow {
     pub collection: String,
     pub kind: TaskKind,
     pub status: TaskStatus,
-    /// JSON (`server::tasks::Input`).
+    /// JSON (`scheduler::tasks::Input`).
     pub input: String,
     pub read: i64,
     pub indexed: i64,

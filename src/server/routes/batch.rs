@@ -9,11 +9,11 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::eval::Comparison;
 use crate::rank::{BatchParams, RankError};
+use crate::scheduler::jobs::{JobView, Submission};
 use crate::server::decode::{self, ApiJson, Fields};
 use crate::server::error::{
     ApiError, ApiPath, ApiQuery, CancelErrors, CompareErrors, ErrorCode, JobErrors, ListErrors, SubmitErrors,
 };
-use crate::server::jobs::{JobView, Submission};
 use crate::server::AppState;
 
 /// A batch request: the topic file's content, optional qrels, and how to run it. As JSON, or as a multipart

@@ -1,4 +1,4 @@
-//! `GET /collections`, and the writes to a collection, each answered 202 with its task (`server::tasks`):
+//! `GET /collections`, and the writes to a collection, each answered 202 with its task (`scheduler::tasks`):
 //! `PUT` and `DELETE /collections/{name}`, `POST /collections/{name}/documents` (an upload),
 //! `DELETE /collections/{name}/documents/{docid}` and `POST /collections/{name}/documents/delete`.
 
@@ -11,11 +11,11 @@ use utoipa::{IntoParams, ToSchema};
 use crate::corpus::Format;
 use crate::index::OnError;
 use crate::rank::CollectionInfo;
+use crate::scheduler::tasks::{Input, TaskView};
 use crate::server::decode::ApiJson;
 use crate::server::error::{
     ApiError, ApiPath, ApiQuery, DeleteDocumentsErrors, EngineErrors, TaskSubmitErrors, UploadErrors,
 };
-use crate::server::tasks::{Input, TaskView};
 use crate::server::AppState;
 use crate::store::TaskKind;
 
@@ -119,7 +119,7 @@ pub async fn add_documents(
     let on_error = params.on_error.unwrap_or(state.config().index.on_error);
     let input = Input { format, json_array, on_error, ..Input::default() };
     let limit = state.config().limits.max_upload_bytes;
-    let task = state.tasks().upload(&name, request.into_body(), limit, input).await?;
+    let task = state.tasks().upload(&name, request.into_body().into_data_stream(), limit, input).await?;
     accepted(&state, task, params.wait).await
 }
 

@@ -21,8 +21,8 @@ use serde::Serialize;
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 
-use crate::server::jobs::JobView;
-use crate::server::tasks::TaskView;
+use crate::scheduler::jobs::JobView;
+use crate::scheduler::tasks::TaskView;
 use crate::server::AppState;
 
 /// Until when a `?wait=true` write waits for its job or task: most of `server.request_timeout_ms`, so that it

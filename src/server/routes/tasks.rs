@@ -5,8 +5,8 @@ use axum::Json;
 use serde::Deserialize;
 use utoipa::IntoParams;
 
+use crate::scheduler::tasks::TaskView;
 use crate::server::error::{ApiError, ApiPath, ApiQuery, CancelTaskErrors, TaskErrors};
-use crate::server::tasks::TaskView;
 use crate::server::AppState;
 use crate::store::{TaskFilter, TaskStatus};
 

@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
 use futures_util::StreamExt;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -220,7 +219,7 @@ impl Tasks {
     pub async fn upload(
         &self,
         collection: &str,
-        body: Body,
+        body: impl futures_util::Stream<Item = Result<bytes::Bytes, impl std::fmt::Display>> + Unpin,
         limit: u64,
         mut input: Input,
     ) -> Result<TaskView, TaskError> {
@@ -232,12 +231,12 @@ impl Tasks {
         let dir = self.uploads();
         tokio::fs::create_dir_all(&dir).await?;
         // Unique within the data directory: the process's request-id form, and its pid.
-        let name = format!("{}-{}", super::middleware::new_request_id(), std::process::id());
+        let name = format!("{}-{}", crate::timestamp::unique_id(), std::process::id());
         let partial = dir.join(format!("{name}.part"));
         // Async file I/O: an upload of gigabytes must not hold a runtime worker.
         let stored = async {
             let mut file = tokio::io::BufWriter::new(tokio::fs::File::create(&partial).await?);
-            let mut stream = body.into_data_stream();
+            let mut stream = body;
             let mut size = 0u64;
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk.map_err(|e| TaskError::Upload(e.to_string()))?;
