@@ -2,20 +2,27 @@
 # A local cluster on loopback: PostgreSQL (scripts/postgres.sh), three longrank replicas sharing it and one data
 # directory (read-only: build collections with `longrank index` first), and HAProxy in front
 # (deploy/haproxy.cfg).
-#   scripts/cluster.sh up DIR [DATA_DIR]   starts it (state and logs in DIR); prints the front's URL
+#   scripts/cluster.sh up DIR [DATA_DIR] [MODEL]
+#                                          starts it (state and logs in DIR); prints the front's URL. MODEL (a
+#                                          directory or hub id; default LONGRANK_MODEL_PATH, else none: BM25
+#                                          only, no hub tried) is every replica's default model
+#   scripts/cluster.sh restart DIR N       restarts replica N (killed or not) on its address; HAProxy's health
+#                                          checks take it back into rotation once it is ready
 #   scripts/cluster.sh down DIR            stops it
-# LONGRANK_BIN names the binary (default target/release/longrank, from `cargo build --release`); other
-# LONGRANK_* settings pass through to the replicas.
+# Runs from any directory. LONGRANK_BIN names the binary (default: the release build of this repository,
+# under CARGO_TARGET_DIR when set); other LONGRANK_* settings pass through to the replicas.
 set -euo pipefail
 
-usage() { echo "usage: $0 up DIR [DATA_DIR] | down DIR" >&2; exit 2; }
+usage() { echo "usage: $0 up DIR [DATA_DIR] [MODEL] | restart DIR N | down DIR" >&2; exit 2; }
 [ $# -ge 2 ] || usage
 action=$1
 dir=$(realpath -m "$2")
-data=$(realpath -m "${3:-data}")
+root=$(cd "$(dirname "$0")/.." && pwd)
 replicas=3 # one `server rN` line each in deploy/haproxy.cfg
-bin=$(realpath -m "${LONGRANK_BIN:-target/release/longrank}")
-cd "$(dirname "$0")/.."
+bin=$(realpath -m "${LONGRANK_BIN:-${CARGO_TARGET_DIR:-$root/target}/release/longrank}")
+[ "$action" = up ] && data=$(realpath -m "${3:-data}")
+# The replicas read the repository's config.toml.
+cd "$root"
 
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -29,29 +36,46 @@ wait_healthy() { # url seconds
   done
 }
 
+start_replica() { # N: on the address in DIR/rN.addr, with the store and data directory `up` recorded
+  local i=$1
+  env -u LONGRANK_BIN LONGRANK_STORE_URL="$(cat "$dir/pg/url")" LONGRANK_SERVER_REPLICA_ID="r$i" \
+    LONGRANK_DATA_DIR="$(cat "$dir/data.dir")" LONGRANK_MODEL_PATH="$(cat "$dir/model")" \
+    "$bin" serve --addr "$(cat "$dir/r$i.addr")" >>"$dir/r$i.log" 2>&1 &
+  echo $! >"$dir/r$i.pid"
+}
+
 case $action in
 up)
   [ -x "$bin" ] || { echo "ERROR: $bin is missing (cargo build --release, or set LONGRANK_BIN)" >&2; exit 1; }
   command -v haproxy >/dev/null || { echo "ERROR: HAProxy is not installed (apt-get install haproxy)" >&2; exit 1; }
   mkdir -p "$dir"
   chmod 755 "$dir"
-  url=$(bash scripts/postgres.sh start "$dir/pg")
+  bash "$root/scripts/postgres.sh" start "$dir/pg" >/dev/null
+  echo "$data" >"$dir/data.dir"
+  echo "${4:-${LONGRANK_MODEL_PATH:-}}" >"$dir/model"
+  # The replicas' addresses go to HAProxy only, not into the replicas' environment.
+  addresses=()
   for i in $(seq 1 "$replicas"); do
-    port=$(free_port)
-    LONGRANK_STORE_URL="$url" LONGRANK_SERVER_REPLICA_ID="r$i" LONGRANK_DATA_DIR="$data" \
-      "$bin" serve --addr "127.0.0.1:$port" >"$dir/r$i.log" 2>&1 &
-    echo $! >"$dir/r$i.pid"
-    echo "127.0.0.1:$port" >"$dir/r$i.addr"
-    export "LONGRANK_REPLICA_$i=127.0.0.1:$port"
+    echo "127.0.0.1:$(free_port)" >"$dir/r$i.addr"
+    addresses+=("LONGRANK_REPLICA_$i=$(cat "$dir/r$i.addr")")
+    start_replica "$i"
   done
   for i in $(seq 1 "$replicas"); do
     wait_healthy "http://$(cat "$dir/r$i.addr")" 120
   done
   front="127.0.0.1:$(free_port)"
-  LONGRANK_FRONT="$front" haproxy -q -D -p "$dir/haproxy.pid" -f deploy/haproxy.cfg
+  env "${addresses[@]}" LONGRANK_FRONT="$front" haproxy -q -D -p "$dir/haproxy.pid" -f "$root/deploy/haproxy.cfg"
   echo "$front" >"$dir/front.addr"
   wait_healthy "http://$front" 30
   echo "http://$front"
+  ;;
+restart)
+  [ $# -eq 3 ] && [ -f "$dir/r$3.addr" ] || usage
+  if [ -f "$dir/r$3.pid" ] && kill "$(cat "$dir/r$3.pid")" 2>/dev/null; then
+    while kill -0 "$(cat "$dir/r$3.pid")" 2>/dev/null; do sleep 0.1; done
+  fi
+  start_replica "$3"
+  wait_healthy "http://$(cat "$dir/r$3.addr")" 120
   ;;
 down)
   for pidfile in "$dir"/haproxy.pid "$dir"/r*.pid; do
@@ -59,7 +83,7 @@ down)
     kill "$(cat "$pidfile")" 2>/dev/null || true
     rm -f "$pidfile"
   done
-  bash scripts/postgres.sh stop "$dir/pg"
+  bash "$root/scripts/postgres.sh" stop "$dir/pg"
   ;;
 *) usage ;;
 esac

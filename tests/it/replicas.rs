@@ -234,6 +234,42 @@ fn searches_through_haproxy_lose_none_while_a_replica_is_killed() {
     assert!(ureq::get(&killed).call().is_err(), "the killed replica still answers");
 }
 
+/// `cluster.sh restart N`, run from another directory, brings a killed replica back on its address, and HAProxy's
+/// health checks take it back into rotation: requests through the front reach it again.
+#[test]
+fn cluster_restart_brings_a_killed_replica_back_into_rotation() {
+    let dir = crate::fixtures::cranfield_data_dir();
+    let Some(cluster) = Cluster::up(dir.path()) else { return };
+    let pid: i32 = cluster.file("r2.pid").parse().unwrap();
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let replica = format!("http://{}/health", cluster.file("r2.addr"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ureq::get(&replica).call().is_ok() {
+        assert!(Instant::now() < deadline, "the killed replica still answers");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let elsewhere = tempfile::tempdir().unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster.sh");
+    let restarted = Command::new("bash")
+        .arg(&script)
+        .args(["restart", cluster.run.path().join("cluster").to_str().unwrap(), "2"])
+        .current_dir(elsewhere.path())
+        .env("LONGRANK_BIN", BIN)
+        .status()
+        .unwrap();
+    assert!(restarted.success());
+    assert_eq!(get(&replica).0, 200, "back on its address");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let health: Value = serde_json::from_str(&get(&format!("{}/health", cluster.front)).1).unwrap();
+        if health["replica"] == "r2" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "HAProxy never sent a request to the restarted replica");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// The fingerprint of cranfield as a replica's `/health` and `/collections` show it (the two agree).
 fn cranfield_fingerprint(server: &TestServer) -> String {
     let health: Value = serde_json::from_str(&get(&server.url("/health")).1).unwrap();
