@@ -58,6 +58,8 @@ pub fn run(args: ServeArgs, mut config: Config) -> anyhow::Result<()> {
 /// and left unavailable: the first-stage pipelines serve regardless, never a made-up score.
 fn prepare(state: &AppState) -> anyhow::Result<()> {
     let config = state.config();
+    let (gemm, library, threads) = longrank::model::gemm_path();
+    tracing::info!(gemm, library, threads, "the encoder's products on the CPU: {gemm}, {threads} threads");
     for (name, reason) in state.engine().models().load_all() {
         tracing::warn!("model {name} is unavailable, its re-ranking pipelines are refused (bm25 serves): {reason}");
     }

@@ -7,6 +7,7 @@
 mod bert;
 pub mod cobert;
 mod cpu;
+pub use cpu::blas::gemm_path;
 mod deberta;
 mod encoder;
 mod family;

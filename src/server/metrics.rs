@@ -67,6 +67,15 @@ impl Metrics {
         let name = "longrank_requests_waiting";
         header(&mut out, name, "Requests waiting for a turn at the engine (server.max_concurrent_work).", "gauge");
         let _ = writeln!(out, "{name} {waiting}");
+        let (gemm, library, threads) = crate::model::gemm_path();
+        let name = "longrank_encoder_info";
+        header(
+            &mut out,
+            name,
+            "How the encoder's products run on the CPU (their last bits differ between paths).",
+            "gauge",
+        );
+        let _ = writeln!(out, "{name}{{gemm=\"{gemm}\",library=\"{}\",threads=\"{threads}\"}} 1", escape(library));
         let name = "longrank_connections_open";
         header(&mut out, name, "Connections open (server.max_connections).", "gauge");
         let _ = writeln!(out, "{name} {connections}");

@@ -47,6 +47,35 @@ fn rm3_returns_its_expanded_query() {
     assert!(plain.get("expansion").is_none(), "{plain}");
 }
 
+/// The server's first log lines and `/metrics` say how the encoder's products run: candle's own with
+/// `LONGRANK_BLAS=off`, else the library the inherited `LONGRANK_BLAS` names (CI runs the suite once through MKL,
+/// once through OpenBLAS), with the thread count.
+#[test]
+fn the_log_and_metrics_say_which_gemm_the_encoder_uses() {
+    let inherited = std::env::var("LONGRANK_BLAS").unwrap_or_default();
+    let expected = |blas: &str| match blas {
+        "off" => Some("candle"),
+        b if b.contains("mkl") => Some("mkl"),
+        b if b.contains("openblas") => Some("openblas"),
+        _ => None,
+    };
+    for blas in ["off", inherited.as_str()] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("server.log");
+        let env = [("LONGRANK_BLAS", blas), ("RUST_LOG", "info")];
+        let server = TestServer::start_logging(dir.path(), &env, &log).wait_ready();
+        server.wait_log(&log, "the encoder's products on the CPU");
+        let (_, metrics) = get(&server.url("/metrics"));
+        let info = metrics.lines().find(|l| l.starts_with("longrank_encoder_info{")).expect("an encoder info line");
+        assert!(info.contains("threads=\"") && info.ends_with("} 1"), "{info}");
+        if let Some(gemm) = expected(blas) {
+            assert!(info.contains(&format!("gemm=\"{gemm}\"")), "LONGRANK_BLAS={blas}: {info}");
+            let logged = std::fs::read_to_string(&log).unwrap();
+            assert!(logged.contains(&format!("products on the CPU: {gemm}")), "{logged}");
+        }
+    }
+}
+
 /// Slow clients that reopen their connections as soon as the server closes them, twice as many as it allows
 /// (each sends part of its headers and nothing more), do not keep a well-behaved client out: from the same
 /// address, each of its requests during the attack is answered 200, well before the header timeout.

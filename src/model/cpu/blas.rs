@@ -37,6 +37,8 @@ const TRANS: i32 = 112;
 
 struct Blas {
     sgemm: Sgemm,
+    /// The library's file name, as loaded.
+    name: String,
     /// Kept loaded for `sgemm`'s sake.
     _library: libloading::Library,
     /// Threads that share each product, every one calling a one-threaded `sgemm` on its part: OpenBLAS's
@@ -176,11 +178,22 @@ fn blas() -> Option<&'static Blas> {
                     return None;
                 }
                 tracing::info!("linear layers through {name}");
-                Some(Blas { sgemm, _library: library, threads: candle_core::utils::get_num_threads() })
+                let threads = candle_core::utils::get_num_threads();
+                Some(Blas { sgemm, name: name.to_string(), _library: library, threads })
             }
         })
     })
     .as_ref()
+}
+
+/// How the encoder's products run on the CPU: `mkl` or `openblas` (the library loaded) or `candle` (its own
+/// `gemm`, no library), and on how many threads. Results differ in their last bits between them.
+pub fn gemm_path() -> (&'static str, &'static str, usize) {
+    match blas() {
+        Some(blas) if blas.name.contains("mkl") => ("mkl", &blas.name, blas.threads),
+        Some(blas) => ("openblas", &blas.name, blas.threads),
+        None => ("candle", "", candle_core::utils::get_num_threads()),
+    }
 }
 
 /// MKL's handler of fatal errors (`mkl_set_exit_handler`): called instead of `exit`, after which the failed
