@@ -104,8 +104,9 @@ codes! {
     IdempotencyKeyReused = "idempotency_key_reused", 422, "The Idempotency-Key was given to a job submitted with \
         other parameters or files (the message names it): a new job needs a new key.";
     MalformedFile = "malformed_file", 422, "A topic, qrels or run file does not parse (the message names the line).";
-    Overloaded = "overloaded", 429, "The server is at capacity (`server.max_waiting_requests` waiting, or the \
-        model's queue full or its wait past the request's timeout); retry after `Retry-After` seconds.";
+    Overloaded = "overloaded", 429, "The server is at capacity (`server.max_waiting_requests` waiting, the \
+        request's turn or the model's queue would end past its timeout, or the queue is full); retry after \
+        `Retry-After` seconds (the estimated wait, at most the timeout).";
     HeadersTooLarge = "headers_too_large", 431, "The request's headers are more than 100, or more than 64 KiB \
         in all.";
     Cancelled = "cancelled", 499, "The client went away before the answer (logged only).";
