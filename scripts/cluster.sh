@@ -8,17 +8,19 @@
 #                                          only, no hub tried) is every replica's default model
 #   scripts/cluster.sh restart DIR N       restarts replica N (killed or not) on its address; HAProxy's health
 #                                          checks take it back into rotation once it is ready
+#   scripts/cluster.sh add DIR             starts one more replica (the next number) and, once it is ready,
+#                                          reloads HAProxy with it in rotation (no request lost); prints its N
 #   scripts/cluster.sh down DIR            stops it
 # Runs from any directory. LONGRANK_BIN names the binary (default: the release build of this repository,
 # under CARGO_TARGET_DIR when set); other LONGRANK_* settings pass through to the replicas.
 set -euo pipefail
 
-usage() { echo "usage: $0 up DIR [DATA_DIR] [MODEL] | restart DIR N | down DIR" >&2; exit 2; }
+usage() { echo "usage: $0 up DIR [DATA_DIR] [MODEL] | restart DIR N | add DIR | down DIR" >&2; exit 2; }
 [ $# -ge 2 ] || usage
 action=$1
 dir=$(realpath -m "$2")
 root=$(cd "$(dirname "$0")/.." && pwd)
-replicas=3 # one `server rN` line each in deploy/haproxy.cfg
+replicas=3 # at `up`; `add` starts more
 bin=$(realpath -m "${LONGRANK_BIN:-${CARGO_TARGET_DIR:-$root/target}/release/longrank}")
 [ "$action" = up ] && data=$(realpath -m "${3:-data}")
 # The replicas read the repository's config.toml.
@@ -44,6 +46,16 @@ start_replica() { # N: on the address in DIR/rN.addr, with the store and data di
   echo $! >"$dir/r$i.pid"
 }
 
+# HAProxy's configuration: deploy/haproxy.cfg with one `server` line per replica of DIR, in number order.
+write_haproxy_cfg() {
+  {
+    cat "$root/deploy/haproxy.cfg"
+    for addr in $(ls "$dir"/r*.addr | sort -V); do
+      echo "    server $(basename "$addr" .addr) $(cat "$addr")"
+    done
+  } >"$dir/haproxy.cfg"
+}
+
 case $action in
 up)
   [ -x "$bin" ] || { echo "ERROR: $bin is missing (cargo build --release, or set LONGRANK_BIN)" >&2; exit 1; }
@@ -53,19 +65,19 @@ up)
   bash "$root/scripts/postgres.sh" start "$dir/pg" >/dev/null
   echo "$data" >"$dir/data.dir"
   echo "${4:-${LONGRANK_MODEL_PATH:-}}" >"$dir/model"
-  # The replicas' addresses go to HAProxy only, not into the replicas' environment.
-  addresses=()
   for i in $(seq 1 "$replicas"); do
     echo "127.0.0.1:$(free_port)" >"$dir/r$i.addr"
-    addresses+=("LONGRANK_REPLICA_$i=$(cat "$dir/r$i.addr")")
     start_replica "$i"
   done
   for i in $(seq 1 "$replicas"); do
     wait_healthy "http://$(cat "$dir/r$i.addr")" 120
   done
   front="127.0.0.1:$(free_port)"
-  env "${addresses[@]}" LONGRANK_FRONT="$front" haproxy -q -D -p "$dir/haproxy.pid" -f "$root/deploy/haproxy.cfg"
   echo "$front" >"$dir/front.addr"
+  write_haproxy_cfg
+  # Master-worker mode: a reload (SIGUSR2 to the master) passes the listening socket on to the new worker, so
+  # no connection is refused meanwhile.
+  LONGRANK_FRONT="$front" haproxy -q -W -D -p "$dir/haproxy.pid" -f "$dir/haproxy.cfg"
   wait_healthy "http://$front" 30
   echo "http://$front"
   ;;
@@ -76,6 +88,16 @@ restart)
   fi
   start_replica "$3"
   wait_healthy "http://$(cat "$dir/r$3.addr")" 120
+  ;;
+add)
+  [ $# -eq 2 ] && [ -f "$dir/front.addr" ] || usage
+  n=$(($(ls "$dir"/r*.addr | wc -l) + 1))
+  echo "127.0.0.1:$(free_port)" >"$dir/r$n.addr"
+  start_replica "$n"
+  wait_healthy "http://$(cat "$dir/r$n.addr")" 120
+  write_haproxy_cfg
+  kill -USR2 "$(cat "$dir/haproxy.pid")"
+  echo "$n"
   ;;
 down)
   for pidfile in "$dir"/haproxy.pid "$dir"/r*.pid; do

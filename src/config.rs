@@ -262,6 +262,9 @@ pub struct BatchConfig {
     /// How long a worker holds a claimed topic without renewing its lease (renewed every third of it); past
     /// it, another worker (of any replica) runs the topic again.
     pub lease_ms: u64,
+    /// How long a job that no live replica can run (none serves its index files and model weights) waits
+    /// before it fails with the reason (0: until one can).
+    pub stranded_fail_after_ms: u64,
     /// At start, resume the jobs a crash or restart cut off from their last finished topic (false: mark
     /// them interrupted).
     pub resume_interrupted: bool,
@@ -271,7 +274,13 @@ pub struct BatchConfig {
 
 impl Default for BatchConfig {
     fn default() -> Self {
-        BatchConfig { workers: 1, lease_ms: 30_000, resume_interrupted: true, keep_finished_jobs: 1000 }
+        BatchConfig {
+            workers: 1,
+            lease_ms: 30_000,
+            stranded_fail_after_ms: 600_000,
+            resume_interrupted: true,
+            keep_finished_jobs: 1000,
+        }
     }
 }
 

@@ -21,7 +21,9 @@ use crate::eval::{self, Comparison, EvalError, EvalOptions, Measure, Qrels, Run,
 use crate::index::Catalog;
 use crate::model::Cancel;
 use crate::rank::{BatchParams, BatchPlan, Engine, RankError};
-use crate::store::{Claim, Committed, Completion, JobRow, JobStatus, Lane, NewJob, Serves, Store, StoreError};
+use crate::store::{Claim, Committed, Completion, JobRow, JobStatus, Lane, NewJob, Store, StoreError};
+
+use super::cluster::Cluster;
 
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
@@ -85,6 +87,34 @@ pub struct JobView {
     /// One per kind, with a count and the first ids.
     pub warnings: Vec<Warning>,
     pub error: Option<String>,
+    /// Present while no live replica can run the job (none serves the index files and model weights it was
+    /// submitted against): it resumes when one can, or fails at `fails_at`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stranded: Option<Stranded>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Stranded {
+    pub since: String,
+    /// When it fails if no replica can run it by then (`batch.stranded_fail_after_ms`; absent: it waits).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fails_at: Option<String>,
+    pub message: String,
+}
+
+impl Stranded {
+    fn of(row: &JobRow, fail_after_ms: u64) -> Option<Stranded> {
+        let since = row.stranded_ms.filter(|_| !row.status.is_finished())?;
+        let time = |ms: i64| crate::timestamp::rfc3339(std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64));
+        let weights = row.weights.as_ref().map(|w| format!(" and model weights {w}")).unwrap_or_default();
+        let message = format!(
+            "no live replica serves the index files (fingerprint {}){weights} this job was submitted against: it \
+             resumes when one does",
+            row.fingerprint.as_deref().unwrap_or_default()
+        );
+        let fails_at = (fail_after_ms > 0).then(|| time(since + fail_after_ms as i64));
+        Some(Stranded { since: time(since), fails_at, message })
+    }
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -138,6 +168,8 @@ pub struct Jobs {
     engine: Arc<Engine>,
     store: Store,
     config: Config,
+    /// The other replicas, and the settings in force (the lease's length).
+    cluster: Arc<Cluster>,
     /// This replica's name in the leases it takes (set by `start`).
     replica: OnceLock<String>,
     /// Wakes idle workers when a job is submitted here (others' jobs are found by polling).
@@ -176,6 +208,7 @@ const IDLE_POLL: Duration = Duration::from_millis(250);
 impl Jobs {
     pub fn new(engine: Arc<Engine>, store: Store, config: Config) -> Arc<Jobs> {
         Arc::new(Jobs {
+            cluster: Arc::new(Cluster::new(engine.clone(), store.clone(), config.batch.clone())),
             engine,
             store,
             config,
@@ -190,6 +223,10 @@ impl Jobs {
 
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    pub fn cluster(&self) -> &Arc<Cluster> {
+        &self.cluster
     }
 
     /// Validates and queues a job; returns its id at once.
@@ -271,6 +308,7 @@ impl Jobs {
     pub async fn start(self: &Arc<Self>, replica: String) -> Result<(), JobError> {
         let shared = self.store.shared();
         let stale = self.store.release_leases(shared.then_some(replica.as_str())).await?;
+        self.cluster.start(replica.clone()).await?;
         let _ = self.replica.set(replica);
         if !self.config.batch.resume_interrupted {
             let cut_off = match shared {
@@ -297,14 +335,9 @@ impl Jobs {
             // Replicas take only jobs they can run exactly; an unshared store has one process, which runs all.
             let serves = match self.store.shared() {
                 false => None,
-                true => {
-                    let engine = self.engine.clone();
-                    let fingerprints = tokio::task::spawn_blocking(move || engine.fingerprints()).await;
-                    let fingerprints = fingerprints.unwrap_or_default().into_values().collect();
-                    Some(Serves { fingerprints, weights: self.engine.models().weights_hashes() })
-                }
+                true => Some(self.cluster.serves().await),
             };
-            match self.store.claim_topic(&replica, self.config.batch.lease_ms as i64, serves.as_ref(), lane).await {
+            match self.store.claim_topic(&replica, self.cluster.lease_ms() as i64, serves.as_ref(), lane).await {
                 Ok(Some(claim)) => {
                     self.counters.claimed.fetch_add(1, Ordering::Relaxed);
                     if claim.attempt > 1 {
@@ -401,8 +434,9 @@ impl Jobs {
 
     /// Renews a claim's lease every third of it; cancels the topic when the lease is lost.
     async fn renew(self: Arc<Self>, claim: Claim, cancel: Cancel) {
-        let lease_ms = self.config.batch.lease_ms;
         loop {
+            // The lease's length in force now (cluster settings change it without a restart).
+            let lease_ms = self.cluster.lease_ms();
             tokio::time::sleep(Duration::from_millis(lease_ms / 3)).await;
             match self.store.renew(&claim, lease_ms as i64).await {
                 Ok(true) => {
@@ -457,14 +491,14 @@ impl Jobs {
 
     pub async fn get(&self, id: &str) -> Result<JobView, JobError> {
         let row = self.store.job(id).await?.ok_or_else(|| JobError::UnknownJob(id.to_string()))?;
-        Ok(view(row))
+        Ok(self.view(row))
     }
 
     /// Every job, newest first.
     /// A page of jobs, newest first, without per-topic metrics, and how many jobs there are.
     pub async fn list(&self, offset: usize, limit: usize) -> Result<(Vec<JobView>, i64), JobError> {
         let (rows, total) = self.store.jobs(offset, limit).await?;
-        Ok((rows.into_iter().map(view).collect(), total))
+        Ok((rows.into_iter().map(|row| self.view(row)).collect(), total))
     }
 
     /// Waits until a job finishes, here or on another replica, or the deadline passes: the job as it is then.
@@ -552,6 +586,10 @@ impl Jobs {
         }
         Ok(eval::compare(&evaluations[0], &evaluations[1]))
     }
+
+    fn view(&self, row: JobRow) -> JobView {
+        view(row, self.cluster.effective().stranded_fail_after_ms)
+    }
 }
 
 /// A finished job's warnings, and its metrics when there are qrels, from its whole run as `GET
@@ -569,9 +607,10 @@ fn completion(plan: &BatchPlan, run: &str, qrels: Option<&str>) -> Result<Comple
     Ok(Completion { metrics, warnings: serde_json::to_string(&warnings).unwrap_or_default() })
 }
 
-fn view(row: JobRow) -> JobView {
+fn view(row: JobRow, stranded_fail_after_ms: u64) -> JobView {
     let json = |s: &str| serde_json::from_str(s).unwrap_or(serde_json::Value::Null);
     JobView {
+        stranded: Stranded::of(&row, stranded_fail_after_ms),
         progress: Progress::of(&row),
         flops: row.flops.map(|total| Flops { total, per_topic: total / row.done.max(1) as f64 }),
         params: json(&row.params),

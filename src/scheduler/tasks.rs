@@ -20,10 +20,11 @@ use utoipa::ToSchema;
 use crate::cancel::Cancel;
 use crate::config::{Config, IndexConfig};
 use crate::corpus::{Corpus, Format};
+use crate::hash::Fnv;
 use crate::index::{self, IndexError, OnError};
 use crate::progress::{Progress, Unit};
 use crate::rank::Engine;
-use crate::store::{Store, StoreError, TaskFilter, TaskKind, TaskOutcome, TaskRow, TaskStatus};
+use crate::store::{KeyedRequest, Store, StoreError, TaskFilter, TaskKind, TaskOutcome, TaskRow, TaskStatus};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TaskError {
@@ -44,6 +45,8 @@ pub enum TaskError {
     /// An upload that gave nothing to index, and why when a file was set aside (`: …`).
     #[error("the upload holds no documents{0}")]
     NoDocuments(String),
+    #[error("Idempotency-Key {key:?} was given to task {id}, a write with another route, parameters or upload: use a new key for another write")]
+    KeyReused { key: String, id: i64 },
     #[error("this server is a replica (its store is PostgreSQL): collections are read-only here; build them with `longrank index` and copy the directory to each replica")]
     ReadOnly,
 }
@@ -203,16 +206,57 @@ impl Tasks {
         self.store.shared()
     }
 
-    /// Queues a task on a collection (its name checked first).
-    pub async fn enqueue(&self, collection: &str, kind: TaskKind, input: &Input) -> Result<TaskView, TaskError> {
+    /// Queues a task on a collection (its name checked first). With an Idempotency-Key, a repeat of the write
+    /// (a client's or a proxy's retry) answers the first task instead of queueing another, and the key given
+    /// to another write is refused.
+    pub async fn enqueue(
+        &self,
+        collection: &str,
+        kind: TaskKind,
+        input: &Input,
+        key: Option<&str>,
+    ) -> Result<TaskView, TaskError> {
+        let keyed =
+            key.map(|key| KeyedRequest { key: key.to_string(), request: digest(collection, kind, input, None) });
+        Ok(self.queue(collection, kind, input, keyed).await?.0)
+    }
+
+    /// Queues a task, or finds the one its key names: the task, and whether it is new.
+    async fn queue(
+        &self,
+        collection: &str,
+        kind: TaskKind,
+        input: &Input,
+        keyed: Option<KeyedRequest>,
+    ) -> Result<(TaskView, bool), TaskError> {
         if self.read_only() {
             return Err(TaskError::ReadOnly);
         }
         index::validate_name(collection)?;
+        if let Some(first) = self.first_with_key(keyed.as_ref()).await? {
+            return Ok((self.get(first).await?, false));
+        }
         let text = serde_json::to_string(input).expect("inputs serialize");
-        let id = self.store.create_task(collection, kind, &text).await?;
+        let id = match self.store.create_task(collection, kind, &text, keyed.as_ref()).await {
+            // The same key sent at once by another request: the first one queued wins.
+            Err(e) if e.is_duplicate() && keyed.is_some() => match self.first_with_key(keyed.as_ref()).await? {
+                Some(first) => return Ok((self.get(first).await?, false)),
+                None => return Err(e.into()),
+            },
+            created => created?,
+        };
         self.wake.notify_one();
-        self.get(id).await
+        Ok((self.get(id).await?, true))
+    }
+
+    /// The task queued with this key, when this request repeats it.
+    async fn first_with_key(&self, keyed: Option<&KeyedRequest>) -> Result<Option<i64>, TaskError> {
+        let Some(keyed) = keyed else { return Ok(None) };
+        match self.store.task_by_idempotency_key(&keyed.key).await? {
+            Some((id, request)) if request == keyed.request => Ok(Some(id)),
+            Some((id, _)) => Err(TaskError::KeyReused { key: keyed.key.clone(), id }),
+            None => Ok(None),
+        }
     }
 
     /// Streams an upload to `uploads/` (at most `limit` bytes, fsynced), then queues its task.
@@ -222,6 +266,7 @@ impl Tasks {
         body: impl futures_util::Stream<Item = Result<bytes::Bytes, impl std::fmt::Display>> + Unpin,
         limit: u64,
         mut input: Input,
+        key: Option<&str>,
     ) -> Result<TaskView, TaskError> {
         use tokio::io::AsyncWriteExt;
         if self.read_only() {
@@ -238,11 +283,16 @@ impl Tasks {
             let mut file = tokio::io::BufWriter::new(tokio::fs::File::create(&partial).await?);
             let mut stream = body;
             let mut size = 0u64;
+            // The bytes' hash identifies the upload for its key.
+            let mut hash = key.map(|_| Fnv::default());
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk.map_err(|e| TaskError::Upload(e.to_string()))?;
                 size += chunk.len() as u64;
                 if size > limit {
                     return Err(TaskError::TooLarge { limit });
+                }
+                if let Some(hash) = &mut hash {
+                    hash.write(&chunk);
                 }
                 file.write_all(&chunk).await?;
             }
@@ -250,14 +300,25 @@ impl Tasks {
             file.into_inner().sync_all().await?;
             tokio::fs::rename(&partial, dir.join(&name)).await?;
             tokio::fs::File::open(&dir).await?.sync_all().await?;
-            Ok::<_, TaskError>(())
+            Ok::<_, TaskError>(hash)
         };
-        if let Err(e) = stored.await {
-            let _ = tokio::fs::remove_file(&partial).await;
-            return Err(e);
-        }
+        let hash = match stored.await {
+            Ok(hash) => hash,
+            Err(e) => {
+                let _ = tokio::fs::remove_file(&partial).await;
+                return Err(e);
+            }
+        };
+        let kind = TaskKind::AddDocuments;
+        let keyed = key
+            .map(|key| KeyedRequest { key: key.to_string(), request: digest(collection, kind, &input, hash.as_ref()) });
         input.file = Some(name);
-        self.enqueue(collection, TaskKind::AddDocuments, &input).await
+        let queued = self.queue(collection, kind, &input, keyed).await;
+        // A repeated upload (or a refused one) is not kept: the first task has its own.
+        if !matches!(queued, Ok((_, true))) {
+            self.remove_upload(&input).await;
+        }
+        Ok(queued?.0)
     }
 
     pub async fn get(&self, id: i64) -> Result<TaskView, TaskError> {
@@ -457,6 +518,22 @@ impl Tasks {
         }
         TaskError::Upload(message)
     }
+}
+
+/// What identifies a write for its Idempotency-Key: its kind and collection, its parameters, and an upload's
+/// bytes (their hash).
+fn digest(collection: &str, kind: TaskKind, input: &Input, upload: Option<&Fnv>) -> String {
+    let mut hash = Fnv::default();
+    let parameters = Input { file: None, ..input.clone() };
+    let kind = serde_json::to_string(&kind).expect("kinds serialize");
+    for part in [collection, &kind, &serde_json::to_string(&parameters).expect("inputs serialize")] {
+        hash.write(part.as_bytes());
+        hash.write(&[0]);
+    }
+    if let Some(upload) = upload {
+        hash.write(&upload.0.to_le_bytes());
+    }
+    hash.hex()
 }
 
 /// Upload progress, as the build reports bytes read.

@@ -16,6 +16,7 @@ use super::access::Access;
 use crate::index::IndexError;
 use crate::model::ModelError;
 use crate::rank::RankError;
+use crate::scheduler::cluster::ClusterError;
 use crate::scheduler::jobs::JobError;
 use crate::scheduler::tasks::TaskError;
 
@@ -59,7 +60,7 @@ codes! {
     EmptyQuery = "empty_query", 400, "The query (or a topic's) has no text.";
     QueryTooLong = "query_too_long", 400, "The query is longer than `limits.max_query_chars`.";
     OutOfRange = "out_of_range", 400, "A number is outside its range (k, depth, bm25, rm3, interpolate, \
-        preselect, documents).";
+        preselect, documents, cluster settings).";
     InvalidTag = "invalid_tag", 400, "The run tag is not one word.";
     InvalidSegments = "invalid_segments", 400, "The segmenting options are inconsistent.";
     RerankingPipelineRequired = "reranking_pipeline_required", 400, "This needs a re-ranking pipeline, not bm25 or bm25+rm3.";
@@ -101,8 +102,8 @@ codes! {
     UnknownModel = "unknown_model", 422, "No model of that name.";
     NotABiEncoder = "not_a_bi_encoder", 422, "The model named is not a bi-encoder (embeddings computed ahead, a \
         `bi-encoder:NAME` selector).";
-    IdempotencyKeyReused = "idempotency_key_reused", 422, "The Idempotency-Key was given to a job submitted with \
-        other parameters or files (the message names it): a new job needs a new key.";
+    IdempotencyKeyReused = "idempotency_key_reused", 422, "The Idempotency-Key was given to a job or task submitted \
+        with another route, parameters or files (the message names it): a new write needs a new key.";
     MalformedFile = "malformed_file", 422, "A topic, qrels or run file does not parse (the message names the line).";
     Overloaded = "overloaded", 429, "The server is at capacity (`server.max_waiting_requests` waiting, the \
         request's turn or the model's queue would end past its timeout, or the queue is full); retry after \
@@ -355,12 +356,22 @@ impl From<JobError> for ApiError {
     }
 }
 
+impl From<ClusterError> for ApiError {
+    fn from(e: ClusterError) -> ApiError {
+        match e {
+            ClusterError::Settings(e) => ApiError::new(ErrorCode::OutOfRange, e.to_string()),
+            ClusterError::Store(e) => ApiError::internal(e.to_string()),
+        }
+    }
+}
+
 impl From<TaskError> for ApiError {
     fn from(e: TaskError) -> ApiError {
         let code = match &e {
             TaskError::UnknownTask(_) => ErrorCode::UnknownTask,
             TaskError::NotCancellable { .. } => ErrorCode::TaskConflict,
             TaskError::ReadOnly => ErrorCode::ReadOnlyReplica,
+            TaskError::KeyReused { .. } => ErrorCode::IdempotencyKeyReused,
             TaskError::TooLarge { .. } => ErrorCode::UploadTooLarge,
             TaskError::Upload(_) | TaskError::NoDocuments(_) => ErrorCode::InvalidBody,
             TaskError::Index(IndexError::InvalidName(_)) => ErrorCode::InvalidCollectionName,
@@ -462,13 +473,15 @@ route_errors! {
         ModelRequired, UnknownModel, NotABiEncoder, MalformedFile, ModelUnavailable, InvalidQueryString, IndexError,
         InvalidIdempotencyKey, IdempotencyKeyReused];
     /// Writing a collection: a task queued.
-    TaskSubmitErrors(Admin): [InvalidPath, InvalidQueryString, ForbiddenOrigin, InvalidCollectionName, ReadOnlyReplica];
+    TaskSubmitErrors(Admin): [InvalidPath, InvalidQueryString, ForbiddenOrigin, InvalidCollectionName, ReadOnlyReplica,
+        InvalidIdempotencyKey, IdempotencyKeyReused];
     /// Uploading documents: a task queued once the upload is stored.
     UploadErrors(Admin): [InvalidPath, InvalidQueryString, ForbiddenOrigin, InvalidCollectionName, InvalidBody,
-        UploadTooLarge, ReadOnlyReplica];
+        UploadTooLarge, ReadOnlyReplica, InvalidIdempotencyKey, IdempotencyKeyReused];
     /// Deleting documents by id.
     DeleteDocumentsErrors(Admin): [InvalidPath, InvalidQueryString, ForbiddenOrigin, InvalidCollectionName,
-        MalformedJson, InvalidBody, BodyTooLarge, UnsupportedMediaType, ReadOnlyReplica];
+        MalformedJson, InvalidBody, BodyTooLarge, UnsupportedMediaType, ReadOnlyReplica, InvalidIdempotencyKey,
+        IdempotencyKeyReused];
     /// Reading a task, or the list.
     TaskErrors(Read): [InvalidPath, InvalidQueryString, UnknownTask];
     /// Cancelling a task.
@@ -488,6 +501,11 @@ route_errors! {
     PlainErrors(Read): [IndexError];
     /// Read-only routes that take no input and run on the engine (`server.max_concurrent_work`).
     EngineErrors(Read): [Overloaded, IndexError];
+    /// `GET /cluster`.
+    ClusterErrors(Read): [];
+    /// `PUT /cluster/settings`.
+    ClusterSettingsErrors(Admin): [MalformedJson, InvalidBody, DuplicateField, BodyTooLarge, UnsupportedMediaType,
+        ForbiddenOrigin, OutOfRange];
     /// `/health`: no key, no input.
     HealthErrors(Open): [];
 }

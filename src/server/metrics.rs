@@ -26,7 +26,12 @@ impl Metrics {
 
     /// The Prometheus text exposition.
     /// This replica's identity, and its batch workers' counters labelled with its name.
-    pub fn render_batch(&self, replica: &str, counters: &crate::scheduler::jobs::Counters) -> String {
+    pub fn render_batch(
+        &self,
+        replica: &str,
+        counters: &crate::scheduler::jobs::Counters,
+        stranded: Option<i64>,
+    ) -> String {
         let mut out = String::new();
         // The replica's name as a label every series of this target can be joined on (Prometheus's info idiom).
         let name = "longrank_replica_info";
@@ -45,6 +50,11 @@ impl Metrics {
         for (event, count) in events {
             let count = count.load(std::sync::atomic::Ordering::Relaxed);
             let _ = writeln!(out, "{name}{{replica=\"{}\",event=\"{event}\"}} {count}", escape(replica));
+        }
+        if let Some(stranded) = stranded {
+            let name = "longrank_batch_jobs_stranded";
+            header(&mut out, name, "Unfinished batch jobs that no live replica can run (none serves the index files and model weights they were submitted against).", "gauge");
+            let _ = writeln!(out, "{name} {stranded}");
         }
         out
     }

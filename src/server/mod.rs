@@ -29,7 +29,7 @@ pub use state::AppState;
 
 /// The routes, grouped by what they need of a key (`access::Access`), behind the one layer stack.
 pub fn router(state: AppState) -> Router {
-    use routes::{batch, collections, compat, documents, pipelines, rerank, search, system, tasks, web};
+    use routes::{batch, cluster, collections, compat, documents, pipelines, rerank, search, system, tasks, web};
     let open = Router::new()
         .route("/health", get(system::health))
         .route("/", get(web::index))
@@ -51,11 +51,13 @@ pub fn router(state: AppState) -> Router {
         .route("/batch/{id}", get(batch::get))
         .route("/batch/{id}/run", get(batch::run_file))
         .route("/tasks", get(tasks::list))
-        .route("/tasks/{id}", get(tasks::get));
+        .route("/tasks/{id}", get(tasks::get))
+        .route("/cluster", get(cluster::get));
     let admin = Router::new()
         .route("/batch", post(batch::submit))
         .route("/batch/{id}", delete(batch::cancel))
         .route("/tasks/{id}", delete(tasks::cancel))
+        .route("/cluster/settings", axum::routing::put(cluster::put_settings))
         .route("/collections/{name}", axum::routing::put(collections::create).delete(collections::delete))
         // An upload: bounded by `limits.max_upload_bytes` and by no request timeout (`middleware::is_upload`).
         .route("/collections/{name}/documents", post(collections::add_documents))

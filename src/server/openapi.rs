@@ -5,7 +5,7 @@ use utoipa::OpenApi;
 
 use crate::config::Limits;
 
-use super::routes::{batch, collections, compat, documents, pipelines, rerank, search, system, tasks};
+use super::routes::{batch, cluster, collections, compat, documents, pipelines, rerank, search, system, tasks};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -36,6 +36,8 @@ use super::routes::{batch, collections, compat, documents, pipelines, rerank, se
         batch::compare,
         system::health,
         system::metrics,
+        cluster::get,
+        cluster::put_settings,
     ),
     components(schemas(
         super::error::ErrorBody,
@@ -52,7 +54,7 @@ use super::routes::{batch, collections, compat, documents, pipelines, rerank, se
         (name = "documents", description = "Stored documents"),
         (name = "collections", description = "Indexed collections, and the tasks that write them"),
         (name = "batch", description = "Batch runs over TREC topic files, with trec_eval metrics"),
-        (name = "system", description = "Health and metrics"),
+        (name = "system", description = "Health, metrics, and the replicas sharing the store"),
         (name = "compatible", description = "Other servers' rerank APIs: Cohere v2 and v1, Jina, text-embeddings-inference"),
     )
 )]

@@ -29,7 +29,7 @@ pub struct Serves {
 
 impl Serves {
     /// `,a,b,`: a list SQL matches a value in with LIKE on either backend.
-    fn list(values: &[String]) -> String {
+    pub(super) fn list(values: &[String]) -> String {
         format!(",{},", values.join(","))
     }
 }
@@ -67,7 +67,7 @@ pub struct Completion {
 
 impl Store {
     /// The database's time in milliseconds since the epoch, as SQL.
-    fn now_ms(&self) -> &'static str {
+    pub(super) fn now_ms(&self) -> &'static str {
         match self.backend {
             Backend::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)",
             Backend::Postgres => "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",

@@ -8,10 +8,12 @@
 use std::path::Path;
 
 mod leases;
+mod replicas;
 mod tasks;
 
 pub use leases::{Claim, Committed, Completion, Lane, Serves};
-pub use tasks::{TaskFilter, TaskKind, TaskOutcome, TaskRow, TaskStatus};
+pub use replicas::{ReplicaRow, StrandedJob};
+pub use tasks::{KeyedRequest, TaskFilter, TaskKind, TaskOutcome, TaskRow, TaskStatus};
 
 use serde::{Deserialize, Serialize};
 use sqlx::any::{AnyPoolOptions, AnyRow};
@@ -117,6 +119,12 @@ pub struct JobRow {
     pub error: Option<String>,
     /// When its first topic was claimed, milliseconds since the epoch (by the database's clock).
     pub started_ms: Option<i64>,
+    /// Since when no live replica serves its index files and model weights (milliseconds, the database's clock).
+    pub stranded_ms: Option<i64>,
+    /// The fingerprint of the index files it was submitted against.
+    pub fingerprint: Option<String>,
+    /// The weights hash of its model (none for first-stage pipelines).
+    pub weights: Option<String>,
 }
 
 /// What a new job starts with.
@@ -171,12 +179,12 @@ const RECLAIM_PAGES: i64 = 2048;
 /// `JOB_COLUMNS` without the files and with `metrics` cut to the means (`{all}`), for lists.
 const SUMMARY_COLUMNS: &str =
     "id, status, created_at, updated_at, params, '' AS topics, NULL AS qrels, NULL AS rerank, provenance, total, \
-    warnings, metrics_all AS metrics, error, started_ms, (SELECT COUNT(*) FROM job_topics t WHERE t.job_id = jobs.id) AS done, \
+    warnings, metrics_all AS metrics, error, started_ms, stranded_ms, fingerprint, weights, (SELECT COUNT(*) FROM job_topics t WHERE t.job_id = jobs.id) AS done, \
     (SELECT SUM(flops) FROM job_topics t WHERE t.job_id = jobs.id) AS flops";
 
 const JOB_COLUMNS: &str =
     "id, status, created_at, updated_at, params, topics, qrels, rerank, provenance, total, warnings, \
-    metrics, error, started_ms, (SELECT COUNT(*) FROM job_topics t WHERE t.job_id = jobs.id) AS done, \
+    metrics, error, started_ms, stranded_ms, fingerprint, weights, (SELECT COUNT(*) FROM job_topics t WHERE t.job_id = jobs.id) AS done, \
     (SELECT SUM(flops) FROM job_topics t WHERE t.job_id = jobs.id) AS flops";
 
 impl Store {
@@ -525,6 +533,9 @@ fn job_row(r: &AnyRow) -> Result<JobRow, StoreError> {
         metrics: r.try_get("metrics")?,
         error: r.try_get("error")?,
         started_ms: r.try_get("started_ms")?,
+        stranded_ms: r.try_get("stranded_ms")?,
+        fingerprint: r.try_get("fingerprint")?,
+        weights: r.try_get("weights")?,
     })
 }
 

@@ -81,6 +81,13 @@ pub struct TaskOutcome {
     pub error: Option<String>,
 }
 
+/// A write's Idempotency-Key and a digest of what it asked (route, parameters, an upload's bytes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyedRequest {
+    pub key: String,
+    pub request: String,
+}
+
 /// Which tasks a list shows.
 #[derive(Debug, Clone, Default)]
 pub struct TaskFilter {
@@ -96,18 +103,35 @@ const COLUMNS: &str = "id, collection, kind, status, input, read, indexed, skipp
 
 impl Store {
     /// Queues a task; its id.
-    pub async fn create_task(&self, collection: &str, kind: TaskKind, input: &str) -> Result<i64, StoreError> {
+    pub async fn create_task(
+        &self,
+        collection: &str,
+        kind: TaskKind,
+        input: &str,
+        keyed: Option<&KeyedRequest>,
+    ) -> Result<i64, StoreError> {
         let row = sqlx::query(
-            "INSERT INTO tasks (collection, kind, status, input, enqueued_at) VALUES ($1, $2, 'queued', $3, $4) \
-             RETURNING id",
+            "INSERT INTO tasks (collection, kind, status, input, enqueued_at, idempotency_key, request) \
+             VALUES ($1, $2, 'queued', $3, $4, $5, $6) RETURNING id",
         )
         .bind(collection)
         .bind(text(kind))
         .bind(input)
         .bind(now_rfc3339())
+        .bind(keyed.map(|k| k.key.as_str()))
+        .bind(keyed.map(|k| k.request.as_str()))
         .fetch_one(&self.pool)
         .await?;
         Ok(row.try_get(0)?)
+    }
+
+    /// The task queued with this Idempotency-Key, if any, and the digest of its request.
+    pub async fn task_by_idempotency_key(&self, key: &str) -> Result<Option<(i64, String)>, StoreError> {
+        let row = sqlx::query("SELECT id, request FROM tasks WHERE idempotency_key = $1")
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
     }
 
     pub async fn task(&self, id: i64) -> Result<Option<TaskRow>, StoreError> {
@@ -242,9 +266,9 @@ mod tests {
     }
 
     async fn tasks_in_order(store: &Store) {
-        let a = store.create_task("c", TaskKind::CreateCollection, "{}").await.unwrap();
-        let b = store.create_task("c", TaskKind::AddDocuments, "{\"file\": \"x\"}").await.unwrap();
-        let c = store.create_task("d", TaskKind::DeleteCollection, "{}").await.unwrap();
+        let a = store.create_task("c", TaskKind::CreateCollection, "{}", None).await.unwrap();
+        let b = store.create_task("c", TaskKind::AddDocuments, "{\"file\": \"x\"}", None).await.unwrap();
+        let c = store.create_task("d", TaskKind::DeleteCollection, "{}", None).await.unwrap();
         assert!(a < b && b < c);
         let first = store.start_next_task().await.unwrap().unwrap();
         assert_eq!((first.id, first.status, first.kind), (a, TaskStatus::Running, TaskKind::CreateCollection));

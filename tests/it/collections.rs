@@ -491,3 +491,35 @@ fn an_upload_without_documents_fails_and_says_why() {
     let error = wrong["error"].as_str().unwrap();
     assert!(error.starts_with("the upload holds no documents: ") && error.contains("topic"), "{wrong}");
 }
+
+/// A collection write repeated with its Idempotency-Key (a client's or a proxy's retry) answers the first task
+/// and queues nothing more; the key given to another write is refused, and an upload repeated keeps no copy.
+#[test]
+fn a_write_repeated_with_its_idempotency_key_answers_the_first_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), &[]);
+    let keyed = |method: &str, path: &str, key: &str, body: Option<&str>| {
+        request(method, &server.url(path), &[("content-type", "application/x-ndjson"), ("idempotency-key", key)], body)
+    };
+    let docs = "{\"id\": \"d1\", \"text\": \"harbor lantern\"}\n{\"id\": \"d2\", \"text\": \"lantern oil\"}\n";
+    let first = task(keyed("POST", "/collections/k/documents?wait=true", "upload-1", Some(docs)));
+    assert_eq!(first["status"], "succeeded", "{first}");
+    let again = keyed("POST", "/collections/k/documents", "upload-1", Some(docs));
+    assert_eq!((again.status, &again.json()["id"]), (202, &first["id"]), "the first task: {}", again.body);
+    assert_eq!(again.json()["status"], "succeeded");
+    let uploads = std::fs::read_dir(dir.path().join("uploads")).map_or(0, |d| d.count());
+    assert_eq!(uploads, 0, "the repeated upload was not kept");
+    let other = docs.replace("oil", "wick");
+    keyed("POST", "/collections/k/documents", "upload-1", Some(&other)).assert_error(422, "idempotency_key_reused");
+    keyed("POST", "/collections/k/documents?on_error=abort", "upload-1", Some(docs))
+        .assert_error(422, "idempotency_key_reused");
+
+    let delete = task(keyed("DELETE", "/collections/k/documents/d1?wait=true", "delete-1", None));
+    assert_eq!(keyed("DELETE", "/collections/k/documents/d1", "delete-1", None).json()["id"], delete["id"]);
+    keyed("DELETE", "/collections/k/documents/d2", "delete-1", None).assert_error(422, "idempotency_key_reused");
+    keyed("PUT", "/collections/k", "upload-1", None).assert_error(422, "idempotency_key_reused");
+    keyed("PUT", "/collections/k", "", None).assert_error(400, "invalid_idempotency_key");
+    let listed: Vec<Value> = serde_json::from_str(&get(&server.url("/tasks?collection=k")).1).unwrap();
+    assert_eq!(listed.len(), 2, "one task per key: {listed:?}");
+    assert_eq!(docids(&server, "k", "lantern"), ["d2"]);
+}

@@ -278,22 +278,25 @@ fn cranfield_fingerprint(server: &TestServer) -> String {
     health["fingerprints"]["cranfield"].as_str().unwrap().to_string()
 }
 
-#[test]
-fn replicas_leave_jobs_on_other_index_files_to_the_replicas_that_serve_them() {
-    let Some(url) = fresh_postgres() else { return };
+/// Cranfield's data directory, a copy of it (the same fingerprint), and another index of the collection (one
+/// more document: another fingerprint).
+fn three_data_dirs() -> [tempfile::TempDir; 3] {
     let original = crate::fixtures::cranfield_data_dir();
     let copy = tempfile::tempdir().unwrap();
     let status = Command::new("cp").arg("-r").arg(original.path().join("collections")).arg(copy.path()).status();
     assert!(status.unwrap().success());
-    // Another index: the same collection with one more document.
     let other = crate::fixtures::cranfield_data_dir();
     let extra = other.path().join("extra.jsonl");
-    std::fs::write(
-        &extra,
-        "{\"id\": \"extra-1\", \"title\": \"extra\", \"text\": \"wing flutter at supersonic speed\"}\n",
-    )
-    .unwrap();
+    let document = "{\"id\": \"extra-1\", \"title\": \"extra\", \"text\": \"wing flutter at supersonic speed\"}\n";
+    std::fs::write(&extra, document).unwrap();
     crate::common::cli_ok(other.path(), &["index", "--collection", "cranfield", extra.to_str().unwrap()]);
+    [original, copy, other]
+}
+
+#[test]
+fn replicas_leave_jobs_on_other_index_files_to_the_replicas_that_serve_them() {
+    let Some(url) = fresh_postgres() else { return };
+    let [original, copy, other] = three_data_dirs();
 
     let logs = tempfile::tempdir().unwrap();
     let log = |name: &str| logs.path().join(format!("{name}.log"));
@@ -358,4 +361,242 @@ fn a_job_cancelled_on_one_replica_stops_on_every_replica() {
     let after = done(&a);
     assert_eq!((after["status"].as_str(), after["progress"]["done"].as_i64()), (Some("cancelled"), Some(before)));
     assert!(before < 3000, "the job finished before it was cancelled");
+}
+
+/// A job no live replica can run says so (its view, `/metrics`) and resumes when one can; set through the
+/// cluster settings (in force on every replica within a heartbeat), a stranded job fails past
+/// `batch.stranded_fail_after_ms` with the reason.
+#[test]
+fn a_stranded_job_reports_itself_then_resumes_or_fails_by_the_cluster_settings() {
+    let Some(url) = fresh_postgres() else { return };
+    let [original, copy, other] = three_data_dirs();
+    let logs = tempfile::tempdir().unwrap();
+    let log = |name: &str| logs.path().join(format!("{name}.log"));
+    let job = |server: &TestServer, id: &str| -> Value {
+        serde_json::from_str(&get(&server.url(&format!("/batch/{id}"))).1).unwrap()
+    };
+    let stranded_gauge = |server: &TestServer| -> String {
+        let text = get(&server.url("/metrics")).1;
+        text.lines().find(|l| l.starts_with("longrank_batch_jobs_stranded ")).unwrap_or_default().to_string()
+    };
+
+    // Each holds before its first commit, lease in hand, until killed.
+    let mut a = replica(original.path(), &url, "a", Some("batch.commit:1"), &log("a"));
+    let mut b = replica(other.path(), &url, "b", Some("batch.commit:1"), &log("b"));
+    let fingerprint = cranfield_fingerprint(&a);
+    let first = post_json(&a.url("/batch"), &job_body().to_string()).json()["id"].as_str().unwrap().to_string();
+    a.wait_log(&log("a"), "holding at batch.commit");
+    assert!(job(&b, &first).get("stranded").is_none(), "a serves it");
+    assert_eq!(stranded_gauge(&b), "longrank_batch_jobs_stranded 0");
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    let view = wait_for(&b, &first, |v| v.get("stranded").is_some());
+    assert_eq!(view["status"], "running", "{view}");
+    let message = view["stranded"]["message"].as_str().unwrap();
+    assert!(message.contains("no live replica serves the index files") && message.contains(&fingerprint), "{message}");
+    assert!(view["stranded"]["fails_at"].is_string(), "{view}");
+    assert_eq!(stranded_gauge(&b), "longrank_batch_jobs_stranded 1");
+    let cluster: Value = serde_json::from_str(&get(&b.url("/cluster")).1).unwrap();
+    assert_eq!(cluster["stranded_jobs"], 1, "{cluster}");
+    let live: Vec<(&str, bool)> = cluster["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["id"].as_str().unwrap(), r["live"] == true))
+        .collect();
+    assert_eq!(live, [("a", false), ("b", true)], "{cluster}");
+
+    // A replica with a copy of the files it was submitted against: it resumes there, and is no longer stranded.
+    let c = replica(copy.path(), &url, "c", None, &log("c"));
+    let done = wait_for(&c, &first, |v| v["status"] != "running" && v["status"] != "queued");
+    assert_eq!((&done["status"], &done["progress"]["done"]), (&json!("done"), &json!(60)), "{done}");
+    assert!(done.get("stranded").is_none(), "{done}");
+
+    // Settings put on one replica are in force on every other within a heartbeat.
+    let settings = json!({"batch.lease_ms": 4000, "batch.stranded_fail_after_ms": 2000}).to_string();
+    let put = crate::common::request(
+        "PUT",
+        &c.url("/cluster/settings"),
+        &[("content-type", "application/json")],
+        Some(&settings),
+    );
+    assert_eq!(put.status, 200, "{}", put.body);
+    assert_eq!(put.json()["effective"], json!({"batch.lease_ms": 4000, "batch.stranded_fail_after_ms": 2000}));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let cluster: Value = serde_json::from_str(&get(&b.url("/cluster")).1).unwrap();
+        if cluster["effective"]["batch.lease_ms"] == 4000 {
+            assert_eq!(cluster["settings"], json!({"batch.lease_ms": 4000, "batch.stranded_fail_after_ms": 2000}));
+            break;
+        }
+        assert!(Instant::now() < deadline, "the settings never reached b: {cluster}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let bad = json!({"batch.lease_ms": 10}).to_string();
+    crate::common::request("PUT", &c.url("/cluster/settings"), &[("content-type", "application/json")], Some(&bad))
+        .assert_error(400, "out_of_range");
+
+    // A job on b's index files, stranded when b dies, fails once stranded for two seconds.
+    let second = post_json(&b.url("/batch"), &job_body().to_string()).json()["id"].as_str().unwrap().to_string();
+    b.wait_log(&log("b"), "holding at batch.commit");
+    b.child.kill().unwrap();
+    b.child.wait().unwrap();
+    let failed = wait_for(&c, &second, |v| v["status"] != "running" && v["status"] != "queued");
+    assert_eq!(failed["status"], "failed", "{failed}");
+    let error = failed["error"].as_str().unwrap();
+    assert!(
+        error.starts_with("stranded: no live replica served the index files")
+            && error.contains("batch.stranded_fail_after_ms"),
+        "{error}"
+    );
+    assert_eq!(topics_counter(&c, "claimed"), 60, "c ran the first job's topics, none of the second's");
+}
+
+/// `cluster.sh add` starts a fourth replica and reloads HAProxy with it: requests through the front reach it,
+/// and searches sent meanwhile are all answered (the reload hands the listening socket on).
+#[test]
+fn cluster_add_puts_a_new_replica_into_rotation_losing_no_request() {
+    let dir = crate::fixtures::cranfield_data_dir();
+    let Some(cluster) = Cluster::up(dir.path()) else { return };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster.sh");
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (sent, failed) = (std::sync::atomic::AtomicUsize::new(0), std::sync::atomic::AtomicUsize::new(0));
+    let seen = std::thread::scope(|scope| {
+        for _ in 0..2 {
+            let (done, sent, failed, front) = (&done, &sent, &failed, &cluster.front);
+            scope.spawn(move || {
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    let url = format!("{front}/search?query=wing+flutter&k=10");
+                    if !ureq::get(&url).timeout(Duration::from_secs(30)).call().is_ok_and(|r| r.status() == 200) {
+                        failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+        let elsewhere = tempfile::tempdir().unwrap();
+        let added = Command::new("bash")
+            .arg(&script)
+            .args(["add", cluster.run.path().join("cluster").to_str().unwrap()])
+            .current_dir(elsewhere.path())
+            .env("LONGRANK_BIN", BIN)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .unwrap();
+        assert!(added.status.success());
+        assert_eq!(String::from_utf8_lossy(&added.stdout).trim(), "4");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let seen = loop {
+            let health: Value = serde_json::from_str(&get(&format!("{}/health", cluster.front)).1).unwrap();
+            if health["replica"] == "r4" || Instant::now() > deadline {
+                break health["replica"].clone();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        seen
+    });
+    assert_eq!(seen, "r4", "HAProxy never sent a request to the added replica");
+    assert!(sent.into_inner() > 0);
+    assert_eq!(failed.into_inner(), 0, "searches failed while HAProxy reloaded");
+    let view: Value = serde_json::from_str(&get(&format!("{}/cluster", cluster.front)).1).unwrap();
+    let live: Vec<&str> = view["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["live"] == true)
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(live, ["r1", "r2", "r3", "r4"], "{view}");
+}
+
+/// A frozen replica (SIGSTOP: its connections open, nothing answered) is taken out of rotation within seconds:
+/// searches through HAProxy meanwhile are answered, each within a client's timeout far below HAProxy's server
+/// timeout, never held for it.
+#[test]
+fn a_frozen_replica_holds_no_client_for_long() {
+    let dir = crate::fixtures::cranfield_data_dir();
+    let Some(cluster) = Cluster::up(dir.path()) else { return };
+    let pid: i32 = cluster.file("r2.pid").parse().unwrap();
+    let (sent, failed) = (std::sync::atomic::AtomicUsize::new(0), std::sync::Mutex::new(Vec::new()));
+    std::thread::scope(|scope| {
+        for client in 0..4 {
+            let (sent, failed, front) = (&sent, &failed, &cluster.front);
+            scope.spawn(move || {
+                for i in 0..100 {
+                    let url = format!("{front}/search?query=boundary+layer+{client}+{i}&k=10");
+                    let started = Instant::now();
+                    match ureq::get(&url).timeout(Duration::from_secs(8)).call() {
+                        Ok(r) if r.status() == 200 => {}
+                        other => failed.lock().unwrap().push(format!(
+                            "{:?} after {:?}",
+                            other.map(|r| r.status()),
+                            started.elapsed()
+                        )),
+                    }
+                    sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+        while sent.load(std::sync::atomic::Ordering::Relaxed) < 50 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+    });
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    assert_eq!(sent.into_inner(), 400);
+    let failed = failed.into_inner().unwrap();
+    assert!(failed.is_empty(), "{} of 400 searches failed while a replica was frozen: {failed:?}", failed.len());
+}
+
+/// README's cluster commands as written (in a temporary directory instead of /tmp, and with this build for
+/// `cargo build` and `cargo run`), from the repository: the cluster serves the collection they index, lists its
+/// replicas, takes a fourth, restarts one, and goes down.
+#[test]
+fn readme_cluster_section_works_as_written() {
+    let installed = Command::new("sh").args(["-c", "command -v haproxy"]).output().unwrap().status.success();
+    if !installed || !Path::new("/usr/lib/postgresql").exists() {
+        assert!(std::env::var_os("LONGRANK_EXPECT_POSTGRES").is_none(), "CI installs HAProxy and PostgreSQL");
+        return;
+    }
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(repo.join("README.md")).unwrap();
+    let section = readme.split("\n### Replicas behind HAProxy\n").nth(1).expect("README has a cluster section");
+    let block = section
+        .split("```sh\n")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .find(|b| b.contains("scripts/cluster.sh up"))
+        .expect("a sh block that starts the cluster");
+    let tmp = tempfile::tempdir().unwrap();
+    let script: String = block
+        .lines()
+        .filter(|line| !line.starts_with("cargo build --release"))
+        .map(|line| line.replace("/tmp/", &format!("{}/", tmp.path().display())).replace("cargo run --release --", BIN))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    assert!(script.contains("cluster.sh down"), "the block takes its cluster down");
+    struct Down(std::path::PathBuf);
+    impl Drop for Down {
+        fn drop(&mut self) {
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster.sh");
+            let _ = Command::new("bash").arg(script).arg("down").arg(&self.0).output();
+        }
+    }
+    let _down = Down(tmp.path().join("longrank-cluster"));
+    let out = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &script])
+        .current_dir(repo)
+        .env("LONGRANK_BIN", BIN)
+        .env_remove("LONGRANK_MODEL_PATH")
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "README's cluster commands failed: {stdout}");
+    assert!(stdout.contains("\"docid\":\"d1\""), "the search found the indexed document: {stdout}");
+    // curl's answers end without a newline: the cluster's JSON is read from where it starts.
+    let at = stdout.find("{\"replica\":").expect("GET /cluster answered");
+    let view: Value = serde_json::Deserializer::from_str(&stdout[at..]).into_iter().next().unwrap().unwrap();
+    assert_eq!(view["replicas"].as_array().unwrap().iter().filter(|r| r["live"] == true).count(), 3, "{view}");
 }

@@ -72,18 +72,6 @@ impl<S: Send + Sync> FromRequest<S> for BatchUpload {
     }
 }
 
-const IDEMPOTENCY_KEY: &str = "idempotency-key";
-
-/// An Idempotency-Key header's value: 1 to 255 printable ASCII characters.
-fn idempotency_key(value: &[u8]) -> Result<&str, ApiError> {
-    match std::str::from_utf8(value) {
-        Ok(key) if (1..=255).contains(&key.len()) && key.bytes().all(|b| b.is_ascii_graphic() || b == b' ') => Ok(key),
-        _ => {
-            Err(ApiError::new(ErrorCode::InvalidIdempotencyKey, "Idempotency-Key: 1 to 255 printable ASCII characters"))
-        }
-    }
-}
-
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct WaitParams {
@@ -95,8 +83,7 @@ pub struct WaitParams {
 /// Start a batch run. With an `Idempotency-Key` header, a repeat of the submission (a client's or a proxy's
 /// retry) answers the first job instead of creating another, for as long as the job is kept.
 #[utoipa::path(post, path = "/batch", tag = "batch", request_body(content = BatchRequest, content_type = "application/json"),
-    params(WaitParams, ("Idempotency-Key" = Option<String>, Header,
-        description = "1 to 255 printable ASCII characters naming this submission")),
+    params(WaitParams, super::IdempotencyKey),
     responses(
         super::JobSubmitted,
         SubmitErrors,
@@ -104,11 +91,10 @@ pub struct WaitParams {
 pub async fn submit(
     State(state): State<AppState>,
     ApiQuery(params): ApiQuery<WaitParams>,
-    headers: axum::http::HeaderMap,
+    key: super::IdempotencyKey,
     BatchUpload(request): BatchUpload,
 ) -> Result<Response, ApiError> {
-    let key = headers.get(IDEMPOTENCY_KEY).map(|v| idempotency_key(v.as_bytes())).transpose()?;
-    let id = state.jobs().submit(request.into(), key).await?;
+    let id = state.jobs().submit(request.into(), key.get()).await?;
     let waits = params.wait.unwrap_or(false);
     let view = match waits {
         true => state.jobs().wait(&id, super::wait_deadline(&state)).await?,

@@ -47,27 +47,29 @@ async fn accepted(state: &AppState, task: TaskView, wait: Option<bool>) -> Resul
 
 /// Create an empty collection (BM25 parameters as configured); one that exists is left as it is.
 #[utoipa::path(put, path = "/collections/{name}", tag = "collections",
-    params(("name" = String, Path, description = "The collection's name"), TaskWait),
+    params(("name" = String, Path, description = "The collection's name"), TaskWait, super::IdempotencyKey),
     responses(super::TaskSubmitted, TaskSubmitErrors))]
 pub async fn create(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
     ApiQuery(params): ApiQuery<TaskWait>,
+    key: super::IdempotencyKey,
 ) -> Result<Accepted, ApiError> {
-    let task = state.tasks().enqueue(&name, TaskKind::CreateCollection, &Input::default()).await?;
+    let task = state.tasks().enqueue(&name, TaskKind::CreateCollection, &Input::default(), key.get()).await?;
     accepted(&state, task, params.wait).await
 }
 
 /// Delete a collection (its task fails while a batch job reads it).
 #[utoipa::path(delete, path = "/collections/{name}", tag = "collections",
-    params(("name" = String, Path, description = "The collection's name"), TaskWait),
+    params(("name" = String, Path, description = "The collection's name"), TaskWait, super::IdempotencyKey),
     responses(super::TaskSubmitted, TaskSubmitErrors))]
 pub async fn delete(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
     ApiQuery(params): ApiQuery<TaskWait>,
+    key: super::IdempotencyKey,
 ) -> Result<Accepted, ApiError> {
-    let task = state.tasks().enqueue(&name, TaskKind::DeleteCollection, &Input::default()).await?;
+    let task = state.tasks().enqueue(&name, TaskKind::DeleteCollection, &Input::default(), key.get()).await?;
     accepted(&state, task, params.wait).await
 }
 
@@ -100,7 +102,7 @@ pub struct UploadDocument {
 /// directory (up to `limits.max_upload_bytes`) and the 202 comes once it is stored durably; the collection is
 /// created if needed.
 #[utoipa::path(post, path = "/collections/{name}/documents", tag = "collections",
-    params(("name" = String, Path, description = "The collection's name"), UploadParams),
+    params(("name" = String, Path, description = "The collection's name"), UploadParams, super::IdempotencyKey),
     request_body(description = "The documents: a JSON array (`application/json`), or any other body (JSON lines \
         as `application/x-ndjson`, a file of any format `longrank index` reads)", content(
         (Vec<UploadDocument> = "application/json"),
@@ -111,6 +113,7 @@ pub async fn add_documents(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
     ApiQuery(params): ApiQuery<UploadParams>,
+    key: super::IdempotencyKey,
     request: Request,
 ) -> Result<Accepted, ApiError> {
     let content_type = request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
@@ -119,22 +122,24 @@ pub async fn add_documents(
     let on_error = params.on_error.unwrap_or(state.config().index.on_error);
     let input = Input { format, json_array, on_error, ..Input::default() };
     let limit = state.config().limits.max_upload_bytes;
-    let task = state.tasks().upload(&name, request.into_body().into_data_stream(), limit, input).await?;
+    let body = request.into_body().into_data_stream();
+    let task = state.tasks().upload(&name, body, limit, input, key.get()).await?;
     accepted(&state, task, params.wait).await
 }
 
 /// Delete one document by docid.
 #[utoipa::path(delete, path = "/collections/{name}/documents/{docid}", tag = "collections",
     params(("name" = String, Path, description = "The collection's name"),
-        ("docid" = String, Path, description = "The document's id"), TaskWait),
+        ("docid" = String, Path, description = "The document's id"), TaskWait, super::IdempotencyKey),
     responses(super::TaskSubmitted, TaskSubmitErrors))]
 pub async fn delete_document(
     State(state): State<AppState>,
     ApiPath((name, docid)): ApiPath<(String, String)>,
     ApiQuery(params): ApiQuery<TaskWait>,
+    key: super::IdempotencyKey,
 ) -> Result<Accepted, ApiError> {
     let input = Input { ids: vec![docid], ..Input::default() };
-    let task = state.tasks().enqueue(&name, TaskKind::DeleteDocuments, &input).await?;
+    let task = state.tasks().enqueue(&name, TaskKind::DeleteDocuments, &input, key.get()).await?;
     accepted(&state, task, params.wait).await
 }
 
@@ -148,15 +153,16 @@ pub struct DeleteDocuments {
 
 /// Delete documents by docid, in one task.
 #[utoipa::path(post, path = "/collections/{name}/documents/delete", tag = "collections",
-    params(("name" = String, Path, description = "The collection's name"), TaskWait),
+    params(("name" = String, Path, description = "The collection's name"), TaskWait, super::IdempotencyKey),
     request_body = DeleteDocuments, responses(super::TaskSubmitted, DeleteDocumentsErrors))]
 pub async fn delete_documents(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
     ApiQuery(params): ApiQuery<TaskWait>,
+    key: super::IdempotencyKey,
     ApiJson(body): ApiJson<DeleteDocuments>,
 ) -> Result<Accepted, ApiError> {
     let input = Input { ids: body.ids, ..Input::default() };
-    let task = state.tasks().enqueue(&name, TaskKind::DeleteDocuments, &input).await?;
+    let task = state.tasks().enqueue(&name, TaskKind::DeleteDocuments, &input, key.get()).await?;
     accepted(&state, task, params.wait).await
 }

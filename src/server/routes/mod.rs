@@ -1,6 +1,7 @@
 //! One thin handler file per API: parse, call the engine once, map the result.
 
 pub mod batch;
+pub mod cluster;
 pub mod collections;
 pub mod compat;
 pub mod documents;
@@ -24,6 +25,39 @@ use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use crate::scheduler::jobs::JobView;
 use crate::scheduler::tasks::TaskView;
 use crate::server::AppState;
+
+/// A write's `Idempotency-Key` header, checked: a repeat of the write with the same key (a client's or a
+/// proxy's retry) answers the first job or task instead of making another.
+#[derive(Debug, Default, utoipa::IntoParams)]
+#[into_params(parameter_in = Header)]
+pub struct IdempotencyKey {
+    /// 1 to 255 printable ASCII characters naming this write; kept as long as its job or task is.
+    #[param(rename = "Idempotency-Key")]
+    key: Option<String>,
+}
+
+impl IdempotencyKey {
+    pub fn get(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for IdempotencyKey {
+    type Rejection = crate::server::ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let Some(value) = parts.headers.get("idempotency-key") else { return Ok(IdempotencyKey::default()) };
+        match std::str::from_utf8(value.as_bytes()) {
+            Ok(key) if (1..=255).contains(&key.len()) && key.bytes().all(|b| b.is_ascii_graphic() || b == b' ') => {
+                Ok(IdempotencyKey { key: Some(key.to_string()) })
+            }
+            _ => Err(crate::server::ApiError::new(
+                crate::server::error::ErrorCode::InvalidIdempotencyKey,
+                "Idempotency-Key: 1 to 255 printable ASCII characters",
+            )),
+        }
+    }
+}
 
 /// Until when a `?wait=true` write waits for its job or task: most of `server.request_timeout_ms`, so that it
 /// answers with the job or task itself before the timeout would answer without it.

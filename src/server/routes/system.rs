@@ -47,6 +47,8 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         state.waiting(),
         state.connections(),
     );
-    let text = text + &state.metrics().render_batch(&state.replica(), &state.jobs().counters);
+    // Counted in the store (every replica shows the same number); left out when the store does not answer.
+    let stranded = state.jobs().store().stranded_jobs().await.ok();
+    let text = text + &state.metrics().render_batch(&state.replica(), &state.jobs().counters, stranded);
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
