@@ -46,16 +46,7 @@ for depth in 10 50 100; do
 done
 # The same backbone as a cross-encoder (a zero Linear(384, 1) head: the speed of any MiniLM-L6 cross-encoder).
 CE="$WORK/minilm-cross-encoder"
-mkdir -p "$CE"
-for f in config.json tokenizer.json model.safetensors; do ln -sf "$MODEL/$f" "$CE/$f"; done
-python3 - "$CE/head.safetensors" <<'PY'
-import json, struct, sys
-header = {"classifier.weight": {"dtype": "F32", "shape": [1, 384], "data_offsets": [0, 1536]},
-          "classifier.bias": {"dtype": "F32", "shape": [1], "data_offsets": [1536, 1540]}}
-h = json.dumps(header).encode()
-h += b" " * (-len(h) % 8)
-open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + b"\0" * 1540)
-PY
+bash bench/minilm-cross-encoder.sh "$MODEL" "$CE"
 # A query scores ~16 segments of up to 512 word pieces per article: tens of seconds at depth 5 on this CPU, so
 # the request timeout is raised and each run lasts long enough for a few requests.
 for depth in 5 10; do

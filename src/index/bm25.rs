@@ -56,23 +56,19 @@ pub fn term_score(weight_idf: f32, tf: u32, norm: f32) -> f32 {
 /// BM25 of passages (a document's segments, already analyzed) against the query's analyzed terms, each term
 /// weighted by `idf` (the collection's, or the passages' own), lengths normalized by the passages' mean
 /// length: a segment is compared with segments, not with whole documents.
-pub fn score_passages(
-    query: &[String],
-    idf: impl Fn(&str) -> f32,
-    passages: &[Vec<String>],
-    params: Bm25Params,
-) -> Vec<f32> {
-    let avg_len = passages.iter().map(Vec::len).sum::<usize>() as f64 / passages.len().max(1) as f64;
-    let weights: Vec<(&str, f32)> = query.iter().map(|t| (t.as_str(), idf(t))).collect();
-    passages
-        .iter()
-        .map(|terms| {
-            let norm = length_norm(params, terms.len() as u64, avg_len);
-            weights
-                .iter()
-                .map(|&(term, idf)| match terms.iter().filter(|t| *t == term).count() {
+/// Passages are given by their lengths (`lens`) and `tf(passage, i)`, how often the query's `i`-th term
+/// occurs in one; `idfs` are the query terms' weights, in order.
+pub fn score_passages(idfs: &[f32], lens: &[u64], tf: impl Fn(usize, usize) -> u32, params: Bm25Params) -> Vec<f32> {
+    let avg_len = lens.iter().sum::<u64>() as f64 / lens.len().max(1) as f64;
+    lens.iter()
+        .enumerate()
+        .map(|(p, &len)| {
+            let norm = length_norm(params, len, avg_len);
+            idfs.iter()
+                .enumerate()
+                .map(|(i, &idf)| match tf(p, i) {
                     0 => 0.0,
-                    tf => term_score(idf, tf as u32, norm),
+                    tf => term_score(idf, tf, norm),
                 })
                 .sum()
         })
@@ -85,14 +81,18 @@ mod tests {
 
     #[test]
     fn passages_score_by_their_query_terms() {
-        let words = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
+        fn words(s: &str) -> Vec<&str> {
+            s.split(' ').collect()
+        }
         let passages = [words("bee dance hive"), words("river bank money"), words("bee bee honey")];
-        let scores = score_passages(&words("bee dance"), |_| 1.0, &passages, Bm25Params::default());
+        let query = words("bee dance");
+        let lens: Vec<u64> = passages.iter().map(|p| p.len() as u64).collect();
+        let tf = |p: usize, i: usize| passages[p].iter().filter(|t| **t == query[i]).count() as u32;
+        let scores = score_passages(&[1.0, 1.0], &lens, tf, Bm25Params::default());
         assert_eq!(scores[1], 0.0);
         assert!(scores[0] > scores[2] && scores[2] > 0.0, "{scores:?}");
         // A rarer term weighs more.
-        let idf = |t: &str| if t == "dance" { 0.1 } else { 2.0 };
-        let scores = score_passages(&words("bee dance"), idf, &passages, Bm25Params::default());
+        let scores = score_passages(&[2.0, 0.1], &lens, tf, Bm25Params::default());
         assert!(scores[2] > scores[0], "{scores:?}");
     }
 

@@ -14,6 +14,7 @@
 //! | `snippet` | the text shown for first-stage hits |
 
 mod api;
+mod bags;
 pub mod batch;
 mod error;
 mod models;

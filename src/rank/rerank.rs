@@ -4,12 +4,14 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use super::bags::{Bag, BagCache};
 use super::{Pipeline, RankError, Ranked, RerankOptions};
 use crate::index::{analyzer, bm25, Bm25Params, IndexError, Snapshot, StoredDoc};
 use crate::model::{Cancel, Output, Reranker, Scores, Served, VectorFile};
@@ -82,10 +84,12 @@ pub fn interpolate(first_stage: &[f32], model: &[f32], weight: f32) -> Vec<f32> 
     normalized(first_stage).into_iter().zip(normalized(model)).map(|(f, m)| weight * f + (1.0 - weight) * m).collect()
 }
 
-/// Documents' segments, which depend on the document and the strategy but not on the query: cut once.
+/// Documents' segments, which depend on the document and the strategy but not on the query: cut once; and
+/// the bm25 selector's bags of their terms, analyzed once.
 #[derive(Default)]
 pub struct SegmentCache {
     entries: Mutex<HashMap<(u64, Strategy), Segments>>,
+    bags: BagCache,
 }
 
 /// A document's segments, shared between the cache and its readers.
@@ -165,37 +169,36 @@ impl Selecting<'_> {
         query: &str,
         docs: &[Candidate],
         inputs: &[Vec<(Segment, Cow<'_, str>)>],
+        bags: &BagCache,
         cancel: &Cancel,
     ) -> Result<Vec<Vec<f32>>, RankError> {
         let flat: Vec<f32> = match &self.scorer {
             SelectorScorer::Bm25 { snapshot, params } => {
                 // The segment's own text: the selector scores segments, whatever the model reads around them.
-                let passages: Vec<Vec<String>> = docs
+                let segmented: Vec<(&str, Vec<Range<usize>>)> = docs
                     .iter()
                     .zip(inputs)
-                    .flat_map(|(c, segments)| {
-                        segments.iter().map(|(s, _)| analyzer::terms(&c.doc.text[s.start..s.end]))
-                    })
+                    .map(|(c, segments)| (c.doc.text.as_str(), segments.iter().map(|(s, _)| s.start..s.end).collect()))
                     .collect();
                 let query = analyzer::terms(query);
-                let idf: HashMap<&str, f32> = match snapshot {
+                let bags = bags.bags(&segmented, &query);
+                let passages: Vec<&Bag> = bags.docs.iter().flat_map(|d| d.iter()).collect();
+                let tf = |p: usize, i: usize| passages[p].tf(bags.query[i]);
+                let idfs: Vec<f32> = match snapshot {
                     Some(snapshot) => {
                         let n = snapshot.stats()?.num_docs;
-                        query.iter().map(|t| Ok((t.as_str(), bm25::idf(n, snapshot.doc_freq(t)?)))).collect::<Result<
-                            _,
-                            IndexError,
-                        >>(
-                        )?
+                        let idf = |t: &String| Ok(bm25::idf(n, snapshot.doc_freq(t)?));
+                        query.iter().map(idf).collect::<Result<_, IndexError>>()?
                     }
-                    None => query
-                        .iter()
-                        .map(|t| {
-                            let df = passages.iter().filter(|p| p.contains(t)).count();
-                            (t.as_str(), bm25::idf(passages.len() as u64, df as u64))
+                    None => (0..query.len())
+                        .map(|i| {
+                            let df = (0..passages.len()).filter(|&p| tf(p, i) > 0).count();
+                            bm25::idf(passages.len() as u64, df as u64)
                         })
                         .collect(),
                 };
-                bm25::score_passages(&query, |t| idf[t], &passages, *params)
+                let lens: Vec<u64> = passages.iter().map(|b| b.len).collect();
+                bm25::score_passages(&idfs, &lens, tf, *params)
             }
             SelectorScorer::Model { served, store } => {
                 let texts: Vec<&str> = inputs.iter().flatten().map(|(_, text)| text.as_ref()).collect();
@@ -249,7 +252,8 @@ fn score_segments<'d>(job: &Reranking<'_>, docs: &'d [Candidate]) -> Result<Scor
     let inputs: Vec<Vec<(Segment, Cow<'d, str>)>> =
         docs.iter().map(|c| job.segments.inputs(job.served, &job.options.segments, &c.doc, cap)).collect();
     let preselect = job.preselect.as_ref().filter(|_| job.pipeline != Pipeline::FirstP);
-    let selector_scores = preselect.map(|p| p.score(job.query, docs, &inputs, job.cancel)).transpose()?;
+    let bags = &job.segments.bags;
+    let selector_scores = preselect.map(|p| p.score(job.query, docs, &inputs, bags, job.cancel)).transpose()?;
     let chosen: Vec<Vec<usize>> = match (preselect, &selector_scores) {
         (Some(p), Some(scores)) => p.options.choose(scores),
         _ => inputs.iter().map(|segments| (0..segments.len()).collect()).collect(),
