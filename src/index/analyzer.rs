@@ -29,7 +29,11 @@ pub struct Token {
 pub fn tokens(text: &str) -> Vec<Token> {
     Pieces::new(text)
         .filter(|(_, piece)| !is_stop(piece))
-        .map(|(span, piece)| Token { term: cached_stem(piece.to_lowercase()), span })
+        .map(|(span, piece)| {
+            let mut term = String::new();
+            term_of(piece, &mut term);
+            Token { term, span }
+        })
         .collect()
 }
 
@@ -93,67 +97,107 @@ pub struct TantivyAnalyzer;
 pub const TANTIVY_TOKENIZER: &str = "longrank_en";
 
 impl tantivy::tokenizer::Tokenizer for TantivyAnalyzer {
-    type TokenStream<'a> = AnalyzedStream;
+    type TokenStream<'a> = AnalyzedStream<'a>;
 
-    fn token_stream<'a>(&'a mut self, text: &'a str) -> AnalyzedStream {
-        let tokens = tokens(text)
-            .into_iter()
-            .enumerate()
-            .map(|(position, t)| tantivy::tokenizer::Token {
-                offset_from: t.span.start,
-                offset_to: t.span.end,
-                position,
-                text: t.term,
-                position_length: 1,
-            })
-            .collect();
-        AnalyzedStream { tokens, next: 0 }
+    fn token_stream<'a>(&'a mut self, text: &'a str) -> AnalyzedStream<'a> {
+        AnalyzedStream { pieces: Pieces::new(text), token: tantivy::tokenizer::Token::default(), terms: 0 }
     }
 }
 
-pub struct AnalyzedStream {
-    tokens: Vec<tantivy::tokenizer::Token>,
-    /// One past the current token.
-    next: usize,
+/// Terms one at a time into one token, its text buffer reused: an indexing thread allocates nothing per term.
+pub struct AnalyzedStream<'a> {
+    pieces: Pieces<'a>,
+    token: tantivy::tokenizer::Token,
+    /// Terms given so far.
+    terms: usize,
 }
 
-impl tantivy::tokenizer::TokenStream for AnalyzedStream {
+impl tantivy::tokenizer::TokenStream for AnalyzedStream<'_> {
     fn advance(&mut self) -> bool {
-        if self.next < self.tokens.len() {
-            self.next += 1;
-            true
-        } else {
-            false
-        }
+        let Some((span, piece)) = self.pieces.by_ref().find(|(_, piece)| !is_stop(piece)) else { return false };
+        self.token.offset_from = span.start;
+        self.token.offset_to = span.end;
+        self.token.position = self.terms;
+        self.token.position_length = 1;
+        term_of(piece, &mut self.token.text);
+        self.terms += 1;
+        true
     }
 
     fn token(&self) -> &tantivy::tokenizer::Token {
-        &self.tokens[self.next - 1]
+        &self.token
     }
 
     fn token_mut(&mut self) -> &mut tantivy::tokenizer::Token {
-        &mut self.tokens[self.next - 1]
+        &mut self.token
     }
 }
 
-/// Stems through a per-thread cache: word frequencies are Zipfian, so most tokens are cache hits, and the
-/// stemmer is a pure function.
-fn cached_stem(word: String) -> String {
-    const MAX_ENTRIES: usize = 50_000;
-    thread_local! {
-        static CACHE: std::cell::RefCell<std::collections::HashMap<String, String>> = Default::default();
+/// Words (lower-cased) and their stems kept per thread, inline in one table indexed by the word's hash (a word
+/// found costs one hash and one memory access, no pointer followed, no allocation): word frequencies are
+/// Zipfian, so most words are found, and the stemmer is a pure function. A word longer than a slot is stemmed
+/// each time; two words of one slot take it in turn.
+struct Stems {
+    slots: Vec<Slot>,
+    /// The word being looked up, lower-cased.
+    lower: String,
+}
+
+/// Bytes of a word or stem a slot holds.
+const INLINE: usize = 23;
+/// Slots per thread (48 bytes each: 3 MB).
+const SLOTS: usize = 1 << 16;
+
+#[derive(Clone, Copy)]
+struct Slot {
+    /// 0: empty (words are never empty).
+    word_len: u8,
+    stem_len: u8,
+    word: [u8; INLINE],
+    stem: [u8; INLINE],
+}
+
+impl Default for Stems {
+    fn default() -> Self {
+        let empty = Slot { word_len: 0, stem_len: 0, word: [0; INLINE], stem: [0; INLINE] };
+        Stems { slots: vec![empty; SLOTS], lower: String::new() }
     }
-    CACHE.with(|cache| {
-        let mut cache = cache.borrow_mut();
-        if let Some(stem) = cache.get(&word) {
-            return stem.clone();
+}
+
+/// The term of a word piece (not a stop word), written into `term`: lower-cased, Porter-stemmed.
+fn term_of(piece: &str, term: &mut String) {
+    use std::hash::Hasher;
+    thread_local! {
+        static STEMS: std::cell::RefCell<Stems> = Default::default();
+    }
+    STEMS.with(|stems| {
+        let Stems { slots, lower } = &mut *stems.borrow_mut();
+        lower.clear();
+        match piece.is_ascii() {
+            true => lower.extend(piece.bytes().map(|b| char::from(b.to_ascii_lowercase()))),
+            false => lower.push_str(&piece.to_lowercase()),
         }
-        if cache.len() >= MAX_ENTRIES {
-            cache.clear();
+        term.clear();
+        let word = lower.as_bytes();
+        if word.len() > INLINE {
+            term.push_str(&porter::stem(lower));
+            return;
         }
-        let stem = porter::stem(&word);
-        cache.insert(word, stem.clone());
-        stem
+        let mut hash = rustc_hash::FxHasher::default();
+        hash.write(word);
+        let slot = &mut slots[(hash.finish() >> 48) as usize % SLOTS];
+        if slot.word_len as usize == word.len() && &slot.word[..word.len()] == word {
+            term.push_str(std::str::from_utf8(&slot.stem[..slot.stem_len as usize]).expect("stems are text"));
+            return;
+        }
+        let stem = porter::stem(lower);
+        if stem.len() <= INLINE {
+            slot.word_len = word.len() as u8;
+            slot.word[..word.len()].copy_from_slice(word);
+            slot.stem_len = stem.len() as u8;
+            slot.stem[..stem.len()].copy_from_slice(stem.as_bytes());
+        }
+        term.push_str(&stem);
     })
 }
 
@@ -177,6 +221,22 @@ mod tests {
             terms("The Aerodynamics of Wings, in a slip-stream: Drake's 1859 well (U.S.) -dash AND/OR"),
             ["aerodynam", "wing", "slip", "stream", "drake", "1859", "well", "u.", "dash"]
         );
+    }
+
+    #[test]
+    fn tantivy_sees_the_same_terms_positions_and_offsets() {
+        use tantivy::tokenizer::{TokenStream, Tokenizer};
+        let text = "The Wings of THE bird: Drake's AND ünïcödé Straße, wings again";
+        let mut analyzer = TantivyAnalyzer;
+        let mut stream = analyzer.token_stream(text);
+        let mut seen = Vec::new();
+        while stream.advance() {
+            let t = stream.token();
+            seen.push((t.position, t.text.clone(), t.offset_from..t.offset_to, t.position_length));
+        }
+        let expected: Vec<_> = tokens(text).into_iter().enumerate().map(|(i, t)| (i, t.term, t.span, 1)).collect();
+        assert_eq!(seen, expected);
+        assert_eq!(seen.len(), 7);
     }
 
     #[test]
