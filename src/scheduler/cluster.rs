@@ -158,9 +158,12 @@ impl Cluster {
 
     /// Writes the first heartbeat, then one each second, as `replica`, on a thread of its own (a blocking task
     /// each second would keep the runtime's idle blocking threads alive, as `server::follow_data_dir` says).
-    pub async fn start(self: &Arc<Self>, replica: String) -> Result<(), StoreError> {
+    pub async fn start(self: &Arc<Self>, replica: String) {
         let _ = self.replica.set(replica);
-        self.beat(self.serves().await).await?;
+        // A store that fails now is tried again at the next beat: the workers start regardless.
+        if let Err(e) = self.beat(self.serves().await).await {
+            tracing::warn!("cluster heartbeat: {e}");
+        }
         let (cluster, runtime) = (self.clone(), tokio::runtime::Handle::current());
         let beating = move || {
             for beats in 1u64.. {
@@ -176,7 +179,6 @@ impl Cluster {
         if let Err(e) = std::thread::Builder::new().name("cluster-heartbeat".into()).spawn(beating) {
             tracing::error!("starting the cluster heartbeat: {e}");
         }
-        Ok(())
     }
 
     /// One heartbeat: what this replica serves, the settings in force, and the stranded jobs (on a shared store:

@@ -308,7 +308,7 @@ impl Jobs {
     pub async fn start(self: &Arc<Self>, replica: String) -> Result<(), JobError> {
         let shared = self.store.shared();
         let stale = self.store.release_leases(shared.then_some(replica.as_str())).await?;
-        self.cluster.start(replica.clone()).await?;
+        self.cluster.start(replica.clone()).await;
         let _ = self.replica.set(replica);
         if !self.config.batch.resume_interrupted {
             let cut_off = match shared {
