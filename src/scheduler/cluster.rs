@@ -54,15 +54,6 @@ impl ClusterSettings {
     }
 }
 
-/// The settings in force on this replica: the store's where set, else the configuration's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
-pub struct Effective {
-    #[serde(rename = "batch.lease_ms")]
-    pub lease_ms: u64,
-    #[serde(rename = "batch.stranded_fail_after_ms")]
-    pub stranded_fail_after_ms: u64,
-}
-
 /// A replica as its last heartbeat showed it.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ReplicaView {
@@ -102,8 +93,8 @@ pub struct ClusterView {
     pub stranded_jobs: i64,
     /// As set with `PUT /cluster/settings`.
     pub settings: ClusterSettings,
-    /// In force on the replica that answered.
-    pub effective: Effective,
+    /// In force on the replica that answered: every setting, the store's where set, else the configuration's.
+    pub effective: ClusterSettings,
 }
 
 /// This replica's view of the cluster and the settings in force.
@@ -134,11 +125,17 @@ impl Cluster {
         self.lease_ms.load(Ordering::Relaxed)
     }
 
-    pub fn effective(&self) -> Effective {
-        Effective {
-            lease_ms: self.lease_ms(),
-            stranded_fail_after_ms: self.stranded_fail_after_ms.load(Ordering::Relaxed),
-        }
+    pub fn stranded_fail_after_ms(&self) -> u64 {
+        self.stranded_fail_after_ms.load(Ordering::Relaxed)
+    }
+
+    fn effective(&self) -> ClusterSettings {
+        ClusterSettings { lease_ms: Some(self.lease_ms()), stranded_fail_after_ms: Some(self.stranded_fail_after_ms()) }
+    }
+
+    /// The settings as stored (none: `{}`).
+    async fn stored(&self) -> Result<ClusterSettings, StoreError> {
+        Ok(serde_json::from_str(&self.store.cluster_settings().await?).unwrap_or_default())
     }
 
     /// What this replica can run exactly: its collections' fingerprints and its loaded models' weights. Hashing
@@ -186,23 +183,20 @@ impl Cluster {
     async fn beat(&self, serves: Serves) -> Result<(), StoreError> {
         let replica = self.replica.get().cloned().unwrap_or_default();
         self.store.heartbeat(&replica, &serves, &self.started_at).await?;
-        let settings: ClusterSettings = serde_json::from_str(&self.store.cluster_settings().await?).unwrap_or_default();
-        self.apply(&settings);
+        self.apply(&self.stored().await?);
         if !self.store.shared() {
             return Ok(());
         }
         self.store.mark_stranded(LIVE_MS).await?;
-        let fail_after = self.effective().stranded_fail_after_ms;
+        let fail_after = self.stranded_fail_after_ms();
         if fail_after == 0 {
             return Ok(());
         }
         for job in self.store.stranded_longer_than(fail_after as i64).await? {
-            let weights = job.weights.map(|w| format!(" and model weights {w}")).unwrap_or_default();
             let error = format!(
-                "stranded: no live replica served the index files (fingerprint {}){weights} the job was submitted \
-                 against for {} s (batch.stranded_fail_after_ms); submit it again to run it on the collection as \
-                 served now",
-                job.fingerprint,
+                "stranded: no live replica served {} the job was submitted against for {} s \
+                 (batch.stranded_fail_after_ms); submit it again to run it on the collection as served now",
+                unserved(&job.fingerprint, job.weights.as_deref()),
                 job.for_ms / 1000
             );
             if self.store.fail_stranded(&job.id, &error).await? {
@@ -228,7 +222,7 @@ impl Cluster {
     }
 
     pub async fn view(&self) -> Result<ClusterView, ClusterError> {
-        let settings = serde_json::from_str(&self.store.cluster_settings().await?).unwrap_or_default();
+        let settings = self.stored().await?;
         Ok(ClusterView {
             replica: self.replica.get().cloned().unwrap_or_default(),
             replicas: self.store.replicas(FORGET_MS).await?.into_iter().map(ReplicaView::from).collect(),
@@ -237,6 +231,12 @@ impl Cluster {
             effective: self.effective(),
         })
     }
+}
+
+/// What a stranded job needs that no live replica serves, for its view and its error.
+pub fn unserved(fingerprint: &str, weights: Option<&str>) -> String {
+    let weights = weights.map(|w| format!(" and model weights {w}")).unwrap_or_default();
+    format!("the index files (fingerprint {fingerprint}){weights}")
 }
 
 #[derive(Debug, thiserror::Error)]

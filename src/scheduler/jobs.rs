@@ -23,7 +23,7 @@ use crate::model::Cancel;
 use crate::rank::{BatchParams, BatchPlan, Engine, RankError};
 use crate::store::{Claim, Committed, Completion, JobRow, JobStatus, Lane, NewJob, Store, StoreError};
 
-use super::cluster::Cluster;
+use super::cluster::{self, Cluster};
 
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
@@ -106,12 +106,9 @@ impl Stranded {
     fn of(row: &JobRow, fail_after_ms: u64) -> Option<Stranded> {
         let since = row.stranded_ms.filter(|_| !row.status.is_finished())?;
         let time = |ms: i64| crate::timestamp::rfc3339(std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64));
-        let weights = row.weights.as_ref().map(|w| format!(" and model weights {w}")).unwrap_or_default();
-        let message = format!(
-            "no live replica serves the index files (fingerprint {}){weights} this job was submitted against: it \
-             resumes when one does",
-            row.fingerprint.as_deref().unwrap_or_default()
-        );
+        let needs = cluster::unserved(row.fingerprint.as_deref().unwrap_or_default(), row.weights.as_deref());
+        let message =
+            format!("no live replica serves {needs} this job was submitted against: it resumes when one does");
         let fails_at = (fail_after_ms > 0).then(|| time(since + fail_after_ms as i64));
         Some(Stranded { since: time(since), fails_at, message })
     }
@@ -229,7 +226,6 @@ impl Jobs {
         &self.cluster
     }
 
-    /// Validates and queues a job; returns its id at once.
     /// Submits a job: its id. With an Idempotency-Key, a repeat of a submission (a client's or a proxy's retry)
     /// answers the first job's id instead of creating another, and the key given with other parameters or
     /// files is refused.
@@ -494,7 +490,6 @@ impl Jobs {
         Ok(self.view(row))
     }
 
-    /// Every job, newest first.
     /// A page of jobs, newest first, without per-topic metrics, and how many jobs there are.
     pub async fn list(&self, offset: usize, limit: usize) -> Result<(Vec<JobView>, i64), JobError> {
         let (rows, total) = self.store.jobs(offset, limit).await?;
@@ -514,7 +509,6 @@ impl Jobs {
         }
     }
 
-    /// The TREC run of a finished job.
     /// The run of a finished job as a stream of parts (topics in topic-file order), never whole in memory.
     pub async fn run_file(
         &self,
@@ -588,7 +582,21 @@ impl Jobs {
     }
 
     fn view(&self, row: JobRow) -> JobView {
-        view(row, self.cluster.effective().stranded_fail_after_ms)
+        let json = |s: &str| serde_json::from_str(s).unwrap_or(serde_json::Value::Null);
+        JobView {
+            stranded: Stranded::of(&row, self.cluster.stranded_fail_after_ms()),
+            progress: Progress::of(&row),
+            flops: row.flops.map(|total| Flops { total, per_topic: total / row.done.max(1) as f64 }),
+            params: json(&row.params),
+            provenance: json(&row.provenance),
+            metrics: row.metrics.as_deref().and_then(|m| serde_json::from_str(m).ok()),
+            warnings: serde_json::from_str(&row.warnings).unwrap_or_default(),
+            id: row.id,
+            status: row.status,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+            error: row.error,
+        }
     }
 }
 
@@ -605,24 +613,6 @@ fn completion(plan: &BatchPlan, run: &str, qrels: Option<&str>) -> Result<Comple
         serde_json::to_string(&Metrics { all: evaluation.all_map(), per_topic: Some(per_topic) }).unwrap_or_default()
     });
     Ok(Completion { metrics, warnings: serde_json::to_string(&warnings).unwrap_or_default() })
-}
-
-fn view(row: JobRow, stranded_fail_after_ms: u64) -> JobView {
-    let json = |s: &str| serde_json::from_str(s).unwrap_or(serde_json::Value::Null);
-    JobView {
-        stranded: Stranded::of(&row, stranded_fail_after_ms),
-        progress: Progress::of(&row),
-        flops: row.flops.map(|total| Flops { total, per_topic: total / row.done.max(1) as f64 }),
-        params: json(&row.params),
-        provenance: json(&row.provenance),
-        metrics: row.metrics.as_deref().and_then(|m| serde_json::from_str(m).ok()),
-        warnings: serde_json::from_str(&row.warnings).unwrap_or_default(),
-        id: row.id,
-        status: row.status,
-        created_at: row.created_at,
-        updated_at: row.updated_at,
-        error: row.error,
-    }
 }
 
 /// The run a job re-ranks, as submitted or as stored.
