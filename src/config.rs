@@ -122,13 +122,25 @@ pub fn sqlite_url(path: &Path) -> String {
     format!("sqlite://{path}?mode=rwc")
 }
 
-/// Where jobs, runs, tasks and the query log are kept.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// Where jobs, runs, tasks and the query log are kept, and the object store collections travel through.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
     /// `postgres://USER:PASSWORD@HOST:PORT/DATABASE` (shared by replicas) or `sqlite://PATH`; empty: SQLite
     /// in the data directory (`longrank.db`).
     pub url: String,
+    /// `file:///PATH` or `s3://BUCKET/PREFIX`: each committed version of a collection is published there, and
+    /// replicas fetch their collections from it (needs a PostgreSQL `url`). Empty: collections stay local.
+    pub objects: String,
+    /// Versions no replica serves (older than their collection's newest), and objects no version lists, are
+    /// deleted this long after they were published or last used.
+    pub retention_ms: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> StoreConfig {
+        StoreConfig { url: String::new(), objects: String::new(), retention_ms: 3_600_000 }
+    }
 }
 
 /// The models the re-ranking pipelines (firstp, maxp, sump, avgp) use, and how they are served.
@@ -240,7 +252,7 @@ impl Default for ModelConfig {
             dtype: "auto".into(),
             quantize: Quantize::None,
             offline: false,
-            max_length: 512,
+            max_length: 256,
             max_query_tokens: 64,
             max_batch_tokens: 8192,
             max_queued_inputs: 10_000,

@@ -1,6 +1,39 @@
 //! Stable hashes: the same bytes give the same value in every process, version and machine (cache keys that
 //! persist on disk, weight and index fingerprints compared across replicas).
 
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+/// A file as of its last write: path, length, modification time.
+type FileKey = (PathBuf, u64, Option<SystemTime>);
+
+/// A hash of files' contents, computed once per (path, length, modification time): index segment files never
+/// change once written, so a process reads each once however often it fingerprints or publishes.
+pub struct FileMemo<T> {
+    hashes: Mutex<Option<HashMap<FileKey, T>>>,
+    hash: fn(&Path) -> std::io::Result<T>,
+}
+
+impl<T: Clone> FileMemo<T> {
+    pub const fn new(hash: fn(&Path) -> std::io::Result<T>) -> FileMemo<T> {
+        FileMemo { hashes: Mutex::new(None), hash }
+    }
+
+    pub fn get(&self, path: &Path) -> std::io::Result<T> {
+        let metadata = std::fs::metadata(path)?;
+        let key = (path.to_path_buf(), metadata.len(), metadata.modified().ok());
+        let hashes = || self.hashes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(hash) = hashes().as_ref().and_then(|h| h.get(&key)) {
+            return Ok(hash.clone());
+        }
+        let hash = (self.hash)(path)?;
+        hashes().get_or_insert_with(HashMap::new).insert(key, hash.clone());
+        Ok(hash)
+    }
+}
+
 /// 64-bit FNV-1a.
 pub struct Fnv(pub u64);
 

@@ -9,7 +9,8 @@
 //! a model in training), `model.batch` (before each forward pass of a model's inference thread), `batch.topic`
 //! (after each topic a batch job stores), `batch.commit` (a batch topic run, before its commit: a test stops the
 //! process there to let its lease run out), `task.start` (a task marked running, before it writes anything; not
-//! a collection's deletion).
+//! a collection's deletion), `publish.object` (after each object a publish uploads, before its version is
+//! recorded).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

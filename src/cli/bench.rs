@@ -200,7 +200,7 @@ fn start_server(b: &SearchBench, mut config: Config) -> anyhow::Result<std::net:
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
         let served = runtime.block_on(async move {
-            let state = AppState::new(config.clone(), catalog, super::open_store(&config).await?);
+            let state = AppState::new(config.clone(), catalog, super::open_store(&config).await?, None);
             // Models load before the server is ready, so no timed request pays for loading one.
             let prepare = |state: &AppState| {
                 for (name, reason) in state.engine().models().load_all() {

@@ -53,9 +53,14 @@ fn list(config: &Config) -> anyhow::Result<()> {
 fn delete(config: &Config, name: &str) -> anyhow::Result<()> {
     let (catalog, _) = Catalog::open(&config.data_dir)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let replication = super::replication(config, &runtime)?;
     runtime.block_on(async {
         let store = super::open_store(config).await?;
         longrank::scheduler::jobs::delete_collection(&catalog, &store, name).await?;
+        if let Some(replication) = &replication {
+            // Replicas delete their copies when they see it.
+            replication.publish_deletion(name).await?;
+        }
         anyhow::Ok(())
     })?;
     println!("deleted collection {name}");

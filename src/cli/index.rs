@@ -35,6 +35,9 @@ pub fn run(args: IndexArgs, mut config: Config) -> anyhow::Result<()> {
         config.index.on_error = on_error;
     }
     let corpus = Corpus::open(&args.paths, args.format)?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    // Refused before the build when the object store cannot be published to.
+    let replication = super::replication(&config, &runtime)?;
     let options = config.index.build_options(args.replace);
     let bar = Bar::new();
     let report = index::build(&config.data_dir, &args.collection, &corpus, &options, &bar)?;
@@ -54,5 +57,20 @@ pub fn run(args: IndexArgs, mut config: Config) -> anyhow::Result<()> {
         corpus.total_bytes() as f64 / 1e6 / report.elapsed_s.max(1e-9),
         super::bench::peak_rss_mb()
     );
+    if let Some(replication) = replication {
+        let root = config.data_dir.join("collections");
+        let p = runtime.block_on(replication.publish(&root, &args.collection))?;
+        match p.unchanged {
+            true => println!("version {} unchanged in {}", p.version, replication.objects_url()),
+            false => println!(
+                "published version {} to {}: {} files, {} uploaded ({:.1} MB)",
+                p.version,
+                replication.objects_url(),
+                p.files,
+                p.uploaded_files,
+                p.uploaded_bytes as f64 / 1e6
+            ),
+        }
+    }
     Ok(())
 }

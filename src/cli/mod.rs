@@ -24,6 +24,7 @@ use longrank::config::Config;
 use longrank::eval::Run;
 use longrank::index::Catalog;
 use longrank::rank::Engine;
+use longrank::replication::Replication;
 use longrank::store::Store;
 
 /// The flags of the subcommands that read the configuration and the data directory (not `eval`, `compare`,
@@ -112,6 +113,17 @@ pub fn open_engine(config: &Config) -> anyhow::Result<Engine> {
 pub async fn open_store(config: &Config) -> anyhow::Result<Store> {
     let url = config.store_url();
     Store::connect(&url).await.with_context(|| format!("opening the store {}", longrank::config::redact_url(&url)))
+}
+
+/// The object store the configuration publishes to (`store.objects`), if any; refused without PostgreSQL.
+pub fn replication(config: &Config, runtime: &tokio::runtime::Runtime) -> anyhow::Result<Option<Replication>> {
+    if config.store.objects.is_empty() {
+        return Ok(None);
+    }
+    runtime.block_on(async {
+        let store = open_store(config).await?;
+        Ok(Replication::open(&config.store, &store).await?)
+    })
 }
 
 pub fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {

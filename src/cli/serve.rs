@@ -8,6 +8,7 @@ use longrank::config::Config;
 use longrank::corpus::{Corpus, Format, DEMO_JSONL};
 use longrank::index::{self, Catalog};
 use longrank::progress::Silent;
+use longrank::replication::Replication;
 use longrank::server::{self, AppState};
 
 use super::memory;
@@ -36,15 +37,20 @@ pub fn run(args: ServeArgs, mut config: Config) -> anyhow::Result<()> {
     runtime.block_on(async move {
         tokio::spawn(memory::return_memory_after_load());
         let store = super::open_store(&config).await?;
-        // Servers sharing a store are replicas: each serves its copy of the collections, never writing it.
-        let open = if store.shared() { Catalog::open_read_only } else { Catalog::open };
+        let replication = Replication::open(&config.store, &store).await?;
+        // Servers sharing a store are replicas: each serves its copy of the collections, never writing it,
+        // unless it pulls its copy from the object store (then it alone writes it).
+        let open = match (store.shared(), &replication) {
+            (true, None) => Catalog::open_read_only,
+            _ => Catalog::open,
+        };
         let (catalog, failures) = open(&config.data_dir)
             .with_context(|| format!("opening the data directory {}", config.data_dir.display()))?;
         for failure in &failures {
             tracing::warn!("collection not served: {failure}");
         }
         let catalog = Arc::new(catalog);
-        let state = AppState::new(config, catalog, store);
+        let state = AppState::new(config, catalog, store, replication);
         let on_listening = |addr| {
             println!("longrank listening on http://{addr}");
             let _ = std::io::stdout().flush();
@@ -53,7 +59,7 @@ pub fn run(args: ServeArgs, mut config: Config) -> anyhow::Result<()> {
     })
 }
 
-/// Loads the models, and indexes the demo collection on first start when the data directory holds no
+/// Loads the models, pulls the collections from the object store when there is one, and indexes the demo collection on first start when the data directory holds no
 /// collection at all (it never shadows a user's collections). A model that cannot be loaded is reported once
 /// and left unavailable: the first-stage pipelines serve regardless, never a made-up score.
 fn prepare(state: &AppState) -> anyhow::Result<()> {
@@ -64,6 +70,12 @@ fn prepare(state: &AppState) -> anyhow::Result<()> {
         tracing::warn!("model {name} is unavailable, its re-ranking pipelines are refused (bm25 serves): {reason}");
     }
     let catalog = state.engine().catalog();
+    if let Some(replication) = state.replication() {
+        // Every collection of the object store before readiness: a replica started empty serves them all.
+        tracing::info!("pulling the collections' newest versions from {}", replication.objects_url());
+        server::pull(state, replication, &tokio::runtime::Handle::current())?;
+        catalog.sync();
+    }
     // Fingerprints hash every index file once (then only new ones): before readiness, not in a request.
     let _ = state.engine().fingerprints();
     if !config.server.demo_when_empty || !catalog.is_empty() || state.jobs().store().shared() {

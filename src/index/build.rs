@@ -270,10 +270,8 @@ pub fn build(
     commit(&mut writer, &payload).map_err(tantivy_err)?;
     writer.wait_merging_threads().map_err(tantivy_err)?;
 
-    if staging && exists {
-        swap_in(&root, name, &work_dir)?;
-    } else if staging {
-        std::fs::rename(&work_dir, &final_dir).map_err(io_err(&work_dir))?;
+    if staging {
+        install(&root, name, &work_dir)?;
     }
     let reader = Index::open_in_dir(&final_dir).and_then(|i| i.reader()).map_err(tantivy_err)?;
     report.documents_in_collection = reader.searcher().num_docs();
@@ -377,15 +375,19 @@ fn hash_id(id: &str) -> u64 {
     h.finish()
 }
 
-/// Replaces `root/name` by the finished staging directory. The old index is renamed aside first, so a crash
-/// between the two renames is repaired at the next start by `recover_interrupted_swaps`.
-fn swap_in(root: &Path, name: &str, staging: &Path) -> Result<(), IndexError> {
+/// Puts the finished staging directory in place as `root/name`, replacing the collection there if any. The old
+/// index is renamed aside first, so a crash between the two renames is repaired at the next start by
+/// `recover_interrupted_swaps`. The caller holds the collection's `WriterLock`.
+pub fn install(root: &Path, name: &str, staging: &Path) -> Result<(), IndexError> {
     let final_dir = root.join(name);
     let old = root.join(format!(".{name}.old"));
     let io_err = |path: &Path| {
         let path = path.to_path_buf();
         move |source| IndexError::Io { path, source }
     };
+    if !final_dir.exists() {
+        return std::fs::rename(staging, &final_dir).map_err(io_err(staging));
+    }
     if old.exists() {
         std::fs::remove_dir_all(&old).map_err(io_err(&old))?;
     }

@@ -4,12 +4,9 @@
 //! garbage collection). Segment files never change once written: each file's hash is kept per process, keyed by
 //! its path, length and modification time, so only a commit's new files are read.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::{LazyLock, Mutex};
-use std::time::SystemTime;
+use std::path::Path;
 
-use crate::hash::Fnv;
+use crate::hash::{FileMemo, Fnv};
 
 use super::IndexError;
 
@@ -36,20 +33,13 @@ pub fn committed_files(meta: &[u8], names: &[String]) -> Result<Vec<String>, Str
 
 /// The fingerprint of the index in `dir` as last committed, in hex.
 pub fn fingerprint(dir: &Path) -> Result<String, IndexError> {
-    let io = |path: &Path, source| IndexError::Io { path: path.to_path_buf(), source };
-    let meta_path = dir.join("meta.json");
-    let meta = std::fs::read(&meta_path).map_err(|e| io(&meta_path, e))?;
-    let names: Vec<String> = std::fs::read_dir(dir)
-        .map_err(|e| io(dir, e))?
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .collect();
-    let files = committed_files(&meta, &names)
-        .map_err(|message| io(&meta_path, std::io::Error::new(std::io::ErrorKind::InvalidData, message)))?;
+    let (meta, files) = committed(dir)?;
     let mut hash = Fnv::default();
     for name in files {
+        let path = dir.join(&name);
         let content = match name.as_str() {
             "meta.json" => content_hash(&meta),
-            _ => file_hash(&dir.join(&name)).map_err(|e| io(&dir.join(&name), e))?,
+            _ => HASHES.get(&path).map_err(|source| IndexError::Io { path, source })?,
         };
         hash.write(name.as_bytes());
         hash.write(&[0]);
@@ -58,24 +48,35 @@ pub fn fingerprint(dir: &Path) -> Result<String, IndexError> {
     Ok(hash.hex())
 }
 
+/// `meta.json`'s content in `dir`, and the committed files it names there.
+fn committed(dir: &Path) -> Result<(Vec<u8>, Vec<String>), IndexError> {
+    let io = |path: &Path, source| IndexError::Io { path: path.to_path_buf(), source };
+    let meta_path = dir.join("meta.json");
+    let meta = std::fs::read(&meta_path).map_err(|e| io(&meta_path, e))?;
+    let entries = std::fs::read_dir(dir).map_err(|e| io(dir, e))?;
+    let names: Vec<String> = entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect();
+    let files = committed_files(&meta, &names)
+        .map_err(|message| io(&meta_path, std::io::Error::new(std::io::ErrorKind::InvalidData, message)))?;
+    Ok((meta, files))
+}
+
 fn content_hash(bytes: &[u8]) -> u64 {
     let mut hash = Fnv::default();
     hash.write(bytes);
     hash.0
 }
 
-/// A file's content hash, read once per (path, length, modification time).
-fn file_hash(path: &Path) -> std::io::Result<u64> {
-    type Key = (PathBuf, u64, Option<SystemTime>);
-    static HASHES: LazyLock<Mutex<HashMap<Key, u64>>> = LazyLock::new(Mutex::default);
-    let metadata = std::fs::metadata(path)?;
-    let key = (path.to_path_buf(), metadata.len(), metadata.modified().ok());
-    if let Some(&hash) = HASHES.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-        return Ok(hash);
-    }
-    let hash = content_hash(&std::fs::read(path)?);
-    HASHES.lock().unwrap_or_else(|e| e.into_inner()).insert(key, hash);
-    Ok(hash)
+/// Each index file's content hash, read once.
+static HASHES: FileMemo<u64> = FileMemo::new(|path| Ok(content_hash(&std::fs::read(path)?)));
+
+/// What a copy of the collection in `dir` needs, as committed: the index files (`committed_files`) and
+/// longrank's description of the collection (`longrank.json`); caches (`scores/`, `embeddings/`) and locks
+/// are not part of it.
+pub fn published_files(dir: &Path) -> Result<Vec<String>, IndexError> {
+    let mut files = committed(dir)?.1;
+    files.push(super::META_FILE.to_string());
+    files.sort();
+    Ok(files)
 }
 
 #[cfg(test)]

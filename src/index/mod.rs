@@ -24,7 +24,8 @@ use tantivy::schema::{
 use tantivy::{DocAddress, Index, IndexReader, ReloadPolicy, Searcher, TantivyDocument, Term};
 
 pub use bm25::{Bm25Params, CollectionStats};
-pub use build::{build, delete_documents, searchable_text, BuildOptions, BuildReport, OnError, Problem};
+pub use build::{build, delete_documents, install, searchable_text, BuildOptions, BuildReport, OnError, Problem};
+pub use fingerprint::{fingerprint, published_files};
 pub use rm3::{Expanded, Rm3Params};
 
 #[derive(Debug, thiserror::Error)]
@@ -211,7 +212,7 @@ impl Collection {
 
     /// The fingerprint of the index files as last committed (`index::fingerprint`): equal on every copy.
     pub fn fingerprint(&self) -> Result<String, IndexError> {
-        fingerprint::fingerprint(&self.path)
+        fingerprint(&self.path)
     }
 
     /// Bytes the index takes on disk.
@@ -414,6 +415,11 @@ impl Catalog {
         Ok((Catalog { root, collections: RwLock::new(collections), unopenable: Mutex::default() }, failures))
     }
 
+    /// `DATA_DIR/collections`.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
     pub fn collection_dir(&self, name: &str) -> PathBuf {
         self.root.join(name)
     }
@@ -453,13 +459,7 @@ impl Catalog {
         }
         let _writer = WriterLock::take(&self.root, name)?;
         self.collections.write().remove(name);
-        let aside = self.root.join(format!(".{name}.deleting"));
-        let io = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| IndexError::Io { path, source }
-        };
-        std::fs::rename(&dir, &aside).map_err(io(&dir))?;
-        std::fs::remove_dir_all(&aside).map_err(io(&aside))
+        remove_collection_dir(&self.root, name)
     }
 
     /// Follows the data directory as another process (the CLI) changed it: a collection built since appears,
@@ -510,6 +510,19 @@ impl Catalog {
     fn read(&self) -> parking_lot::RwLockReadGuard<'_, BTreeMap<String, Arc<Collection>>> {
         self.collections.read()
     }
+}
+
+/// Removes collection `name`'s directory under `root`: renamed aside first (it disappears at once, for every
+/// process), then removed; `.NAME.deleting` left by a crash is removed at the next open. The caller holds the
+/// collection's `WriterLock`.
+pub fn remove_collection_dir(root: &Path, name: &str) -> Result<(), IndexError> {
+    let (dir, aside) = (root.join(name), root.join(format!(".{name}.deleting")));
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| IndexError::Io { path, source }
+    };
+    std::fs::rename(&dir, &aside).map_err(io(&dir))?;
+    std::fs::remove_dir_all(&aside).map_err(io(&aside))
 }
 
 /// Collection names become directory names: keep them to a safe alphabet.

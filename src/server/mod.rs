@@ -18,6 +18,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::replication::{Replication, ReplicationError};
 use anyhow::Context;
 use axum::routing::{delete, get, post};
 use axum::Router;
@@ -127,26 +128,62 @@ async fn listen(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
 
 /// Keeps the catalog in step with the data directory (`Catalog::sync`), every `server.catalog_poll_ms`, on a
 /// thread of its own: a blocking task every second woke the runtime's idle blocking threads in turn, each
-/// before its keep-alive ran out, so none ever ended and the memory a load left in their heaps stayed.
+/// before its keep-alive ran out, so none ever ended and the memory a load left in their heaps stayed. A
+/// replica that pulls its collections from an object store pulls first, and collects garbage each minute.
 fn follow_data_dir(state: AppState) {
     let every = state.config().server.catalog_poll_ms;
     if every == 0 {
         return;
     }
-    let follow = move || loop {
-        std::thread::sleep(Duration::from_millis(every));
-        let changes = state.engine().catalog().sync();
-        if !changes.is_empty() {
-            let (added, replaced, removed) = (&changes.added, &changes.replaced, &changes.removed);
-            tracing::info!(?added, ?replaced, ?removed, "collections changed in the data directory");
-            for (name, reason) in &changes.failed {
-                tracing::warn!("collection {name} could not be opened: {reason}");
+    let runtime = tokio::runtime::Handle::current();
+    let collect_every = (60_000 / every).max(1);
+    let follow = move || {
+        for tick in 1u64.. {
+            std::thread::sleep(Duration::from_millis(every));
+            if let Some(replication) = state.replication() {
+                if let Err(e) = pull(&state, replication, &runtime) {
+                    tracing::warn!("pulling from the object store: {e}");
+                }
+                if tick % collect_every == 0 {
+                    match runtime.block_on(replication.collect_garbage(crate::scheduler::cluster::LIVE_MS)) {
+                        Ok((0, 0)) => {}
+                        Ok((versions, objects)) => tracing::info!(versions, objects, "old versions deleted"),
+                        Err(e) => tracing::warn!("deleting old versions: {e}"),
+                    }
+                }
+            }
+            let changes = state.engine().catalog().sync();
+            if !changes.is_empty() {
+                let (added, replaced, removed) = (&changes.added, &changes.replaced, &changes.removed);
+                tracing::info!(?added, ?replaced, ?removed, "collections changed in the data directory");
+                for (name, reason) in &changes.failed {
+                    tracing::warn!("collection {name} could not be opened: {reason}");
+                }
             }
         }
     };
     if let Err(e) = std::thread::Builder::new().name("catalog-sync".into()).spawn(follow) {
         tracing::error!("starting the catalog's sync: {e}");
     }
+}
+
+/// Brings the data directory's collections to the object store's newest versions (the catalog follows at its
+/// next sync). A version that fails keeps the one held serving, and is tried again at the next pull.
+pub fn pull(
+    state: &AppState,
+    replication: &Replication,
+    runtime: &tokio::runtime::Handle,
+) -> Result<(), ReplicationError> {
+    let (pulled, failed) = runtime.block_on(replication.pull(state.engine().catalog().root()))?;
+    for p in pulled {
+        let (collection, version, fingerprint) = (&p.collection, p.version, &p.fingerprint);
+        let (files, bytes) = (p.fetched_files, p.fetched_bytes);
+        tracing::info!(collection, version, fingerprint, files, bytes, "pulled the newest version");
+    }
+    for e in failed {
+        tracing::warn!("not pulled (the version held serves; tried again at the next pull): {e}");
+    }
+    Ok(())
 }
 
 /// Serves connections until SIGINT or SIGTERM, then lets those open finish. hyper directly, for what

@@ -12,6 +12,7 @@ use crate::config::Config;
 use crate::index::Catalog;
 use crate::model::Cancel;
 use crate::rank::{Engine, RankError, RerankRequest, RerankResponse, SearchRequest, SearchResponse};
+use crate::replication::Replication;
 use crate::scheduler::jobs::Jobs;
 use crate::scheduler::tasks;
 use crate::store::{QueryLogEntry, Store};
@@ -32,10 +33,11 @@ struct Inner {
     bound: std::sync::OnceLock<SocketAddr>,
     admission: admission::Admission,
     connections: connections::Connections,
+    replication: Option<Replication>,
 }
 
 impl AppState {
-    pub fn new(config: Config, catalog: Arc<Catalog>, store: Store) -> AppState {
+    pub fn new(config: Config, catalog: Arc<Catalog>, store: Store, replication: Option<Replication>) -> AppState {
         let engine = Arc::new(Engine::new(catalog, &config));
         let tasks = tasks::Tasks::new(engine.clone(), store.clone(), &config);
         let jobs = Jobs::new(engine.clone(), store, config.clone());
@@ -54,6 +56,7 @@ impl AppState {
             metrics: metrics::Metrics::default(),
             ready: AtomicBool::new(false),
             bound: std::sync::OnceLock::new(),
+            replication,
         };
         AppState { inner: Arc::new(inner) }
     }
@@ -64,6 +67,11 @@ impl AppState {
 
     pub fn tasks(&self) -> &Arc<tasks::Tasks> {
         &self.inner.tasks
+    }
+
+    /// The object store this replica pulls its collections from, if any.
+    pub fn replication(&self) -> Option<&Replication> {
+        self.inner.replication.as_ref()
     }
 
     /// Runs a search and records it in the query log (in the background: logging never slows a search).

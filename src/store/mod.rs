@@ -8,12 +8,16 @@
 use std::path::Path;
 
 mod leases;
+pub mod objects;
 mod replicas;
 mod tasks;
+mod versions;
 
 pub use leases::{Claim, Committed, Completion, Lane, Serves};
+pub use objects::Objects;
 pub use replicas::{ReplicaRow, StrandedJob};
 pub use tasks::{KeyedRequest, TaskFilter, TaskKind, TaskOutcome, TaskRow, TaskStatus};
+pub use versions::VersionRow;
 
 use serde::{Deserialize, Serialize};
 use sqlx::any::{AnyPoolOptions, AnyRow};
@@ -31,6 +35,14 @@ pub enum StoreError {
     Scheme { url: String },
     #[error("creating {path}, the directory of the SQLite store: {source}")]
     Directory { path: String, source: std::io::Error },
+    #[error("object store {url}: {source}")]
+    Objects { url: String, source: object_store::Error },
+    #[error("store.objects {url}: the scheme is neither file:// nor s3://")]
+    ObjectsScheme { url: String },
+    #[error("{path}: {source}")]
+    File { path: String, source: std::io::Error },
+    #[error("object {object} is corrupt: its content hashes to {got}")]
+    Corrupt { object: String, got: String },
 }
 
 impl StoreError {

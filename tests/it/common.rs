@@ -353,3 +353,35 @@ pub fn minilm() -> PathBuf {
     );
     dir
 }
+
+/// The `sh` block of README's section `heading` (a `### ` heading) that holds `marker`, made runnable in `tmp`:
+/// `/tmp/` paths moved into it, `cargo run --release --` replaced by the binary under test, the build line dropped.
+pub fn readme_block(heading: &str, marker: &str, tmp: &Path) -> String {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let section = readme.split(&format!("\n### {heading}\n")).nth(1).unwrap_or_else(|| panic!("README has {heading}"));
+    let section = section.split("\n## ").next().unwrap().split("\n### ").next().unwrap();
+    let block = section
+        .split("```sh\n")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .find(|b| b.contains(marker))
+        .unwrap_or_else(|| panic!("{heading}: no sh block with {marker:?}"));
+    block
+        .lines()
+        .filter(|line| !line.starts_with("cargo build --release"))
+        .map(|line| line.replace("/tmp/", &format!("{}/", tmp.display())).replace("cargo run --release --", BIN))
+        .map(|line| format!("{line}\n"))
+        .collect()
+}
+
+/// Runs a README block (`readme_block`) with bash in the repository, strict; its output.
+pub fn run_readme_block(script: &str) -> Output {
+    Command::new("bash")
+        .args(["-euo", "pipefail", "-c", script])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("LONGRANK_BIN", BIN)
+        .env_remove("LONGRANK_MODEL_PATH")
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap()
+}

@@ -16,6 +16,7 @@ mod fuzz;
 mod gpu;
 mod indexing;
 mod model;
+mod objects;
 mod preselect;
 mod replicas;
 mod scoring;

@@ -559,22 +559,8 @@ fn readme_cluster_section_works_as_written() {
         assert!(std::env::var_os("LONGRANK_EXPECT_POSTGRES").is_none(), "CI installs HAProxy and PostgreSQL");
         return;
     }
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let readme = std::fs::read_to_string(repo.join("README.md")).unwrap();
-    let section = readme.split("\n### Replicas behind HAProxy\n").nth(1).expect("README has a cluster section");
-    let block = section
-        .split("```sh\n")
-        .skip(1)
-        .filter_map(|b| b.split("```").next())
-        .find(|b| b.contains("scripts/cluster.sh up"))
-        .expect("a sh block that starts the cluster");
     let tmp = tempfile::tempdir().unwrap();
-    let script: String = block
-        .lines()
-        .filter(|line| !line.starts_with("cargo build --release"))
-        .map(|line| line.replace("/tmp/", &format!("{}/", tmp.path().display())).replace("cargo run --release --", BIN))
-        .map(|line| format!("{line}\n"))
-        .collect();
+    let script = crate::common::readme_block("Replicas behind HAProxy", "scripts/cluster.sh up", tmp.path());
     assert!(script.contains("cluster.sh down"), "the block takes its cluster down");
     struct Down(std::path::PathBuf);
     impl Drop for Down {
@@ -584,14 +570,7 @@ fn readme_cluster_section_works_as_written() {
         }
     }
     let _down = Down(tmp.path().join("longrank-cluster"));
-    let out = Command::new("bash")
-        .args(["-euo", "pipefail", "-c", &script])
-        .current_dir(repo)
-        .env("LONGRANK_BIN", BIN)
-        .env_remove("LONGRANK_MODEL_PATH")
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .unwrap();
+    let out = crate::common::run_readme_block(&script);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "README's cluster commands failed: {stdout}");
     assert!(stdout.contains("\"docid\":\"d1\""), "the search found the indexed document: {stdout}");

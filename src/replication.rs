@@ -1,0 +1,268 @@
+//! Collections that travel through an object store (`store.objects`, beside a PostgreSQL store), as Quickwit
+//! keeps tantivy's files: a committed version is published as content-addressed objects plus a manifest row
+//! (`publish`), and each replica pulls the newest version of every collection, fetching only the files it lacks
+//! (a version shares most segment files with the one before), checking each against its hash, and swapping the
+//! new directory in as a `--replace` does (`pull`). A replica so starts from an empty data directory. Versions
+//! no replica serves and objects no version lists go after `store.retention_ms` (`collect_garbage`).
+//!
+//! A publish cut short (the writer killed mid-upload) leaves objects and no version row: replicas never see
+//! it, the next publish of the collection reuses what was uploaded, and the collector deletes the rest.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::StoreConfig;
+use crate::hash::FileMemo;
+use crate::index::{self, IndexError, WriterLock};
+use crate::store::{objects, Objects, Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicationError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    #[error(
+        "store.objects needs a PostgreSQL store (store.url): the versions' manifests are kept there, where every \
+         replica reads them"
+    )]
+    NeedsPostgres,
+    #[error("store.objects is {configured}, but this store's versions are in {bound}")]
+    OtherObjectStore { configured: String, bound: String },
+    #[error("version {id} of collection {collection}: {reason}")]
+    Version { id: i64, collection: String, reason: String },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ReplicationError + '_ {
+    move |source| ReplicationError::Io { path: path.to_path_buf(), source }
+}
+
+/// A version's files: what a replica needs to serve it, each named by its content's SHA-256.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub collection: String,
+    /// The index fingerprint (`index::fingerprint`); empty for a deleted collection.
+    pub fingerprint: String,
+    pub files: Vec<ManifestFile>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestFile {
+    pub name: String,
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+/// The version a collection's directory holds, written there by a publish or a pull (`version.json`; not
+/// one of the version's files).
+#[derive(Debug, Serialize, Deserialize)]
+struct Held {
+    id: i64,
+    manifest: Manifest,
+}
+
+const HELD_FILE: &str = "version.json";
+
+fn held(dir: &Path) -> Option<Held> {
+    serde_json::from_slice(&std::fs::read(dir.join(HELD_FILE)).ok()?).ok()
+}
+
+fn write_held(dir: &Path, held: &Held) -> Result<(), ReplicationError> {
+    let (path, partial) = (dir.join(HELD_FILE), dir.join(format!("{HELD_FILE}.partial")));
+    std::fs::write(&partial, serde_json::to_vec_pretty(held).unwrap_or_default()).map_err(io(&partial))?;
+    std::fs::rename(&partial, &path).map_err(io(&path))
+}
+
+/// Each published file's SHA-256, read once.
+static SHAS: FileMemo<String> = FileMemo::new(objects::sha256_file);
+
+impl Manifest {
+    /// The manifest of the collection `name` as committed in `dir`.
+    pub fn of_dir(dir: &Path, name: &str) -> Result<Manifest, ReplicationError> {
+        let fingerprint = index::fingerprint(dir)?;
+        let files = index::published_files(dir)?
+            .into_iter()
+            .map(|name| {
+                let path = dir.join(&name);
+                let bytes = std::fs::metadata(&path).map_err(io(&path))?.len();
+                let sha256 = SHAS.get(&path).map_err(io(&path))?;
+                Ok(ManifestFile { name, bytes, sha256 })
+            })
+            .collect::<Result<_, ReplicationError>>()?;
+        Ok(Manifest { collection: name.to_string(), fingerprint, files })
+    }
+}
+
+/// What a publish did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Published {
+    pub version: i64,
+    pub files: usize,
+    /// Files sent, and their bytes: those no earlier version had uploaded.
+    pub uploaded_files: usize,
+    pub uploaded_bytes: u64,
+    /// The collection's newest version already was this one: nothing recorded.
+    pub unchanged: bool,
+}
+
+/// What a pull changed in one collection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Pulled {
+    pub collection: String,
+    pub version: i64,
+    pub fingerprint: String,
+    /// Files downloaded, and their bytes (the others were linked from the version held before).
+    pub fetched_files: usize,
+    pub fetched_bytes: u64,
+}
+
+/// The object store and the store that records its versions.
+#[derive(Clone)]
+pub struct Replication {
+    store: Store,
+    objects: Objects,
+    retention_ms: i64,
+}
+
+impl Replication {
+    /// The replication `config` asks for: none without `objects`; refused without a PostgreSQL store, and
+    /// with an object store other than the one the store's versions are in.
+    pub async fn open(config: &StoreConfig, store: &Store) -> Result<Option<Replication>, ReplicationError> {
+        if config.objects.is_empty() {
+            return Ok(None);
+        }
+        if !store.shared() {
+            return Err(ReplicationError::NeedsPostgres);
+        }
+        let objects = Objects::open(&config.objects)?;
+        let bound = store.bind_objects(&config.objects).await?;
+        if bound != config.objects {
+            return Err(ReplicationError::OtherObjectStore { configured: config.objects.clone(), bound });
+        }
+        Ok(Some(Replication { store: store.clone(), objects, retention_ms: config.retention_ms as i64 }))
+    }
+
+    pub fn objects_url(&self) -> &str {
+        self.objects.url()
+    }
+
+    /// Publishes the committed state of collection `name` under `root` (`DATA_DIR/collections`): the files no
+    /// earlier version uploaded, then the manifest, in one transaction. Holds the collection's writer lock, so
+    /// no commit lands between hashing a file and uploading it.
+    pub async fn publish(&self, root: &Path, name: &str) -> Result<Published, ReplicationError> {
+        let _writer = WriterLock::take(root, name)?;
+        let dir = root.join(name);
+        let manifest = Manifest::of_dir(&dir, name)?;
+        let files = manifest.files.len();
+        let newest = self.store.latest_versions().await?.into_iter().find_map(|(c, id)| (c == name).then_some(id));
+        if let (Some(version), Some(held)) = (newest, held(&dir)) {
+            if held.id == version && held.manifest == manifest {
+                return Ok(Published { version, files, uploaded_files: 0, uploaded_bytes: 0, unchanged: true });
+            }
+        }
+        let (mut uploaded_files, mut uploaded_bytes) = (0, 0);
+        for file in &manifest.files {
+            if self.store.use_object(&file.sha256).await? {
+                continue;
+            }
+            self.objects.put_file(&file.sha256, &dir.join(&file.name)).await?;
+            self.store.record_object(&file.sha256, file.bytes).await?;
+            crate::hooks::reached("publish.object").await;
+            uploaded_files += 1;
+            uploaded_bytes += file.bytes;
+        }
+        let text = serde_json::to_string(&manifest).unwrap_or_default();
+        let shas: Vec<&str> = manifest.files.iter().map(|f| f.sha256.as_str()).collect();
+        let version = self.store.record_version(name, &manifest.fingerprint, &text, &shas).await?;
+        write_held(&dir, &Held { id: version, manifest })?;
+        Ok(Published { version, files, uploaded_files, uploaded_bytes, unchanged: false })
+    }
+
+    /// Records that collection `name` was deleted: replicas delete their copies.
+    pub async fn publish_deletion(&self, name: &str) -> Result<i64, ReplicationError> {
+        let manifest = Manifest { collection: name.to_string(), fingerprint: String::new(), files: vec![] };
+        let text = serde_json::to_string(&manifest).unwrap_or_default();
+        Ok(self.store.record_version(name, "", &text, &[]).await?)
+    }
+
+    /// Brings every collection under `root` to its newest published version; what changed. A collection that
+    /// fails (an object missing or corrupt, a full disk) keeps the version it holds and is reported in the
+    /// second value; the next pull tries again.
+    pub async fn pull(&self, root: &Path) -> Result<(Vec<Pulled>, Vec<ReplicationError>), ReplicationError> {
+        std::fs::create_dir_all(root).map_err(io(root))?;
+        let (mut pulled, mut failed) = (vec![], vec![]);
+        for (collection, id) in self.store.latest_versions().await? {
+            if held(&root.join(&collection)).is_some_and(|h| h.id == id) {
+                continue;
+            }
+            match self.pull_version(root, &collection, id).await {
+                Ok(Some(p)) => pulled.push(p),
+                Ok(None) => {}
+                Err(e) => failed.push(e),
+            }
+        }
+        Ok((pulled, failed))
+    }
+
+    async fn pull_version(&self, root: &Path, collection: &str, id: i64) -> Result<Option<Pulled>, ReplicationError> {
+        let invalid = |reason: String| ReplicationError::Version { id, collection: collection.to_string(), reason };
+        index::validate_name(collection)?;
+        // Deleted by the collector since it was listed: the next pull sees the newest.
+        let Some(row) = self.store.version(id).await? else { return Ok(None) };
+        let manifest: Manifest = serde_json::from_str(&row.manifest).map_err(|e| invalid(format!("manifest: {e}")))?;
+        let dir = root.join(collection);
+        if manifest.fingerprint.is_empty() {
+            if dir.exists() {
+                let _writer = WriterLock::take(root, collection)?;
+                index::remove_collection_dir(root, collection)?;
+            }
+            return Ok(Some(Pulled {
+                collection: collection.to_string(),
+                version: id,
+                fingerprint: String::new(),
+                fetched_files: 0,
+                fetched_bytes: 0,
+            }));
+        }
+        // The version held: its files (segments never change once written) are linked, not fetched again.
+        let before: std::collections::HashMap<String, String> =
+            held(&dir).map(|h| h.manifest.files.into_iter().map(|f| (f.name, f.sha256)).collect()).unwrap_or_default();
+        let staging = root.join(format!(".{collection}.fetching"));
+        if staging.exists() {
+            std::fs::remove_dir_all(&staging).map_err(io(&staging))?;
+        }
+        std::fs::create_dir_all(&staging).map_err(io(&staging))?;
+        let (mut fetched_files, mut fetched_bytes) = (0, 0);
+        for file in &manifest.files {
+            if file.name.is_empty() || file.name.contains('/') || file.name.starts_with('.') {
+                return Err(invalid(format!("a file named {:?}", file.name)));
+            }
+            let to = staging.join(&file.name);
+            let from = dir.join(&file.name);
+            if before.get(&file.name) == Some(&file.sha256) && std::fs::hard_link(&from, &to).is_ok() {
+                continue;
+            }
+            fetched_bytes += self.objects.fetch(&file.sha256, &to).await?;
+            fetched_files += 1;
+        }
+        let fingerprint = index::fingerprint(&staging)?;
+        if fingerprint != manifest.fingerprint {
+            return Err(invalid(format!("its files fingerprint {fingerprint}, its manifest {}", manifest.fingerprint)));
+        }
+        write_held(&staging, &Held { id, manifest })?;
+        let _writer = WriterLock::take(root, collection)?;
+        index::install(root, collection, &staging)?;
+        Ok(Some(Pulled { collection: collection.to_string(), version: id, fingerprint, fetched_files, fetched_bytes }))
+    }
+
+    /// Deletes the versions no replica seen in the last `live_ms` serves and the objects no version lists,
+    /// once older than the retention time; how many of each.
+    pub async fn collect_garbage(&self, live_ms: i64) -> Result<(u64, u64), ReplicationError> {
+        let versions = self.store.delete_old_versions(self.retention_ms, live_ms).await?;
+        let objects = self.store.collect_objects(&self.objects, self.retention_ms, 1000).await?;
+        Ok((versions, objects))
+    }
+}

@@ -1,0 +1,141 @@
+//! The object store collection versions travel through (`store.objects`): `file:///PATH`, or
+//! `s3://BUCKET/PREFIX` with the usual AWS variables (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`,
+//! `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ALLOW_HTTP`), as Quickwit keeps tantivy's files. Objects are
+//! immutable and named by the SHA-256 of their content (`PREFIX/objects/HEX`): a version's unchanged files are
+//! never sent twice, and a download is checked against its name before it is used.
+
+use std::path::Path as FsPath;
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use object_store::aws::AmazonS3Builder;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+
+use super::StoreError;
+
+/// The hex SHA-256 of a file's content, streamed.
+pub fn sha256_file(path: &FsPath) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buffer = vec![0; 1 << 20];
+    loop {
+        match file.read(&mut buffer)? {
+            0 => return Ok(hex(&hasher.finalize())),
+            n => hasher.update(&buffer[..n]),
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// An object store and the prefix under which longrank keeps its objects.
+#[derive(Clone)]
+pub struct Objects {
+    store: Arc<dyn ObjectStore>,
+    prefix: Path,
+    url: String,
+}
+
+impl Objects {
+    /// Opens the store a `store.objects` URL names (a `file://` directory is created if missing).
+    pub fn open(url: &str) -> Result<Objects, StoreError> {
+        let err = |source| StoreError::Objects { url: url.to_string(), source };
+        let (store, prefix): (Arc<dyn ObjectStore>, &str) = if let Some(dir) = url.strip_prefix("file://") {
+            std::fs::create_dir_all(dir).map_err(|source| StoreError::File { path: dir.to_string(), source })?;
+            (Arc::new(LocalFileSystem::new_with_prefix(dir).map_err(err)?), "")
+        } else if let Some(rest) = url.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            // reqwest's TLS needs a process-wide provider; installing it twice is harmless.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let s3 = AmazonS3Builder::from_env().with_bucket_name(bucket).build().map_err(err)?;
+            (Arc::new(s3), prefix.trim_matches('/'))
+        } else {
+            return Err(StoreError::ObjectsScheme { url: url.to_string() });
+        };
+        Ok(Objects { store, prefix: Path::from(prefix), url: url.to_string() })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn path(&self, sha256: &str) -> Path {
+        self.prefix.clone().join("objects").join(sha256)
+    }
+
+    fn err(&self, source: object_store::Error) -> StoreError {
+        StoreError::Objects { url: self.url.clone(), source }
+    }
+
+    /// Uploads `file` as the object named `sha256` (its content's hash), streamed (multipart when large).
+    pub async fn put_file(&self, sha256: &str, file: &FsPath) -> Result<(), StoreError> {
+        let io = |source| StoreError::File { path: file.display().to_string(), source };
+        let mut source = tokio::fs::File::open(file).await.map_err(io)?;
+        let mut sink = object_store::buffered::BufWriter::new(self.store.clone(), self.path(sha256));
+        if let Err(e) = tokio::io::copy(&mut source, &mut sink).await {
+            sink.abort().await.map_err(|e| self.err(e))?;
+            return Err(io(e));
+        }
+        sink.shutdown().await.map_err(|e| StoreError::File { path: self.path(sha256).to_string(), source: e })
+    }
+
+    /// Downloads the object `sha256` into `to`, checking its content against its name, and syncs it to disk.
+    pub async fn fetch(&self, sha256: &str, to: &FsPath) -> Result<u64, StoreError> {
+        let io = |source| StoreError::File { path: to.display().to_string(), source };
+        let mut stream = self.store.get(&self.path(sha256)).await.map_err(|e| self.err(e))?.into_stream();
+        let mut file = tokio::fs::File::create(to).await.map_err(io)?;
+        let (mut hasher, mut bytes) = (Sha256::new(), 0u64);
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| self.err(e))?;
+            hasher.update(&chunk);
+            bytes += chunk.len() as u64;
+            file.write_all(&chunk).await.map_err(io)?;
+        }
+        let got = hex(&hasher.finalize());
+        if got != sha256 {
+            return Err(StoreError::Corrupt { object: self.path(sha256).to_string(), got });
+        }
+        file.sync_all().await.map_err(io)?;
+        Ok(bytes)
+    }
+
+    /// Deletes the object `sha256` (one already gone is no error).
+    pub async fn delete(&self, sha256: &str) -> Result<(), StoreError> {
+        match self.store.delete(&self.path(sha256)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_object_comes_back_as_it_went_and_a_changed_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let objects = Objects::open(&format!("file://{}", dir.path().join("store").display())).unwrap();
+        let file = dir.path().join("a");
+        std::fs::write(&file, "segment bytes").unwrap();
+        let sha = sha256_file(&file).unwrap();
+        assert_eq!(sha, "560e67b96c49975a2cf9adba2682e00cc6b74a879f2b6897e03b63d7434098e8");
+        objects.put_file(&sha, &file).await.unwrap();
+        let back = dir.path().join("b");
+        assert_eq!(objects.fetch(&sha, &back).await.unwrap(), 13);
+        assert_eq!(std::fs::read(&back).unwrap(), b"segment bytes");
+        std::fs::write(dir.path().join("store/objects").join(&sha), "tampered").unwrap();
+        assert!(matches!(objects.fetch(&sha, &back).await, Err(StoreError::Corrupt { .. })));
+        objects.delete(&sha).await.unwrap();
+        objects.delete(&sha).await.unwrap();
+        assert!(objects.fetch(&sha, &back).await.is_err());
+        assert!(matches!(Objects::open("ftp://x"), Err(StoreError::ObjectsScheme { .. })));
+    }
+}
