@@ -3,8 +3,10 @@
 # in one run: the MiniLM bi-encoder with every segment's embedding stored (`longrank embed`), under the default
 # preselection (`[model.preselect]`: the bm25 selector's two best segments per candidate) against reading every
 # segment, 1 and 8 clients; then the same backbone as a cross-encoder (a zero head: the speed of any MiniLM-L6
-# cross-encoder) at the shipped defaults, without a system BLAS and with OpenBLAS.
-# usage: bench/preselect.sh [WORK_DIR=/tmp/longrank-preselect-cost]   (BIN: the binary; MODEL: the MiniLM)
+# cross-encoder) at the shipped defaults (max_length 256) and at the old max_length 512, 1 and 8 clients, without
+# a system BLAS and with OpenBLAS.
+# usage: bench/preselect.sh [WORK_DIR=/tmp/longrank-preselect-cost]   (BIN: the binary; MODEL: the MiniLM;
+#        PARTS=ce for the cross-encoder's runs alone)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK="${1:-/tmp/longrank-preselect-cost}"
@@ -26,6 +28,7 @@ search() { # model clients [preselect JSON]
     --clients "$2" --seconds "$SECONDS_PER_RUN" "${extra[@]}" 2>&1 | grep "RESULT longrank-http collection"
 }
 for clients in 1 8; do
+  [ "${PARTS:-all}" = ce ] && break
   echo "== bi-encoder, $clients clients, the default preselection"
   search "$MODEL" "$clients"
   echo "== bi-encoder, $clients clients, every segment"
@@ -34,6 +37,11 @@ done
 CE="$WORK/minilm-cross-encoder"
 bash bench/minilm-cross-encoder.sh "$MODEL" "$CE"
 for blas in off libopenblas.so.0; do
-  echo "== cross-encoder, 1 client, the default preselection, LONGRANK_BLAS=$blas"
-  LONGRANK_BLAS=$blas SECONDS_PER_RUN=$((SECONDS_PER_RUN * 2)) search "$CE" 1
+  for clients in 1 8; do
+    for max_length in 256 512; do
+      echo "== cross-encoder, $clients clients, the default preselection, LONGRANK_BLAS=$blas, max_length $max_length"
+      LONGRANK_BLAS=$blas LONGRANK_MODEL_MAX_LENGTH=$max_length SECONDS_PER_RUN=$((SECONDS_PER_RUN * 2)) \
+        search "$CE" "$clients"
+    done
+  done
 done

@@ -338,6 +338,9 @@ pub struct ServerConfig {
     /// This replica's name in the leases of batch topics, `/health` and `/metrics`; empty: the host:port it
     /// listens on. Replicas that share a store need distinct names.
     pub replica_id: String,
+    /// The URL the other replicas reach this one at (`http://HOST:PORT`), when it writes a cluster's
+    /// collections and they forward uploads to it; empty: the address it listens on.
+    pub advertise_url: String,
 }
 
 impl ServerConfig {
@@ -369,6 +372,7 @@ impl Default for ServerConfig {
             header_read_timeout_ms: 10_000,
             catalog_poll_ms: 1000,
             replica_id: String::new(),
+            advertise_url: String::new(),
         }
     }
 }

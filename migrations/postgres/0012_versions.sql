@@ -29,3 +29,12 @@ CREATE TABLE object_store (
     id           BIGINT PRIMARY KEY CHECK (id = 1),
     url          TEXT NOT NULL
 );
+
+-- The replica that writes the cluster's collections (the holder of PostgreSQL's advisory lock on the writer
+-- key, released when its connection closes), and the URL the others forward uploads to.
+CREATE TABLE cluster_writer (
+    id           BIGINT PRIMARY KEY CHECK (id = 1),
+    replica      TEXT NOT NULL,
+    url          TEXT NOT NULL,
+    since_ms     BIGINT NOT NULL
+);

@@ -51,13 +51,18 @@ fn list(config: &Config) -> anyhow::Result<()> {
 }
 
 fn delete(config: &Config, name: &str) -> anyhow::Result<()> {
-    let (catalog, _) = Catalog::open(&config.data_dir)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let replication = super::replication(config, &runtime)?;
+    let cluster = super::cluster(config, &runtime)?;
+    if let Some(super::Cluster::Writer(writer)) = &cluster {
+        let task = writer.delete(name)?;
+        println!("deleted collection {name} (the cluster's writer, {}, task {})", writer.url(), task["id"]);
+        return Ok(());
+    }
+    let (catalog, _) = Catalog::open(&config.data_dir)?;
     runtime.block_on(async {
         let store = super::open_store(config).await?;
         longrank::scheduler::jobs::delete_collection(&catalog, &store, name).await?;
-        if let Some(replication) = &replication {
+        if let Some(super::Cluster::Publish(replication, _writer)) = &cluster {
             // Replicas delete their copies when they see it.
             replication.publish_deletion(name).await?;
         }

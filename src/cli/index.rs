@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use anyhow::bail;
 use longrank::config::Config;
 use longrank::corpus::{Corpus, Format};
 use longrank::eval::warnings::counted;
@@ -37,7 +38,26 @@ pub fn run(args: IndexArgs, mut config: Config) -> anyhow::Result<()> {
     let corpus = Corpus::open(&args.paths, args.format)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     // Refused before the build when the object store cannot be published to.
-    let replication = super::replication(&config, &runtime)?;
+    let cluster = super::cluster(&config, &runtime)?;
+    if let Some(super::Cluster::Writer(writer)) = &cluster {
+        if args.replace {
+            bail!("--replace on a cluster a server writes: DELETE the collection there (or `longrank collections delete`), then index");
+        }
+        let on_error = config.index.on_error;
+        for file in corpus.files() {
+            let task = writer.upload(&args.collection, file, args.format, on_error)?;
+            let documents = &task["documents"];
+            println!(
+                "{}: applied by the cluster's writer ({}), task {}: indexed {}, skipped {}; published",
+                file.display(),
+                writer.url(),
+                task["id"],
+                documents["indexed"],
+                documents["skipped"]
+            );
+        }
+        return Ok(());
+    }
     let options = config.index.build_options(args.replace);
     let bar = Bar::new();
     let report = index::build(&config.data_dir, &args.collection, &corpus, &options, &bar)?;
@@ -57,7 +77,7 @@ pub fn run(args: IndexArgs, mut config: Config) -> anyhow::Result<()> {
         corpus.total_bytes() as f64 / 1e6 / report.elapsed_s.max(1e-9),
         super::bench::peak_rss_mb()
     );
-    if let Some(replication) = replication {
+    if let Some(super::Cluster::Publish(replication, _writer)) = cluster {
         let root = config.data_dir.join("collections");
         let p = runtime.block_on(replication.publish(&root, &args.collection))?;
         match p.unchanged {

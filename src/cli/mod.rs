@@ -15,6 +15,7 @@ pub mod progress;
 pub mod search;
 pub mod serve;
 pub mod train;
+pub mod writer;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,7 +26,7 @@ use longrank::eval::Run;
 use longrank::index::Catalog;
 use longrank::rank::Engine;
 use longrank::replication::Replication;
-use longrank::store::Store;
+use longrank::store::{Store, WriterLease};
 
 /// The flags of the subcommands that read the configuration and the data directory (not `eval`, `compare`,
 /// `folds`), after the subcommand or before it (`longrank --model DIR search …`).
@@ -115,14 +116,33 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Store> {
     Store::connect(&url).await.with_context(|| format!("opening the store {}", longrank::config::redact_url(&url)))
 }
 
-/// The object store the configuration publishes to (`store.objects`), if any; refused without PostgreSQL.
-pub fn replication(config: &Config, runtime: &tokio::runtime::Runtime) -> anyhow::Result<Option<Replication>> {
+/// How a command that writes a collection reaches a cluster whose collections travel through an object store.
+pub enum Cluster {
+    /// No server writes them: this command does, holding the writer's lock while it runs, and publishes.
+    Publish(Replication, WriterLease),
+    /// A server does (one writer at a time): the command sends it the work over HTTP.
+    Writer(writer::WriterClient),
+}
+
+/// The cluster the configuration names (`store.objects`), if any; refused without PostgreSQL.
+pub fn cluster(config: &Config, runtime: &tokio::runtime::Runtime) -> anyhow::Result<Option<Cluster>> {
     if config.store.objects.is_empty() {
         return Ok(None);
     }
     runtime.block_on(async {
         let store = open_store(config).await?;
-        Ok(Replication::open(&config.store, &store).await?)
+        let Some(replication) = Replication::open(&config.store, &store).await? else { return Ok(None) };
+        let process = format!("longrank {} (pid {})", std::env::args().nth(1).unwrap_or_default(), std::process::id());
+        if let Some(lease) = store.try_writer_lease(&process, "").await? {
+            return Ok(Some(Cluster::Publish(replication, lease)));
+        }
+        match store.writer().await? {
+            Some((_, url)) if !url.is_empty() => Ok(Some(Cluster::Writer(writer::WriterClient::new(url, config)))),
+            Some((process, _)) => {
+                anyhow::bail!("{process} writes this cluster's collections now: run again when it ends")
+            }
+            None => anyhow::bail!("the cluster's writer changes hands: run again in a second"),
+        }
     })
 }
 

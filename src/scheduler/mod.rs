@@ -7,3 +7,4 @@
 pub mod cluster;
 pub mod jobs;
 pub mod tasks;
+pub mod writer;

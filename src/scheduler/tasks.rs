@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use utoipa::ToSchema;
 
+use super::writer::{Route, Writer};
 use crate::cancel::Cancel;
 use crate::config::{Config, IndexConfig};
 use crate::corpus::{Corpus, Format};
@@ -24,6 +25,7 @@ use crate::hash::Fnv;
 use crate::index::{self, IndexError, OnError};
 use crate::progress::{Progress, Unit};
 use crate::rank::Engine;
+use crate::replication::{Replication, ReplicationError};
 use crate::store::{KeyedRequest, Store, StoreError, TaskFilter, TaskKind, TaskOutcome, TaskRow, TaskStatus};
 
 #[derive(Debug, thiserror::Error)]
@@ -47,8 +49,10 @@ pub enum TaskError {
     NoDocuments(String),
     #[error("Idempotency-Key {key:?} was given to task {id}, a write with another route, parameters or upload: use a new key for another write")]
     KeyReused { key: String, id: i64 },
-    #[error("this server is a replica (its store is PostgreSQL): collections are read-only here; build them with `longrank index` and copy the directory to each replica")]
+    #[error("this server is a replica (its store is PostgreSQL): collections are read-only here; build them with `longrank index` and copy the directory to each replica, or give the replicas an object store (store.objects)")]
     ReadOnly,
+    #[error("no replica writes the collections now (the writer stopped a moment ago; another takes over within a second), or the writer could not be reached: {0}")]
+    NoWriter(String),
 }
 
 /// What a task applies, as stored with it.
@@ -136,6 +140,10 @@ impl TaskView {
 
 pub struct Tasks {
     store: Store,
+    /// The object store each applied task is published to, on a cluster; and the election of the replica
+    /// that applies them.
+    replication: Option<Replication>,
+    writer: Option<Arc<Writer>>,
     engine: Arc<Engine>,
     data_dir: PathBuf,
     index: IndexConfig,
@@ -157,8 +165,10 @@ struct Running {
 const BUSY_WAIT: Duration = Duration::from_secs(600);
 
 impl Tasks {
-    pub fn new(engine: Arc<Engine>, store: Store, config: &Config) -> Arc<Tasks> {
+    pub fn new(engine: Arc<Engine>, store: Store, config: &Config, replication: Option<Replication>) -> Arc<Tasks> {
         Arc::new(Tasks {
+            writer: replication.as_ref().map(|_| Writer::new(store.clone())),
+            replication,
             store,
             engine,
             data_dir: config.data_dir.clone(),
@@ -173,12 +183,31 @@ impl Tasks {
         self.data_dir.join("uploads")
     }
 
-    /// Queues the tasks a stop interrupted again, removes uploads no task needs (a stop between storing one
-    /// and writing its row: never acknowledged), and starts the worker.
-    pub async fn start(self: &Arc<Self>) -> Result<(), TaskError> {
+    /// Starts the worker: at once on a single process, once elected on a cluster (this replica, named
+    /// `replica`, is reached at `url` by the others' forwarded uploads).
+    pub async fn start(self: &Arc<Self>, replica: String, url: String) -> Result<(), TaskError> {
         if self.read_only() {
             return Ok(());
         }
+        match &self.writer {
+            Some(writer) => writer.start(replica, url),
+            None => self.take_over().await?,
+        }
+        tokio::spawn(self.clone().work());
+        Ok(())
+    }
+
+    /// Where an upload goes: stored here, or forwarded to the writer (on a cluster).
+    pub async fn route(&self) -> Result<Route, TaskError> {
+        match &self.writer {
+            None => Ok(Route::Here),
+            Some(writer) => Ok(writer.route().await?),
+        }
+    }
+
+    /// Queues the tasks a stop interrupted again (on a cluster: the last writer's), and removes uploads no
+    /// task needs (a stop between storing one and writing its row: never acknowledged).
+    async fn take_over(&self) -> Result<(), TaskError> {
         let requeued = self.store.requeue_running_tasks().await?;
         if requeued > 0 {
             tracing::warn!("{requeued} task(s) interrupted by a stop: applying them again");
@@ -197,13 +226,12 @@ impl Tasks {
                 }
             }
         }
-        tokio::spawn(self.clone().work());
         Ok(())
     }
 
-    /// Replicas (servers sharing a store) never write their collections: each serves a copy.
+    /// Replicas (servers sharing a store) write no collection without an object store: each serves a copy.
     fn read_only(&self) -> bool {
-        self.store.shared()
+        self.store.shared() && self.replication.is_none()
     }
 
     /// Queues a task on a collection (its name checked first). With an Idempotency-Key, a repeat of the write
@@ -343,7 +371,9 @@ impl Tasks {
             if view.status.is_finished() || Instant::now() >= deadline {
                 return Ok(view);
             }
-            let _ = tokio::time::timeout_at(deadline.into(), finished).await;
+            // Each half second too: on a cluster another replica (the writer) finishes it.
+            let until = deadline.min(Instant::now() + Duration::from_millis(500));
+            let _ = tokio::time::timeout_at(until.into(), finished).await;
         }
     }
 
@@ -373,9 +403,26 @@ impl Tasks {
         }
     }
 
-    /// Applies queued tasks one at a time, oldest first.
+    /// Applies queued tasks one at a time, oldest first (on a cluster, while this replica is the writer), and
+    /// publishes each one's result.
     async fn work(self: Arc<Self>) {
+        let mut elected = false;
         loop {
+            if let Some(writer) = &self.writer {
+                if !writer.is_writer() {
+                    elected = false;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+                if !elected {
+                    if let Err(e) = self.take_over().await {
+                        tracing::error!("tasks: taking over as the writer: {e}");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        continue;
+                    }
+                    elected = true;
+                }
+            }
             let task = match self.store.start_next_task().await {
                 Ok(Some(task)) => task,
                 Ok(None) => {
@@ -392,7 +439,13 @@ impl Tasks {
             let cancel = Cancel::default();
             *self.running.lock() = Some(Running { id: task.id, cancel: cancel.clone(), progress: None });
             let input: Input = serde_json::from_str(&task.input).unwrap_or_default();
-            let outcome = self.apply(&task, &input, &cancel).await;
+            let mut outcome = self.apply(&task, &input, &cancel).await;
+            if outcome.error.is_none() {
+                if let Err(e) = self.publish(&task).await {
+                    outcome.error =
+                        Some(format!("applied on the writer but not published (the next write publishes it): {e}"));
+                }
+            }
             *self.running.lock() = None;
             // Asked to stop, a task that stopped ends cancelled; one that finished anyway, as it finished.
             let status = match (&outcome.error, cancel.is_cancelled()) {
@@ -406,6 +459,21 @@ impl Tasks {
             self.finished.notify_waiters();
             self.remove_upload(&input).await;
         }
+    }
+
+    /// Publishes what `task` changed to the object store, if there is one: replicas serve it within a second.
+    async fn publish(&self, task: &TaskRow) -> Result<(), ReplicationError> {
+        let Some(replication) = self.replication.clone() else { return Ok(()) };
+        let name = task.collection.clone();
+        if task.kind == TaskKind::DeleteCollection {
+            return replication.publish_deletion(&name).await.map(drop);
+        }
+        // Hashing new segment files is file I/O: on a blocking thread.
+        let (root, runtime) = (self.engine.catalog().root().to_path_buf(), tokio::runtime::Handle::current());
+        let published = tokio::task::spawn_blocking(move || runtime.block_on(replication.publish(&root, &name))).await;
+        published
+            .map_err(|e| ReplicationError::Io { path: PathBuf::new(), source: std::io::Error::other(e) })?
+            .map(drop)
     }
 
     async fn apply(self: &Arc<Self>, task: &TaskRow, input: &Input, cancel: &Cancel) -> TaskOutcome {
@@ -464,6 +532,14 @@ impl Tasks {
         let mut format = input.format;
         if let Some(file) = &input.file {
             let mut path = self.uploads().join(file);
+            if !path.exists() {
+                // Requeued after the writer that stored it stopped: its file is on that replica.
+                return Err(TaskError::Upload(
+                    "the upload was stored on the replica that wrote the collections then, which stopped before \
+                     applying it: send it again"
+                        .into(),
+                ));
+            }
             if input.json_array {
                 let lines = self.uploads().join(format!("{file}.jsonl"));
                 json_array_to_lines(&path, &lines)?;

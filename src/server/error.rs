@@ -88,8 +88,9 @@ codes! {
     CollectionInUse = "collection_in_use", 409, "The collection is read by a queued or running batch job.";
     JobConflict = "job_conflict", 409, "The job is not in a state that allows this (the run of an unfinished job, cancelling a finished one).";
     TaskConflict = "task_conflict", 409, "A finished task cannot be cancelled.";
-    ReadOnlyReplica = "read_only_replica", 409, "This server is a replica (its store is PostgreSQL): its collections \
-        are read-only; build a collection with `longrank index` and copy its directory to each replica.";
+    ReadOnlyReplica = "read_only_replica", 409, "This server is a replica (its store is PostgreSQL) without an object \
+        store: its collections are read-only; build a collection with `longrank index` and copy its directory to each \
+        replica, or give the replicas `store.objects`.";
     BodyTooLarge = "body_too_large", 413, "The body is larger than `server.max_body_bytes`.";
     UploadTooLarge = "upload_too_large", 413, "A document upload is larger than `limits.max_upload_bytes`; nothing \
         of it is kept.";
@@ -118,6 +119,7 @@ codes! {
     Timeout = "timeout", 503, "The request ran longer than `server.request_timeout_ms` (the model's finished work \
         is kept for a retry; the message says what cuts the work).";
     ModelUnavailable = "model_unavailable", 503, "A model asked for by name outside a pipeline could not be loaded (the message says why).";
+    NoWriter = "no_writer", 503, "An upload to a replica is forwarded to the replica that writes the collections: none does at this moment (another takes over within a second of the writer's end), or it could not be reached; send it again.";
 }
 
 #[derive(Debug)]
@@ -371,6 +373,7 @@ impl From<TaskError> for ApiError {
             TaskError::UnknownTask(_) => ErrorCode::UnknownTask,
             TaskError::NotCancellable { .. } => ErrorCode::TaskConflict,
             TaskError::ReadOnly => ErrorCode::ReadOnlyReplica,
+            TaskError::NoWriter(_) => ErrorCode::NoWriter,
             TaskError::KeyReused { .. } => ErrorCode::IdempotencyKeyReused,
             TaskError::TooLarge { .. } => ErrorCode::UploadTooLarge,
             TaskError::Upload(_) | TaskError::NoDocuments(_) => ErrorCode::InvalidBody,
@@ -477,7 +480,7 @@ route_errors! {
         InvalidIdempotencyKey, IdempotencyKeyReused];
     /// Uploading documents: a task queued once the upload is stored.
     UploadErrors(Admin): [InvalidPath, InvalidQueryString, ForbiddenOrigin, InvalidCollectionName, InvalidBody,
-        UploadTooLarge, ReadOnlyReplica, InvalidIdempotencyKey, IdempotencyKeyReused];
+        UploadTooLarge, ReadOnlyReplica, NoWriter, InvalidIdempotencyKey, IdempotencyKeyReused];
     /// Deleting documents by id.
     DeleteDocumentsErrors(Admin): [InvalidPath, InvalidQueryString, ForbiddenOrigin, InvalidCollectionName,
         MalformedJson, InvalidBody, BodyTooLarge, UnsupportedMediaType, ReadOnlyReplica, InvalidIdempotencyKey,

@@ -8,6 +8,7 @@ mod compat;
 mod connections;
 mod decode;
 mod error;
+mod forward;
 mod metrics;
 mod middleware;
 mod openapi;
@@ -91,7 +92,7 @@ pub async fn serve(
         match prepared {
             Ok(Ok(())) => {
                 // Before any upload can arrive: the tasks' start removes uploads no task needs.
-                if let Err(e) = preparing.tasks().start().await {
+                if let Err(e) = preparing.tasks().start(preparing.replica(), preparing.advertised_url()).await {
                     tracing::error!("starting the tasks: {e}");
                 }
                 preparing.set_ready();

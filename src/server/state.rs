@@ -39,7 +39,7 @@ struct Inner {
 impl AppState {
     pub fn new(config: Config, catalog: Arc<Catalog>, store: Store, replication: Option<Replication>) -> AppState {
         let engine = Arc::new(Engine::new(catalog, &config));
-        let tasks = tasks::Tasks::new(engine.clone(), store.clone(), &config);
+        let tasks = tasks::Tasks::new(engine.clone(), store.clone(), &config, replication.clone());
         let jobs = Jobs::new(engine.clone(), store, config.clone());
         let admission = admission::Admission::new(
             config.server.concurrent_work(),
@@ -120,6 +120,17 @@ impl AppState {
     }
 
     /// This replica's name: `server.replica_id`, else the address it listens on.
+    /// The URL other replicas reach this one at (forwarded uploads): `server.advertise_url`, else the address
+    /// it listens on.
+    pub fn advertised_url(&self) -> String {
+        match &self.inner.config.server.advertise_url {
+            url if url.is_empty() => {
+                format!("http://{}", self.inner.bound.get().map(|a| a.to_string()).unwrap_or_default())
+            }
+            url => url.trim_end_matches('/').to_string(),
+        }
+    }
+
     pub fn replica(&self) -> String {
         match &self.inner.config.server.replica_id {
             id if id.is_empty() => self.inner.bound.get().map(|a| a.to_string()).unwrap_or_default(),

@@ -17,7 +17,7 @@ pub use leases::{Claim, Committed, Completion, Lane, Serves};
 pub use objects::Objects;
 pub use replicas::{ReplicaRow, StrandedJob};
 pub use tasks::{KeyedRequest, TaskFilter, TaskKind, TaskOutcome, TaskRow, TaskStatus};
-pub use versions::VersionRow;
+pub use versions::{VersionRow, WriterLease};
 
 use serde::{Deserialize, Serialize};
 use sqlx::any::{AnyPoolOptions, AnyRow};

@@ -31,6 +31,11 @@ pub fn sha256_file(path: &FsPath) -> std::io::Result<String> {
     }
 }
 
+/// reqwest's TLS (S3, forwarded uploads) needs a process-wide provider: ring's; installing it twice is harmless.
+pub fn install_tls() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -52,8 +57,7 @@ impl Objects {
             (Arc::new(LocalFileSystem::new_with_prefix(dir).map_err(err)?), "")
         } else if let Some(rest) = url.strip_prefix("s3://") {
             let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-            // reqwest's TLS needs a process-wide provider; installing it twice is harmless.
-            let _ = rustls::crypto::ring::default_provider().install_default();
+            install_tls();
             let s3 = AmazonS3Builder::from_env().with_bucket_name(bucket).build().map_err(err)?;
             (Arc::new(s3), prefix.trim_matches('/'))
         } else {

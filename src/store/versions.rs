@@ -5,7 +5,7 @@
 //! upload it, and the collector deletes an object only while holding its row, unused for the retention time and
 //! listed by no version (`collect_objects`), so the two are ordered by the row's lock.
 
-use sqlx::Row;
+use sqlx::{AnyConnection, Connection, Row};
 
 use super::objects::Objects;
 use super::{Store, StoreError};
@@ -20,7 +20,59 @@ pub struct VersionRow {
     pub manifest: String,
 }
 
+/// The key of the advisory lock the cluster's writer holds (an arbitrary constant: "longrank" in ASCII).
+const WRITER_LOCK: i64 = 0x6c6f_6e67_7261_6e6b;
+
+/// The cluster's writer lock, held by a connection of its own: PostgreSQL releases it when the connection
+/// closes, so a writer that dies (or loses the database) frees it for another replica at once.
+pub struct WriterLease(AnyConnection);
+
+impl WriterLease {
+    /// Whether the lock is still held: its connection answers.
+    pub async fn check(&mut self) -> Result<(), StoreError> {
+        self.0.ping().await?;
+        Ok(())
+    }
+}
+
 impl Store {
+    /// Takes the cluster's writer lock if no replica holds it, and records `replica` at `url` as the writer.
+    pub async fn try_writer_lease(&self, replica: &str, url: &str) -> Result<Option<WriterLease>, StoreError> {
+        let mut conn = self.pool.acquire().await?.detach();
+        let held: bool =
+            sqlx::query("SELECT pg_try_advisory_lock($1)").bind(WRITER_LOCK).fetch_one(&mut conn).await?.try_get(0)?;
+        if !held {
+            conn.close().await?;
+            return Ok(None);
+        }
+        let now = self.now_ms();
+        let sql = format!(
+            "INSERT INTO cluster_writer (id, replica, url, since_ms) VALUES (1, $1, $2, {now}) \
+             ON CONFLICT (id) DO UPDATE SET replica = $1, url = $2, since_ms = {now}"
+        );
+        sqlx::query(&sql).bind(replica).bind(url).execute(&mut conn).await?;
+        Ok(Some(WriterLease(conn)))
+    }
+
+    /// The writer's replica name and URL, if one holds the lock now.
+    pub async fn writer(&self) -> Result<Option<(String, String)>, StoreError> {
+        // The lock's holder, as PostgreSQL sees it: the row alone may name a writer that died.
+        let held: bool = sqlx::query(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND ((classid::bigint << 32) | objid::bigint) = $1)",
+        )
+        .bind(WRITER_LOCK)
+        .fetch_one(&self.pool)
+        .await?
+        .try_get(0)?;
+        if !held {
+            return Ok(None);
+        }
+        let row =
+            sqlx::query("SELECT replica, url FROM cluster_writer WHERE id = 1").fetch_optional(&self.pool).await?;
+        row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
+    }
+
     /// Binds the database to the object store at `url` on first use; the URL it is bound to.
     pub async fn bind_objects(&self, url: &str) -> Result<String, StoreError> {
         sqlx::query("INSERT INTO object_store (id, url) VALUES (1, $1) ON CONFLICT DO NOTHING")

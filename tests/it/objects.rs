@@ -9,9 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::common::{
-    cli_env, data, get, isolated, post_json, readme_block, run_readme_block, spawn_cli, TestServer, BIN,
-};
+use crate::common::{cli_env, data, get, isolated, post_json, readme_block, run_readme_block, TestServer, BIN};
 
 fn fresh_postgres() -> Option<String> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -98,48 +96,53 @@ fn an_empty_replica_serves_what_was_published_and_follows_new_versions_and_delet
     }
 }
 
-/// A collection indexed, published and followed through the cluster `env` names.
+/// A collection indexed and published by the CLI, served by an empty replica (the writer then), added to and
+/// deleted through the CLI (which sends the work to that writer), and served by a second empty replica.
 fn travels(env: &[(&str, &str)]) {
-    let (writer, replica_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (cli_dir, replica_dir, second_dir) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let docs = data("cranfield/docs.jsonl");
-    let first = cluster_cli(writer.path(), env, &["index", "--collection", "cranfield", docs.to_str().unwrap()]);
+    let first = cluster_cli(cli_dir.path(), env, &["index", "--collection", "cranfield", docs.to_str().unwrap()]);
     let (files, uploaded) = uploads(&first);
     // Every file's content once (two files of one content are one object).
     assert!(uploaded > files / 2, "a first version uploads its files: {first}");
+    // Publishing again with nothing committed records nothing.
+    let again = cluster_cli(cli_dir.path(), env, &["index", "--collection", "cranfield", docs.to_str().unwrap()]);
+    assert!(again.contains("unchanged"), "{again}");
 
     let replica = TestServer::start(replica_dir.path(), env).wait_ready();
-    // The writer's own copy, served alone on SQLite: the replica's runs must be byte-identical to its.
-    let single = TestServer::start(writer.path(), &[]).wait_ready();
+    // The CLI's own copy, served alone on SQLite: the replica's runs must be byte-identical to its.
+    let single = TestServer::start(cli_dir.path(), &[]).wait_ready();
     let published = fingerprint(&single, "cranfield").unwrap();
     assert_eq!(fingerprint(&replica, "cranfield").as_deref(), Some(published.as_str()), "served before readiness");
     assert_eq!(run_of(&replica), run_of(&single));
+    drop(single);
 
-    // One more document: a version that shares every segment but the new one with the first.
-    let extra = writer.path().join("extra.jsonl");
+    // A server now writes the cluster: the CLI sends it the file, and it applies and publishes it.
+    let extra = cli_dir.path().join("extra.jsonl");
     std::fs::write(
         &extra,
         "{\"id\": \"extra-1\", \"title\": \"extra\", \"text\": \"wing flutter at supersonic speed\"}\n",
     )
     .unwrap();
-    let second = cluster_cli(writer.path(), env, &["index", "--collection", "cranfield", extra.to_str().unwrap()]);
-    let (files, uploaded) = uploads(&second);
-    assert!(uploaded > 0 && uploaded < files, "only the new commit's files are sent: {second}");
-    wait_until("the replica serves the new version", || {
-        fingerprint(&replica, "cranfield").is_some_and(|f| f != published)
+    wait_until("the replica writes the cluster", || {
+        let out = cli_env(cli_dir.path(), &["index", "--collection", "cranfield", extra.to_str().unwrap()], env);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        out.status.success() && stdout.contains("applied by the cluster's writer")
     });
-    assert_eq!(fingerprint(&replica, "cranfield"), fingerprint(&single, "cranfield"));
     let hit = get(&replica.url("/search?q=wing+flutter+supersonic+extra&collection=cranfield&k=1")).1;
     assert!(hit.contains("extra-1"), "{hit}");
-    assert_eq!(run_of(&replica), run_of(&single));
-    drop(single);
+    let second = TestServer::start(second_dir.path(), env).wait_ready();
+    let newest = fingerprint(&replica, "cranfield").unwrap();
+    assert_ne!(newest, published);
+    assert_eq!(fingerprint(&second, "cranfield"), Some(newest));
+    assert_eq!(run_of(&second), run_of(&replica));
 
-    // Publishing again with nothing committed records nothing.
-    let again = cluster_cli(writer.path(), env, &["index", "--collection", "cranfield", extra.to_str().unwrap()]);
-    assert!(again.contains("unchanged"), "{again}");
-
-    cluster_cli(writer.path(), env, &["collections", "delete", "cranfield"]);
-    wait_until("the replica drops the deleted collection", || fingerprint(&replica, "cranfield").is_none());
-    assert!(!replica_dir.path().join("collections/cranfield").exists());
+    cluster_cli(cli_dir.path(), env, &["collections", "delete", "cranfield"]);
+    for (server, dir) in [(&replica, &replica_dir), (&second, &second_dir)] {
+        wait_until("the replicas drop the deleted collection", || fingerprint(server, "cranfield").is_none());
+        assert!(!dir.path().join("collections/cranfield").exists());
+    }
 }
 
 /// Cranfield indexed and published to a directory's object store, and an empty replica's data directory.
@@ -163,37 +166,59 @@ fn published() -> Option<Published> {
 }
 
 #[test]
-fn a_publish_killed_midway_is_never_served_and_the_next_completes_it() {
-    let Some(Published { url, writer, replica_dir, store, objects }) = published() else { return };
-    let env = [("LONGRANK_STORE_URL", url.as_str()), ("LONGRANK_STORE_OBJECTS", objects.as_str())];
-    let replica = TestServer::start(replica_dir.path(), &env).wait_ready();
-    let first = fingerprint(&replica, "cranfield").unwrap();
+fn a_writer_killed_mid_publish_leaves_no_partial_version_and_the_next_writer_discards_it() {
+    let Some(Published { url, writer: _writer, replica_dir, store, objects }) = published() else { return };
+    // Info: the election is logged at that level.
+    let env =
+        [("LONGRANK_STORE_URL", url.as_str()), ("LONGRANK_STORE_OBJECTS", objects.as_str()), ("RUST_LOG", "info")];
+    // The first replica writes, and holds its first publish after one object; the second follows.
+    let held_log = replica_dir.path().join("serve.log");
+    let mut held_env = env.to_vec();
+    held_env.push(("LONGRANK_TEST_HOLD", "publish.object:1"));
+    held_env.push(("LONGRANK_SERVER_REPLICA_ID", "held"));
+    let mut held = TestServer::start_logging(replica_dir.path(), &held_env, &held_log).wait_ready();
+    held.wait_log(&held_log, "now writes the collections");
+    let other_dir = tempfile::tempdir().unwrap();
+    let other_log = other_dir.path().join("serve.log");
+    let mut other_env = env.to_vec();
+    other_env.push(("LONGRANK_SERVER_REPLICA_ID", "other"));
+    let other = TestServer::start_logging(other_dir.path(), &other_env, &other_log).wait_ready();
+    let first = fingerprint(&other, "cranfield").unwrap();
     let stored = || std::fs::read_dir(store.path().join("objects")).unwrap().count();
     let before = stored();
 
-    // The next version's first object uploaded, then the writer killed before its manifest is recorded.
-    let extra = writer.path().join("extra.jsonl");
-    std::fs::write(&extra, "{\"id\": \"extra-1\", \"title\": \"extra\", \"text\": \"wing flutter\"}\n").unwrap();
-    let mut env_held = env.to_vec();
-    env_held.push(("LONGRANK_TEST_HOLD", "publish.object:1"));
-    let mut cli = spawn_cli(writer.path(), &["index", "--collection", "cranfield", extra.to_str().unwrap()], &env_held);
-    wait_until("the killed publish uploaded an object", || stored() > before);
-    cli.kill().unwrap();
-    cli.wait().unwrap();
-    // Two of the replica's pulls later it still serves the first version, whole.
-    std::thread::sleep(Duration::from_millis(2500));
-    assert_eq!(fingerprint(&replica, "cranfield"), Some(first.clone()));
-    assert!(!replica_dir.path().join("collections/.cranfield.fetching").exists());
+    // An upload through the follower: forwarded, applied by the writer, which is killed mid-publish.
+    let line = "{\"id\": \"extra-1\", \"title\": \"extra\", \"text\": \"wing flutter\"}\n";
+    let reply = crate::common::request(
+        "POST",
+        &other.url("/collections/cranfield/documents"),
+        &[("content-type", "application/x-ndjson")],
+        Some(line),
+    );
+    assert_eq!(reply.status, 202, "{}", reply.body);
+    let task = reply.json()["id"].as_i64().unwrap();
+    wait_until("the writer uploaded an object of the new version", || stored() > before);
+    held.child.kill().unwrap();
+    held.child.wait().unwrap();
+    // The follower takes over: the task's upload was on the dead writer, so it fails saying so, and no replica
+    // ever serves the half-published version.
+    other.wait_log(&other_log, "now writes the collections");
+    wait_until("the task ends", || get(&other.url(&format!("/tasks/{task}"))).1.contains("\"failed\""));
+    let view = get(&other.url(&format!("/tasks/{task}"))).1;
+    assert!(view.contains("send it again"), "{view}");
+    assert_eq!(fingerprint(&other, "cranfield"), Some(first.clone()));
+    assert!(!other_dir.path().join("collections/.cranfield.fetching").exists());
 
-    // The next run finds the documents committed and publishes them, reusing the object already sent.
-    let next = cluster_cli(writer.path(), &env, &["index", "--collection", "cranfield", extra.to_str().unwrap()]);
-    assert!(next.contains("1 files already indexed"), "{next}");
-    let (_, uploaded) = uploads(&next);
-    assert_eq!(stored(), before + uploaded as usize + 1, "{next}");
-    wait_until("the replica serves the completed version", || {
-        fingerprint(&replica, "cranfield").is_some_and(|f| f != first)
-    });
-    let hit = get(&replica.url("/search?q=wing+flutter+extra&collection=cranfield&k=1")).1;
+    // Sent again, the new writer applies and publishes it, reusing the object the dead one sent.
+    let task = upload(&other, "cranfield", line);
+    assert_eq!(task["status"], "succeeded", "{task}");
+    let held_version: Value =
+        serde_json::from_slice(&std::fs::read(other_dir.path().join("collections/cranfield/version.json")).unwrap())
+            .unwrap();
+    let files = held_version["manifest"]["files"].as_array().unwrap().len();
+    assert!(stored() - before < files, "only the new commit's files were sent: {} of {files}", stored() - before);
+    assert_ne!(fingerprint(&other, "cranfield"), Some(first));
+    let hit = get(&other.url("/search?q=wing+flutter+extra&collection=cranfield&k=1")).1;
     assert!(hit.contains("extra-1"), "{hit}");
 }
 
@@ -258,4 +283,73 @@ fn readme_object_store_section_works_as_written() {
     assert!(out.status.success(), "README's object store commands failed: {stdout}");
     assert!(stdout.contains("published version 1"), "{stdout}");
     assert!(stdout.contains("\"docid\":\"d1\""), "the empty replica served the published document: {stdout}");
+}
+
+/// Two replicas with empty data directories on one store and object store, logging to their directories.
+fn two_replicas(env: &[(&str, &str)], dirs: &[tempfile::TempDir; 2]) -> Vec<TestServer> {
+    dirs.iter()
+        .enumerate()
+        .map(|(i, dir)| {
+            let mut env = env.to_vec();
+            let id = format!("r{i}");
+            // Info: the election and the pulls are logged at that level.
+            env.extend([("LONGRANK_SERVER_REPLICA_ID", id.as_str()), ("RUST_LOG", "info")]);
+            TestServer::start_logging(dir.path(), &env, &dir.path().join("serve.log")).wait_ready()
+        })
+        .collect()
+}
+
+/// Sends `lines` to `collection` through `server` until a replica writes them (503 `no_writer` while none
+/// does), waiting for the task: its view.
+fn upload(server: &TestServer, collection: &str, lines: &str) -> Value {
+    let url = server.url(&format!("/collections/{collection}/documents?wait=true"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let reply = crate::common::request("POST", &url, &[("content-type", "application/x-ndjson")], Some(lines));
+        if reply.status != 503 || Instant::now() > deadline {
+            assert!(reply.status == 200 || reply.status == 202, "{} {}", reply.status, reply.body);
+            return reply.json();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn writes_to_any_replica_reach_the_writer_and_another_takes_over_when_it_dies() {
+    let Some(url) = fresh_postgres() else { return };
+    let store = tempfile::tempdir().unwrap();
+    let objects = format!("file://{}", store.path().display());
+    let env = [("LONGRANK_STORE_URL", url.as_str()), ("LONGRANK_STORE_OBJECTS", objects.as_str())];
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let mut replicas = two_replicas(&env, &dirs);
+    // Each replica uploads a document: one applies it, the other forwards its upload (streamed) to it.
+    for (i, replica) in replicas.iter().enumerate() {
+        let line = format!("{{\"id\": \"d{i}\", \"title\": \"t\", \"text\": \"harbor lantern number {i}\"}}\n");
+        let task = upload(replica, "news", &line);
+        assert_eq!(task["status"], "succeeded", "{task}");
+        // Visible from the other replica too: tasks live in the shared store.
+        let other = &replicas[1 - i];
+        let (status, view) = get(&other.url(&format!("/tasks/{}", task["id"])));
+        assert_eq!(status, 200, "{view}");
+    }
+    wait_until("both replicas serve the writer's version with both documents", || {
+        let prints: Vec<Option<String>> = replicas.iter().map(|r| fingerprint(r, "news")).collect();
+        prints[0].is_some() && prints[0] == prints[1] && {
+            let hits = get(&replicas[0].url("/search?q=harbor+lantern&collection=news")).1;
+            hits.contains("\"d0\"") && hits.contains("\"d1\"")
+        }
+    });
+    // kill -9 of the writer: the other takes over and applies the next upload it is sent.
+    let log = |i: usize| std::fs::read_to_string(dirs[i].path().join("serve.log")).unwrap_or_default();
+    let writer = (0..2).find(|&i| log(i).contains("now writes the collections")).expect("a writer was elected");
+    assert!(log(1 - writer).contains("pulled the newest version"), "the follower pulled the writer's versions");
+    replicas[writer].child.kill().unwrap();
+    replicas[writer].child.wait().unwrap();
+    let survivor = &replicas[1 - writer];
+    let task = upload(survivor, "news", "{\"id\": \"d2\", \"title\": \"t\", \"text\": \"harbor lantern again\"}\n");
+    assert_eq!(task["status"], "succeeded", "{task}");
+    assert!(log(1 - writer).contains("now writes the collections"));
+    let hits = get(&survivor.url("/search?q=harbor+lantern&collection=news")).1;
+    assert!(hits.contains("\"d2\""), "{hits}");
+    drop(replicas.remove(writer));
 }

@@ -4,6 +4,7 @@
 
 use axum::extract::{Request, State};
 use axum::http::header;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
@@ -11,11 +12,13 @@ use utoipa::{IntoParams, ToSchema};
 use crate::corpus::Format;
 use crate::index::OnError;
 use crate::rank::CollectionInfo;
-use crate::scheduler::tasks::{Input, TaskView};
+use crate::scheduler::tasks::{Input, TaskError, TaskView};
+use crate::scheduler::writer::Route;
 use crate::server::decode::ApiJson;
 use crate::server::error::{
     ApiError, ApiPath, ApiQuery, DeleteDocumentsErrors, EngineErrors, TaskSubmitErrors, UploadErrors,
 };
+use crate::server::forward;
 use crate::server::AppState;
 use crate::store::TaskKind;
 
@@ -115,7 +118,12 @@ pub async fn add_documents(
     ApiQuery(params): ApiQuery<UploadParams>,
     key: super::IdempotencyKey,
     request: Request,
-) -> Result<Accepted, ApiError> {
+) -> Result<Response, ApiError> {
+    match state.tasks().route().await? {
+        Route::Here => {}
+        Route::Writer(url) => return forward::to_writer(&url, request).await,
+        Route::NoWriter => return Err(TaskError::NoWriter("no server holds the writer lock".into()).into()),
+    }
     let content_type = request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     let json_array = params.format.is_none() && content_type.starts_with("application/json");
     let format = params.format.unwrap_or(if json_array { Format::Jsonl } else { Format::Auto });
@@ -124,7 +132,7 @@ pub async fn add_documents(
     let limit = state.config().limits.max_upload_bytes;
     let body = request.into_body().into_data_stream();
     let task = state.tasks().upload(&name, body, limit, input, key.get()).await?;
-    accepted(&state, task, params.wait).await
+    Ok(accepted(&state, task, params.wait).await?.into_response())
 }
 
 /// Delete one document by docid.
