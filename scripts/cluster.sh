@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A local cluster on loopback: PostgreSQL (scripts/postgres.sh), three longrank replicas sharing it and one data
 # directory (read-only: build collections with `longrank index` first), and HAProxy in front
-# (deploy/haproxy.cfg).
+# (deploy/haproxy.cfg). With LONGRANK_STORE_OBJECTS set (an object store, README "Collections through an object
+# store"), each replica has a data directory of its own (DIR/rN.data, empty at first) that it pulls the
+# collections into, one of them writes, and collection writes go through any of them.
 #   scripts/cluster.sh up DIR [DATA_DIR] [MODEL]
 #                                          starts it (state and logs in DIR); prints the front's URL. MODEL (a
 #                                          directory or hub id; default LONGRANK_MODEL_PATH, else none: BM25
@@ -39,9 +41,11 @@ wait_healthy() { # url seconds
 }
 
 start_replica() { # N: on the address in DIR/rN.addr, with the store and data directory `up` recorded
-  local i=$1
+  local i=$1 data_dir
+  data_dir=$(cat "$dir/data.dir")
+  [ -n "${LONGRANK_STORE_OBJECTS:-}" ] && data_dir="$dir/r$i.data"
   env -u LONGRANK_BIN LONGRANK_STORE_URL="$(cat "$dir/pg/url")" LONGRANK_SERVER_REPLICA_ID="r$i" \
-    LONGRANK_DATA_DIR="$(cat "$dir/data.dir")" LONGRANK_MODEL_PATH="$(cat "$dir/model")" \
+    LONGRANK_DATA_DIR="$data_dir" LONGRANK_MODEL_PATH="$(cat "$dir/model")" \
     "$bin" serve --addr "$(cat "$dir/r$i.addr")" >>"$dir/r$i.log" 2>&1 &
   echo $! >"$dir/r$i.pid"
 }

@@ -471,9 +471,12 @@ impl Tasks {
         // Hashing new segment files is file I/O: on a blocking thread.
         let (root, runtime) = (self.engine.catalog().root().to_path_buf(), tokio::runtime::Handle::current());
         let published = tokio::task::spawn_blocking(move || runtime.block_on(replication.publish(&root, &name))).await;
-        published
-            .map_err(|e| ReplicationError::Io { path: PathBuf::new(), source: std::io::Error::other(e) })?
-            .map(drop)
+        let p = published
+            .map_err(|e| ReplicationError::Io { path: PathBuf::new(), source: std::io::Error::other(e) })??;
+        let (collection, version, files, uploaded, bytes) =
+            (&task.collection, p.version, p.files, p.uploaded_files, p.uploaded_bytes);
+        tracing::info!(collection, version, files, uploaded, bytes, "published a version");
+        Ok(())
     }
 
     async fn apply(self: &Arc<Self>, task: &TaskRow, input: &Input, cancel: &Cancel) -> TaskOutcome {

@@ -144,13 +144,18 @@ fn a_replica_stopped_past_its_lease_cannot_commit_its_late_result() {
 }
 
 /// `scripts/cluster.sh up` on a data directory, taken down when dropped.
-struct Cluster {
+pub struct Cluster {
     run: tempfile::TempDir,
-    front: String,
+    pub front: String,
 }
 
 impl Cluster {
     fn up(data: &Path) -> Option<Cluster> {
+        Cluster::up_with(data, &[])
+    }
+
+    /// `up` with more settings for the replicas (`LONGRANK_*`), None without HAProxy or PostgreSQL.
+    pub fn up_with(data: &Path, env: &[(&str, &str)]) -> Option<Cluster> {
         let installed = |tool: &str| {
             Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().unwrap().status.success()
         };
@@ -164,6 +169,7 @@ impl Cluster {
             .arg(&script)
             .args(["up", run.path().join("cluster").to_str().unwrap(), data.to_str().unwrap()])
             .env("LONGRANK_BIN", BIN)
+            .envs(env.iter().copied())
             .stderr(std::process::Stdio::inherit())
             .output()
             .unwrap();
@@ -177,7 +183,7 @@ impl Cluster {
         Some(cluster)
     }
 
-    fn file(&self, name: &str) -> String {
+    pub fn file(&self, name: &str) -> String {
         std::fs::read_to_string(self.run.path().join("cluster").join(name)).unwrap().trim().to_string()
     }
 }
