@@ -76,6 +76,21 @@ fn write_held(dir: &Path, held: &Held) -> Result<(), ReplicationError> {
     std::fs::rename(&partial, &path).map_err(io(&path))
 }
 
+/// Model outputs kept beside the index (a bi-encoder's segment embeddings, stored cross-encoder scores) are
+/// keyed by text, so they hold for every version: linked into the new version's directory rather than lost.
+fn carry_caches(from: &Path, to: &Path) -> Result<(), ReplicationError> {
+    for cache in ["embeddings", "scores"] {
+        let Ok(entries) = std::fs::read_dir(from.join(cache)) else { continue };
+        let target = to.join(cache);
+        std::fs::create_dir_all(&target).map_err(io(&target))?;
+        for entry in entries.filter_map(|e| e.ok()).filter(|e| e.file_type().is_ok_and(|t| t.is_file())) {
+            let link = target.join(entry.file_name());
+            std::fs::hard_link(entry.path(), &link).map_err(io(&link))?;
+        }
+    }
+    Ok(())
+}
+
 /// Each published file's SHA-256, read once.
 static SHAS: FileMemo<String> = FileMemo::new(objects::sha256_file);
 
@@ -248,6 +263,7 @@ impl Replication {
             fetched_bytes += self.objects.fetch(&file.sha256, &to).await?;
             fetched_files += 1;
         }
+        carry_caches(&dir, &staging)?;
         let fingerprint = index::fingerprint(&staging)?;
         if fingerprint != manifest.fingerprint {
             return Err(invalid(format!("its files fingerprint {fingerprint}, its manifest {}", manifest.fingerprint)));

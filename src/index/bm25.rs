@@ -34,10 +34,13 @@ pub struct CollectionStats {
     pub avg_len: f64,
 }
 
-/// Lucene's BM25 idf.
+/// Lucene's BM25 idf. `doc_freq` counts replaced and deleted copies until a merge drops them, `num_docs`
+/// only live documents: a term held by more documents than there are (a deletion not yet merged) weighs as
+/// one held by all, never below zero (which would drop it, and the only live document holding it, from the
+/// ranking).
 pub fn idf(num_docs: u64, doc_freq: u64) -> f32 {
     let n = num_docs as f64;
-    let df = doc_freq as f64;
+    let df = doc_freq.min(num_docs) as f64;
     (1.0 + (n - df + 0.5) / (df + 0.5)).ln() as f32
 }
 
@@ -108,5 +111,8 @@ mod tests {
         // b = 0 ignores length; a term in every document still scores above zero.
         assert_eq!(length_norm(Bm25Params { k1: 1.2, b: 0.0 }, 5, 100.0), 1.2);
         assert!(idf(10, 10) > 0.0);
+        // Two copies counted (one deleted, not yet merged) of a term in the one live document.
+        assert_eq!(idf(1, 2), idf(1, 1));
+        assert!(idf(1, 2) > 0.0);
     }
 }

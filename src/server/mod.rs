@@ -130,14 +130,17 @@ async fn listen(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
 /// Keeps the catalog in step with the data directory (`Catalog::sync`), every `server.catalog_poll_ms`, on a
 /// thread of its own: a blocking task every second woke the runtime's idle blocking threads in turn, each
 /// before its keep-alive ran out, so none ever ended and the memory a load left in their heaps stayed. A
-/// replica that pulls its collections from an object store pulls first, and collects garbage each minute.
+/// replica that pulls its collections from an object store pulls first, and collects garbage each minute (or
+/// each half `store.retention_ms`, when shorter).
 fn follow_data_dir(state: AppState) {
     let every = state.config().server.catalog_poll_ms;
     if every == 0 {
         return;
     }
     let runtime = tokio::runtime::Handle::current();
-    let collect_every = (60_000 / every).max(1);
+    // Garbage each minute, or each half retention time when that is shorter (never more often than a poll).
+    let collect_ms = (state.config().store.retention_ms / 2).min(60_000).max(every);
+    let collect_every = (collect_ms / every).max(1);
     let follow = move || {
         for tick in 1u64.. {
             std::thread::sleep(Duration::from_millis(every));

@@ -343,6 +343,15 @@ fn writes_to_any_replica_reach_the_writer_and_another_takes_over_when_it_dies() 
         let other = &replicas[1 - i];
         let (status, view) = get(&other.url(&format!("/tasks/{}", task["id"])));
         assert_eq!(status, 200, "{view}");
+        if i == 0 {
+            // The follower's model outputs beside its copy (stored embeddings) outlive the versions it pulls.
+            wait_until("both serve the first version", || replicas.iter().all(|r| fingerprint(r, "news").is_some()));
+            for dir in &dirs {
+                let embeddings = dir.path().join("collections/news/embeddings");
+                std::fs::create_dir_all(&embeddings).unwrap();
+                std::fs::write(embeddings.join("m.keys"), "kept").unwrap();
+            }
+        }
     }
     wait_until("both replicas serve the writer's version with both documents", || {
         let prints: Vec<Option<String>> = replicas.iter().map(|r| fingerprint(r, "news")).collect();
@@ -355,6 +364,8 @@ fn writes_to_any_replica_reach_the_writer_and_another_takes_over_when_it_dies() 
     let log = |i: usize| std::fs::read_to_string(dirs[i].path().join("serve.log")).unwrap_or_default();
     let writer = (0..2).find(|&i| log(i).contains("now writes the collections")).expect("a writer was elected");
     assert!(log(1 - writer).contains("pulled the newest version"), "the follower pulled the writer's versions");
+    let kept = dirs[1 - writer].path().join("collections/news/embeddings/m.keys");
+    assert_eq!(std::fs::read_to_string(kept).unwrap(), "kept");
     replicas[writer].child.kill().unwrap();
     replicas[writer].child.wait().unwrap();
     let survivor = &replicas[1 - writer];
@@ -439,4 +450,37 @@ fn ingest_through_haproxy_while_clients_search_converges_with_no_wrong_hit_and_n
     assert!(searches.into_inner() > 50, "the clients searched throughout");
     assert_eq!(wrong.into_inner(), 0, "a search found a document without its word");
     assert_eq!(errors.into_inner(), 0, "searches failed while documents were ingested");
+}
+
+#[test]
+fn versions_no_replica_serves_and_their_objects_go_after_the_retention_time() {
+    let Some(Published { url, writer: _writer, replica_dir, store, objects }) = published() else { return };
+    let env = [
+        ("LONGRANK_STORE_URL", url.as_str()),
+        ("LONGRANK_STORE_OBJECTS", objects.as_str()),
+        ("LONGRANK_STORE_RETENTION_MS", "400"),
+    ];
+    let replica = TestServer::start(replica_dir.path(), &env).wait_ready();
+    let task = upload(&replica, "cranfield", "{\"id\": \"extra-1\", \"title\": \"x\", \"text\": \"wing\"}\n");
+    assert_eq!(task["status"], "succeeded", "{task}");
+    // The second version replaced the first everywhere: the first's own objects (its meta.json) go, and the
+    // store holds exactly the objects the newest version lists.
+    let held: Value =
+        serde_json::from_slice(&std::fs::read(replica_dir.path().join("collections/cranfield/version.json")).unwrap())
+            .unwrap();
+    let listed: std::collections::BTreeSet<String> = held["manifest"]["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["sha256"].as_str().unwrap().to_string())
+        .collect();
+    let stored = || -> std::collections::BTreeSet<String> {
+        std::fs::read_dir(store.path().join("objects"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    assert!(stored().len() > listed.len(), "the first version's meta.json is stored too");
+    wait_until("the first version's objects are collected", || stored() == listed);
+    assert!(fingerprint(&replica, "cranfield").is_some());
 }
