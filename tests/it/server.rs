@@ -48,18 +48,19 @@ fn rm3_returns_its_expanded_query() {
 }
 
 /// The server's first log lines and `/metrics` say how the encoder's products run: candle's own with
-/// `LONGRANK_BLAS=off`, else the library the inherited `LONGRANK_BLAS` names (CI runs the suite once through MKL,
-/// once through OpenBLAS), with the thread count.
+/// `LONGRANK_BLAS=off`, the built-in kernels with `builtin`, else the library the inherited `LONGRANK_BLAS`
+/// names (CI runs the suite once through MKL, once through OpenBLAS), with the thread count.
 #[test]
 fn the_log_and_metrics_say_which_gemm_the_encoder_uses() {
     let inherited = std::env::var("LONGRANK_BLAS").unwrap_or_default();
     let expected = |blas: &str| match blas {
         "off" => Some("candle"),
+        "builtin" => Some("builtin"),
         b if b.contains("mkl") => Some("mkl"),
         b if b.contains("openblas") => Some("openblas"),
         _ => None,
     };
-    for blas in ["off", inherited.as_str()] {
+    for blas in ["off", "builtin", inherited.as_str()] {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("server.log");
         let env = [("LONGRANK_BLAS", blas), ("RUST_LOG", "info")];

@@ -1,12 +1,13 @@
-//! The encoder's matrix products through a CBLAS loaded at run time when one is installed, so nothing is
-//! needed to build or run without it: Intel's MKL on Intel CPUs (`libmkl_rt`, e.g. from PyPI's `mkl`), else
-//! OpenBLAS (Debian's `libopenblas0`). Linear layers in
-//! inference (`BlasLinear`) and in training (`matmul_t`, with its backward pass), and inference attention as
-//! one op (`attention`). Its AVX-512 kernels run these products at about 280 GFLOP/s on this machine's two
-//! cores, where candle's `gemm` (AVX2 kernels on stable Rust) reaches about half that, and MKL's another 2-17 %
-//! faster on whole forward passes (BENCHMARKS.md). `LONGRANK_BLAS=off` turns it off; `LONGRANK_BLAS=/path/to/lib`
-//! picks the library (OpenBLAS or MKL). A library is tried on one small product when loaded and passed over
-//! if it fails (an MKL missing one of its parts would otherwise end the process on the first product).
+//! The encoder's matrix products through a CBLAS-shaped `sgemm`: a library loaded at run time when one is
+//! installed (Intel's MKL on Intel CPUs, `libmkl_rt`, e.g. from PyPI's `mkl`; else OpenBLAS, Debian's
+//! `libopenblas0`), and otherwise the `gemm` crate's kernels built into the binary (AVX-512 where the CPU has
+//! it, FMA otherwise), so nothing is needed to build or run. Linear layers in inference (`BlasLinear`) and in
+//! training (`matmul_t`, with its backward pass), and inference attention as one op (`attention`), each
+//! product a one-threaded call on rows cut by a sequence's length alone. `LONGRANK_BLAS=off` leaves all of it
+//! to candle's own ops; `LONGRANK_BLAS=builtin` takes the built-in kernels even where a library is installed;
+//! `LONGRANK_BLAS=/path/to/lib` picks the library (OpenBLAS or MKL). A library is tried on one small product
+//! when loaded and passed over if it fails (an MKL missing one of its parts would otherwise end the process on
+//! the first product). BENCHMARKS.md has their speeds.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
@@ -35,12 +36,17 @@ const ROW_MAJOR: i32 = 101;
 const NO_TRANS: i32 = 111;
 const TRANS: i32 = 112;
 
+/// What computes the products.
+enum Kernels {
+    /// A CBLAS loaded at run time: its `cblas_sgemm`, its file name as loaded, and the library kept loaded for
+    /// `sgemm`'s sake.
+    Library { sgemm: Sgemm, name: String, _library: libloading::Library },
+    /// The `gemm` crate's, built in.
+    Builtin,
+}
+
 struct Blas {
-    sgemm: Sgemm,
-    /// The library's file name, as loaded.
-    name: String,
-    /// Kept loaded for `sgemm`'s sake.
-    _library: libloading::Library,
+    kernels: Kernels,
     /// Threads that share each product, every one calling a one-threaded `sgemm` on its part: OpenBLAS's
     /// own threads spin and yield between calls, and contend with candle's pool (a profile showed 17 % of
     /// the time in the scheduler that way).
@@ -80,22 +86,11 @@ impl Blas {
         // Rows of op(A): rows of A, or columns of a transposed A (leading dimension m).
         let (a_part, lda) = if a.transposed { (a.data.add(rows.start), m) } else { (a.data.add(rows.start * k), k) };
         let ldb = if b.transposed { k } else { n };
-        let trans = |t: bool| if t { TRANS } else { NO_TRANS };
-        (self.sgemm)(
-            ROW_MAJOR,
-            trans(a.transposed),
-            trans(b.transposed),
-            rows.len() as i32,
-            n as i32,
-            k as i32,
-            1.0,
-            a_part,
-            lda as i32,
-            b.data,
-            ldb as i32,
-            0.0,
-            c.add(rows.start * n),
-            n as i32,
+        self.block(
+            (rows.len(), n, k),
+            (a_part, lda, a.transposed),
+            (b.data, ldb, b.transposed),
+            (c.add(rows.start * n), n),
         )
     }
 }
@@ -152,12 +147,14 @@ fn blas() -> Option<&'static Blas> {
         let openblas = ["libopenblas.so.0", "libopenblas.so"];
         let names: Vec<&str> = match choice.as_str() {
             "off" => return None,
+            "builtin" => vec![],
             // MKL takes slower paths on other vendors' CPUs.
             "" if intel_cpu() => ["libmkl_rt.so.3", "libmkl_rt.so.2"].into_iter().chain(openblas).collect(),
             "" => openblas.to_vec(),
             path => vec![path],
         };
-        names.into_iter().find_map(|name| {
+        let threads = candle_core::utils::get_num_threads();
+        let loaded = names.into_iter().find_map(|name| {
             // SAFETY: loading the library runs OpenBLAS's initializers only; the symbols have the CBLAS and
             // OpenBLAS signatures declared here.
             unsafe {
@@ -178,20 +175,27 @@ fn blas() -> Option<&'static Blas> {
                     return None;
                 }
                 tracing::info!("linear layers through {name}");
-                let threads = candle_core::utils::get_num_threads();
-                Some(Blas { sgemm, name: name.to_string(), _library: library, threads })
+                Some(Blas { kernels: Kernels::Library { sgemm, name: name.to_string(), _library: library }, threads })
             }
-        })
+        });
+        if loaded.is_none() && !matches!(choice.as_str(), "" | "builtin") {
+            tracing::warn!("LONGRANK_BLAS={choice} could not be loaded: the built-in kernels compute instead");
+        }
+        Some(loaded.unwrap_or(Blas { kernels: Kernels::Builtin, threads }))
     })
     .as_ref()
 }
 
-/// How the encoder's products run on the CPU: `mkl` or `openblas` (the library loaded) or `candle` (its own
-/// `gemm`, no library), and on how many threads. Results differ in their last bits between them.
+/// How the encoder's products run on the CPU: `mkl` or `openblas` (the library loaded), `builtin` (the `gemm`
+/// crate's kernels through the same calls) or `candle` (its own ops, `LONGRANK_BLAS=off`), and on how many
+/// threads. Results differ in their last bits between them.
 pub fn gemm_path() -> (&'static str, &'static str, usize) {
     match blas() {
-        Some(blas) if blas.name.contains("mkl") => ("mkl", &blas.name, blas.threads),
-        Some(blas) => ("openblas", &blas.name, blas.threads),
+        Some(Blas { kernels: Kernels::Library { name, .. }, threads }) if name.contains("mkl") => {
+            ("mkl", name, *threads)
+        }
+        Some(Blas { kernels: Kernels::Library { name, .. }, threads }) => ("openblas", name, *threads),
+        Some(Blas { kernels: Kernels::Builtin, threads }) => ("builtin", "gemm", *threads),
         None => ("candle", "", candle_core::utils::get_num_threads()),
     }
 }
@@ -504,22 +508,52 @@ impl Blas {
         (c, ldc): (*mut f32, usize),
     ) {
         let trans = |t: bool| if t { TRANS } else { NO_TRANS };
-        (self.sgemm)(
-            ROW_MAJOR,
-            trans(ta),
-            trans(tb),
-            m as i32,
-            n as i32,
-            k as i32,
-            1.0,
-            a,
-            lda as i32,
-            b,
-            ldb as i32,
-            0.0,
-            c,
-            ldc as i32,
-        )
+        match &self.kernels {
+            Kernels::Library { sgemm, .. } => sgemm(
+                ROW_MAJOR,
+                trans(ta),
+                trans(tb),
+                m as i32,
+                n as i32,
+                k as i32,
+                1.0,
+                a,
+                lda as i32,
+                b,
+                ldb as i32,
+                0.0,
+                c,
+                ldc as i32,
+            ),
+            Kernels::Builtin => {
+                // (row stride, column stride) of op(X), X row-major with rows `ld` apart.
+                let strides = |ld: usize, t: bool| if t { (1, ld as isize) } else { (ld as isize, 1) };
+                let ((a_rs, a_cs), (b_rs, b_cs)) = (strides(lda, ta), strides(ldb, tb));
+                // dst = 0·dst + 1·lhs·rhs (gemm's alpha scales the output's old values, its beta the product),
+                // on this thread.
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    c,
+                    1,
+                    ldc as isize,
+                    false,
+                    a,
+                    a_cs,
+                    a_rs,
+                    b,
+                    b_cs,
+                    b_rs,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                )
+            }
+        }
     }
 
     /// A head's probabilities, unnormalized, into `scores` (`len × len`) and each row's sum into `sums`.
@@ -748,18 +782,41 @@ mod tests {
         }
     }
 
+    /// The built-in kernels' products as a library's: every transposition, inside larger buffers (leading
+    /// dimensions past the shapes), and equal to a plain sum on small integers (exact in f32).
     #[test]
-    fn blas_linear_equals_candles_when_a_blas_is_installed() {
+    fn the_builtin_kernels_multiply_as_cblas_does() {
+        let builtin = Blas { kernels: Kernels::Builtin, threads: 1 };
+        let (m, n, k, pad) = (5usize, 7usize, 3usize, 2usize);
+        let value = |i: usize| ((i * 37) % 11) as f32 - 5.0;
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let (a_rows, a_cols) = if ta { (k, m) } else { (m, k) };
+            let (b_rows, b_cols) = if tb { (n, k) } else { (k, n) };
+            let (lda, ldb, ldc) = (a_cols + pad, b_cols + pad, n + pad);
+            let a: Vec<f32> = (0..a_rows * lda).map(value).collect();
+            let b: Vec<f32> = (0..b_rows * ldb).map(|i| value(i + 3)).collect();
+            let mut c = vec![f32::NAN; m * ldc];
+            // SAFETY: the buffers hold the shapes with those leading dimensions.
+            unsafe { builtin.block((m, n, k), (a.as_ptr(), lda, ta), (b.as_ptr(), ldb, tb), (c.as_mut_ptr(), ldc)) };
+            let at = |i: usize, p: usize| if ta { a[p * lda + i] } else { a[i * lda + p] };
+            let bt = |p: usize, j: usize| if tb { b[j * ldb + p] } else { b[p * ldb + j] };
+            for i in 0..m {
+                for j in 0..n {
+                    let want: f32 = (0..k).map(|p| at(i, p) * bt(p, j)).sum();
+                    assert_eq!(c[i * ldc + j], want, "({ta}, {tb}) at ({i}, {j})");
+                }
+                assert!(c[i * ldc + n..(i + 1) * ldc].iter().all(|v| v.is_nan()), "only the output's columns written");
+            }
+        }
+    }
+
+    #[test]
+    fn blas_linear_equals_candles() {
         let device = Device::Cpu;
         let weight = Tensor::randn(0f32, 1.0, (48, 40), &device).unwrap();
         let x = Tensor::randn(0f32, 1.0, (3, 7, 40), &device).unwrap();
         if !available_for(&weight) {
-            // CI installs a BLAS and says so: there, a library that fails to load fails the test.
-            assert!(
-                std::env::var_os("LONGRANK_EXPECT_BLAS").is_none(),
-                "a BLAS (OpenBLAS or MKL) was expected to load"
-            );
-            return;
+            return; // LONGRANK_BLAS=off
         }
         let want = candle_nn::Linear::new(weight.clone(), None).forward(&x).unwrap();
         let got = BlasLinear::new(&weight).unwrap().forward(&x, &[7, 3, 7]).unwrap();
