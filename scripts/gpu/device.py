@@ -3,7 +3,8 @@ the same GPU, same weights and inputs. Started by device.sh from the pack (scrip
 
 usage: python3 device.py --pack DIR --out DIR [--device cuda|cpu] [--model-dir DIR] [--quick]
 
-Parts, in order (correctness first): env (versions, the GPU's clocks and power before the work), models,
+Parts, in order (correctness first): env (versions, the GPU's clocks and power before the work), models (BERT-base and
+MiniLM-L6 for every part, ModernBERT and XLM-R in the MiniLM's shape for correctness),
 correctness, speed (the clocks again after it: a throttled GPU shows there), e2e (the CUDA and BLAS libraries the
 server process mapped, with their versions), train. $OUT/summary.json is
 rewritten after each part, so a run cut off still reports what it finished; a part that fails records its error
@@ -13,6 +14,7 @@ reference, TF32 off): longrank f32 1e-4 (and 1e-4 against longrank on the CPU), 
 """
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -39,6 +41,13 @@ TOLERANCE = {"f32": 1e-4, "f16": 1e-2, "bf16": 5e-2}
 SHAPES = {  # BERT-base for the kernel table and the training step; MiniLM-L6 for end to end
     "bert-base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
     "minilm-l6": {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536},
+}
+# Other families, checked for correctness only: the tests' tiny fixtures (pack.sh carries their configurations and
+# tokenizers) grown to the MiniLM-L6 shape, random weights. ModernBERT computes in f32 whatever is asked
+# (model::family), so its f16 and bf16 rows check that fallback.
+FAMILIES = {
+    "modernbert-minilm-shape": {"fixture": "modernbert-cls", "max_position_embeddings": 512, "local_attention": 128},
+    "xlm-roberta-minilm-shape": {"fixture": "xlm-roberta", "max_position_embeddings": 514},
 }
 
 args = argparse.ArgumentParser()
@@ -136,6 +145,7 @@ def centered(xs):
 
 
 models = {}
+family_models = {}  # correctness only
 
 
 def pick(name: str) -> str:
@@ -252,6 +262,25 @@ def make_models():
             shutil.copy(os.path.join(args.pack, "vocab", file), directory)
         models[name] = directory
         made[name] = {**shape, "parameters": sum(p.numel() for p in model.parameters())}
+    for name, grown in FAMILIES.items():
+        fixture = os.path.join(args.pack, "families", grown["fixture"])
+        config = transformers.AutoConfig.from_pretrained(fixture)
+        for key, value in {**SHAPES["minilm-l6"], **grown}.items():
+            if key != "fixture":
+                setattr(config, key, value)
+        if config.model_type == "modernbert":  # its layer kinds are listed per layer
+            every = config.global_attn_every_n_layers
+            n = config.num_hidden_layers
+            config.layer_types = ["full_attention" if i % every == 0 else "sliding_attention" for i in range(n)]
+        directory = os.path.join(WORK, name)
+        torch.manual_seed(0)
+        model = transformers.AutoModelForSequenceClassification.from_config(config)
+        model.save_pretrained(directory, safe_serialization=True)
+        for file in os.listdir(fixture):
+            if file.startswith("tokenizer"):
+                shutil.copy(os.path.join(fixture, file), directory)
+        family_models[name] = directory
+        made[name] = {"model_type": config.model_type, "parameters": sum(p.numel() for p in model.parameters())}
     return made
 
 
@@ -266,15 +295,18 @@ def torch_logits(model, ids, type_ids):
     n = max(len(x) for x in ids)
     pad = lambda rows: torch.tensor([r + [0] * (n - len(r)) for r in rows], device=args.device)
     mask = torch.tensor([[1] * len(r) + [0] * (n - len(r)) for r in ids], device=args.device)
+    # ModernBERT takes no token types.
+    types = {"token_type_ids": pad(type_ids)} if "token_type_ids" in inspect.signature(model.forward).parameters else {}
     with torch.no_grad():
-        out = model(input_ids=pad(ids), token_type_ids=pad(type_ids), attention_mask=mask).logits[:, 0]
+        # Two labels: label 1 is the score, as longrank reads it (model::head).
+        out = model(input_ids=pad(ids), attention_mask=mask, **types).logits[:, -1]
     return out.float().cpu().tolist()
 
 
 @part("correctness")
 def correctness():
     found = {}
-    for name, directory in models.items():
+    for name, directory in {**models, **family_models}.items():
         checks = {}
         for device, dtype in [("cpu", "f32"), (args.device, "f32"), (args.device, "f16"), (args.device, "bf16")]:
             key = f"{device}-{dtype}"

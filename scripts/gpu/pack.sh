@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Packs what the GPU machine needs into one git-ignored folder (default .gpu-pack/, at most 60 MiB so that it
 # travels with the device tool's 64 MiB): the release binary built with `--features cuda` (CUDA 13.0 from PyPI,
-# scripts/check-cuda.sh build), stripped and compressed; the MiniLM's uncased vocabulary (it fits BERT-base too); device.sh,
+# scripts/check-cuda.sh build), stripped and compressed; the MiniLM's uncased vocabulary (it fits BERT-base too); ModernBERT's and XLM-R's
+# configurations and tokenizers from the tests' fixtures; device.sh,
 # device.py and synth.py. The device run is then one command, from the repository's root:
 #     run(command="bash .gpu-pack/device.sh", carry=[".gpu-pack"], timeout_s=330)
 #   bash scripts/gpu/pack.sh                     # build with CUDA, then pack
@@ -30,6 +31,11 @@ echo "binary: $(($(stat -c %s "$pack/longrank") / 1024 / 1024)) MiB stripped"
 xz -T0 -3 "$pack/longrank"
 cp scripts/gpu/device.sh scripts/gpu/device.py scripts/gpu/synth.py "$pack/"
 cp "$minilm"/{tokenizer.json,vocab.txt,tokenizer_config.json,special_tokens_map.json} "$pack/vocab/"
+# The other families' configurations and tokenizers (the tests' fixtures), which device.py grows to a real shape.
+for family in modernbert-cls xlm-roberta; do
+    mkdir -p "$pack/families/$family"
+    cp tests/fixtures/models/$family/{config.json,tokenizer*.json} "$pack/families/$family/"
+done
 size=$(du -sb "$pack" | cut -f1)
 echo "pack: $pack, $((size / 1024 / 1024)) MiB (binary $(($(stat -c %s "$pack/longrank.xz") / 1024 / 1024)) MiB compressed)"
 if [ "$size" -gt "$limit" ]; then
