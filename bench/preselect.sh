@@ -4,7 +4,7 @@
 # preselection (`[model.preselect]`: the bm25 selector's two best segments per candidate) against reading every
 # segment, 1 and 8 clients; then the same backbone as a cross-encoder (a zero head: the speed of any MiniLM-L6
 # cross-encoder) at the shipped defaults (max_length 256) and at the old max_length 512, 1 and 8 clients, without
-# a system BLAS and with OpenBLAS.
+# a system BLAS (the builtin kernels such a machine gets, and candle's own products) and with OpenBLAS.
 # usage: bench/preselect.sh [WORK_DIR=/tmp/longrank-preselect-cost]   (BIN: the binary; MODEL: the MiniLM;
 #        PARTS=ce for the cross-encoder's runs alone)
 set -euo pipefail
@@ -36,7 +36,7 @@ for clients in 1 8; do
 done
 CE="$WORK/minilm-cross-encoder"
 bash bench/minilm-cross-encoder.sh "$MODEL" "$CE"
-for blas in off libopenblas.so.0; do
+for blas in builtin off libopenblas.so.0; do
   for clients in 1 8; do
     for max_length in 256 512; do
       echo "== cross-encoder, $clients clients, the default preselection, LONGRANK_BLAS=$blas, max_length $max_length"

@@ -29,7 +29,7 @@ bin=$(realpath -m "${LONGRANK_BIN:-${CARGO_TARGET_DIR:-$root/target}/release/lon
 cd "$root"
 
 free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  python3 "$root/scripts/free-port.py"
 }
 
 wait_healthy() { # url seconds

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::common::{cli_ok, data, post_json, TestServer};
+use crate::common::{cli_ok, data, free_port, post_json, TestServer};
 
 /// A chromedriver process and one browser session; both end when dropped (with a screenshot on panic).
 struct Browser {
@@ -30,7 +30,7 @@ fn find_binary(names: &[&str]) -> PathBuf {
 
 impl Browser {
     fn start(name: &'static str) -> Browser {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = free_port();
         let mut command = Command::new(find_binary(&["chromedriver"]));
         command.arg(format!("--port={port}")).stdout(Stdio::null()).stderr(Stdio::null());
         // Like the servers, chromedriver dies with the test thread, even when the test fails before `Drop`.

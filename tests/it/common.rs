@@ -354,6 +354,14 @@ pub fn minilm() -> PathBuf {
     dir
 }
 
+/// A free loopback port for a process the test starts on a fixed port (`scripts/free-port.py`: below the
+/// ephemeral range, so no test server binding port 0 takes it before that process binds it).
+pub fn free_port() -> u16 {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/free-port.py");
+    let out = Command::new("python3").arg(script).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or_else(|_| panic!("free-port.py: {out:?}"))
+}
+
 /// The `sh` block of README's section `heading` (a `### ` heading) that holds `marker`, made runnable in `tmp`:
 /// `/tmp/` paths moved into it, `cargo run --release --` replaced by the binary under test, the build line dropped.
 pub fn readme_block(heading: &str, marker: &str, tmp: &Path) -> String {

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::common::{cli_env, data, get, isolated, post_json, readme_block, run_readme_block, TestServer, BIN};
+use crate::common::{
+    cli_env, data, free_port, get, isolated, post_json, readme_block, run_readme_block, TestServer, BIN,
+};
 
 fn fresh_postgres() -> Option<String> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -270,7 +272,7 @@ fn readme_object_store_section_works_as_written() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port();
     let block = readme_block("Collections through an object store", "LONGRANK_STORE_OBJECTS", tmp.path());
     // A block that fails midway leaves no server holding the test's pipe.
     let script =
