@@ -191,10 +191,9 @@ fn blas() -> Option<&'static Blas> {
 /// threads. Results differ in their last bits between them.
 pub fn gemm_path() -> (&'static str, &'static str, usize) {
     match blas() {
-        Some(Blas { kernels: Kernels::Library { name, .. }, threads }) if name.contains("mkl") => {
-            ("mkl", name, *threads)
+        Some(Blas { kernels: Kernels::Library { name, .. }, threads }) => {
+            (if name.contains("mkl") { "mkl" } else { "openblas" }, name, *threads)
         }
-        Some(Blas { kernels: Kernels::Library { name, .. }, threads }) => ("openblas", name, *threads),
         Some(Blas { kernels: Kernels::Builtin, threads }) => ("builtin", "gemm", *threads),
         None => ("candle", "", candle_core::utils::get_num_threads()),
     }
