@@ -1,7 +1,7 @@
 //! The encoder's matrix products through a CBLAS-shaped `sgemm`: a library loaded at run time when one is
-//! installed (Intel's MKL on Intel CPUs, `libmkl_rt`, e.g. from PyPI's `mkl`; else OpenBLAS, Debian's
-//! `libopenblas0`), and otherwise the `gemm` crate's kernels built into the binary (AVX-512 where the CPU has
-//! it, FMA otherwise), so nothing is needed to build or run. Linear layers in inference (`BlasLinear`) and in
+//! installed (Intel's MKL on Intel CPUs, `libmkl_rt`, e.g. from PyPI's `mkl`; else, on CPUs without AVX-512,
+//! OpenBLAS, Debian's `libopenblas0`), and otherwise kernels built into the binary (`packed`'s for linear
+//! layers where the CPU has AVX-512, the `gemm` crate's for the rest), so nothing is needed to build or run. Linear layers in inference (`BlasLinear`) and in
 //! training (`matmul_t`, with its backward pass), and inference attention as one op (`attention`), each
 //! product a one-threaded call on rows cut by a sequence's length alone. `LONGRANK_BLAS=off` leaves all of it
 //! to candle's own ops; `LONGRANK_BLAS=builtin` takes the built-in kernels even where a library is installed;
@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
+
+use super::packed::{self, Packed};
 
 /// CBLAS's `sgemm`: C = α·op(A)·op(B) + β·C.
 type Sgemm = unsafe extern "C" fn(
@@ -144,12 +146,14 @@ fn blas() -> Option<&'static Blas> {
     static BLAS: OnceLock<Option<Blas>> = OnceLock::new();
     BLAS.get_or_init(|| {
         let choice = std::env::var("LONGRANK_BLAS").unwrap_or_default();
-        let openblas = ["libopenblas.so.0", "libopenblas.so"];
+        // OpenBLAS is some 10 % slower than the built-in kernels where they are AVX-512's (BENCHMARKS.md):
+        // chosen by default only where they are not.
+        let openblas = if packed::available() { &[][..] } else { &["libopenblas.so.0", "libopenblas.so"][..] };
         let names: Vec<&str> = match choice.as_str() {
             "off" => return None,
             "builtin" => vec![],
             // MKL takes slower paths on other vendors' CPUs.
-            "" if intel_cpu() => ["libmkl_rt.so.3", "libmkl_rt.so.2"].into_iter().chain(openblas).collect(),
+            "" if intel_cpu() => ["libmkl_rt.so.3", "libmkl_rt.so.2"].iter().chain(openblas).copied().collect(),
             "" => openblas.to_vec(),
             path => vec![path],
         };
@@ -181,20 +185,26 @@ fn blas() -> Option<&'static Blas> {
         if loaded.is_none() && !matches!(choice.as_str(), "" | "builtin") {
             tracing::warn!("LONGRANK_BLAS={choice} could not be loaded: the built-in kernels compute instead");
         }
-        Some(loaded.unwrap_or(Blas { kernels: Kernels::Builtin, threads }))
+        Some(loaded.unwrap_or_else(|| {
+            tracing::info!("linear layers through the built-in kernels");
+            Blas { kernels: Kernels::Builtin, threads }
+        }))
     })
     .as_ref()
 }
 
-/// How the encoder's products run on the CPU: `mkl` or `openblas` (the library loaded), `builtin` (the `gemm`
-/// crate's kernels through the same calls) or `candle` (its own ops, `LONGRANK_BLAS=off`), and on how many
+/// How the encoder's products run on the CPU: `mkl` or `openblas` (the library loaded), `builtin` (linear
+/// layers through `packed`'s AVX-512 kernels, library `avx512`, the rest and CPUs without AVX-512 through the
+/// `gemm` crate's) or `candle` (its own ops, `LONGRANK_BLAS=off`), and on how many
 /// threads. Results differ in their last bits between them.
 pub fn gemm_path() -> (&'static str, &'static str, usize) {
     match blas() {
         Some(Blas { kernels: Kernels::Library { name, .. }, threads }) => {
             (if name.contains("mkl") { "mkl" } else { "openblas" }, name, *threads)
         }
-        Some(Blas { kernels: Kernels::Builtin, threads }) => ("builtin", "gemm", *threads),
+        Some(Blas { kernels: Kernels::Builtin, threads }) => {
+            ("builtin", if packed::available() { "avx512" } else { "gemm" }, *threads)
+        }
         None => ("candle", "", candle_core::utils::get_num_threads()),
     }
 }
@@ -250,24 +260,41 @@ pub fn available_for(weight: &Tensor) -> bool {
     weight.device().is_cpu() && weight.dtype() == DType::F32 && blas().is_some()
 }
 
-/// `x · Wᵀ` over the last dimension (the encoder adds each bias in a later pass), the weights kept as BLAS
-/// reads them.
+/// `x · Wᵀ` over the last dimension (the encoder adds each bias in a later pass), the weights kept as the
+/// kernels read them.
 pub struct BlasLinear {
-    /// `[outputs, inputs]`, row-major.
-    weight: Vec<f32>,
+    weight: Weight,
     outputs: usize,
     inputs: usize,
+}
+
+/// A linear layer's weight as its kernels read it.
+enum Weight {
+    /// `[outputs, inputs]`, row-major: a library's `sgemm` or `gemm`'s.
+    Rows(Vec<f32>),
+    /// For the built-in kernels where the CPU has AVX-512.
+    Packed(Packed),
 }
 
 impl BlasLinear {
     pub fn new(weight: &Tensor) -> candle_core::Result<BlasLinear> {
         let (outputs, inputs) = weight.dims2()?;
-        Ok(BlasLinear { weight: weight.flatten_all()?.to_vec1()?, outputs, inputs })
+        let rows: Vec<f32> = weight.flatten_all()?.to_vec1()?;
+        let packed = match blas() {
+            Some(Blas { kernels: Kernels::Builtin, .. }) => Packed::new(&rows, outputs, inputs),
+            _ => None,
+        };
+        let weight = packed.map_or(Weight::Rows(rows), Weight::Packed);
+        Ok(BlasLinear { weight, outputs, inputs })
     }
 
     /// The weight as a tensor again (for quantizing).
     pub fn weight(&self, device: &candle_core::Device) -> candle_core::Result<Tensor> {
-        Tensor::from_slice(&self.weight, (self.outputs, self.inputs), device)
+        let shape = (self.outputs, self.inputs);
+        match &self.weight {
+            Weight::Rows(rows) => Tensor::from_slice(rows, shape, device),
+            Weight::Packed(packed) => Tensor::from_vec(packed.unpacked(), shape, device),
+        }
     }
 
     /// `x · Wᵀ` for `x` `[batch, len, inputs]` whose sequences have `lengths` real positions: each sequence's
@@ -314,17 +341,22 @@ impl CustomOp1 for Sequences<'_> {
             .flat_map(|(i, &l)| sequence_calls(l).map(move |r| i * len + r.start..i * len + r.end))
             .collect();
         let rows = batch * len;
-        let (x, weight) = (
-            Operand { data: x.as_ptr(), transposed: false },
-            Operand { data: self.linear.weight.as_ptr(), transposed: true },
-        );
+        let x = Operand { data: x.as_ptr(), transposed: false };
         let out = written(rows * n, |c| {
             let c = Shared(c);
             // SAFETY: x is rows × k, the weight n × k, the output rows × n; the calls and the padding cover
             // every row once.
             split(calls.len(), blas.threads, |part| {
                 for call in &calls[part] {
-                    unsafe { blas.rows(call.clone(), (rows, n, k), x, weight, c.ptr()) }
+                    match &self.linear.weight {
+                        Weight::Rows(w) => unsafe {
+                            let weight = Operand { data: w.as_ptr(), transposed: true };
+                            blas.rows(call.clone(), (rows, n, k), x, weight, c.ptr())
+                        },
+                        Weight::Packed(w) => unsafe {
+                            w.rows(x.data.add(call.start * k), call.len(), c.ptr().add(call.start * n))
+                        },
+                    }
                 }
             });
             for (i, &l) in self.lengths.iter().enumerate() {
