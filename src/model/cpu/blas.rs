@@ -1,9 +1,10 @@
 //! The encoder's matrix products through a CBLAS-shaped `sgemm`: a library loaded at run time when one is
 //! installed (Intel's MKL on Intel CPUs, `libmkl_rt`, e.g. from PyPI's `mkl`; else, on CPUs without AVX-512,
 //! OpenBLAS, Debian's `libopenblas0`), and otherwise kernels built into the binary (`packed`'s for linear
-//! layers where the CPU has AVX-512, the `gemm` crate's for the rest), so nothing is needed to build or run. Linear layers in inference (`BlasLinear`) and in
-//! training (`matmul_t`, with its backward pass), and inference attention as one op (`attention`), each
-//! product a one-threaded call on rows cut by a sequence's length alone. `LONGRANK_BLAS=off` leaves all of it
+//! layers where the CPU has AVX-512, the `gemm` crate's for the rest), so nothing is needed to build or run.
+//! Linear layers in inference (`BlasLinear`) and in training (`matmul_t`, with its backward pass), and
+//! inference attention as one op (`attention`), each product a one-threaded call on rows cut by a sequence's
+//! length alone. `LONGRANK_BLAS=off` leaves all of it
 //! to candle's own ops; `LONGRANK_BLAS=builtin` takes the built-in kernels even where a library is installed;
 //! `LONGRANK_BLAS=/path/to/lib` picks the library (OpenBLAS or MKL). A library is tried on one small product
 //! when loaded and passed over if it fails (an MKL missing one of its parts would otherwise end the process on
@@ -195,8 +196,8 @@ fn blas() -> Option<&'static Blas> {
 
 /// How the encoder's products run on the CPU: `mkl` or `openblas` (the library loaded), `builtin` (linear
 /// layers through `packed`'s AVX-512 kernels, library `avx512`, the rest and CPUs without AVX-512 through the
-/// `gemm` crate's) or `candle` (its own ops, `LONGRANK_BLAS=off`), and on how many
-/// threads. Results differ in their last bits between them.
+/// `gemm` crate's) or `candle` (its own ops, `LONGRANK_BLAS=off`), and on how many threads. Results differ in
+/// their last bits between them.
 pub fn gemm_path() -> (&'static str, &'static str, usize) {
     match blas() {
         Some(Blas { kernels: Kernels::Library { name, .. }, threads }) => {
@@ -850,7 +851,10 @@ mod tests {
             return; // LONGRANK_BLAS=off
         }
         let want = candle_nn::Linear::new(weight.clone(), None).forward(&x).unwrap();
-        let got = BlasLinear::new(&weight).unwrap().forward(&x, &[7, 3, 7]).unwrap();
+        let linear = BlasLinear::new(&weight).unwrap();
+        // What `/metrics` says is what multiplies.
+        assert_eq!(matches!(linear.weight, Weight::Packed(_)), gemm_path().1 == "avx512", "{:?}", gemm_path());
+        let got = linear.forward(&x, &[7, 3, 7]).unwrap();
         assert_eq!(got.dims(), [3, 7, 48]);
         // The second sequence's padding rows are zeros, the real rows candle's.
         let padding = got.i((1, 3..)).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();

@@ -96,9 +96,11 @@ mod avx512 {
                 let depth = DEPTH.min(k - start);
                 // Each tile's rows, input by input: one pointer walks them, where rows `k` apart would take
                 // an address computation per row and input.
-                inputs.clear();
-                inputs.resize(rows * depth, 0.0);
-                for (tile, packed) in inputs.chunks_mut(TILE_ROWS * depth).enumerate() {
+                // Grown once per thread, then overwritten: no pass clearing it.
+                if inputs.len() < rows * depth {
+                    inputs.resize(rows * depth, 0.0);
+                }
+                for (tile, packed) in inputs[..rows * depth].chunks_mut(TILE_ROWS * depth).enumerate() {
                     let take = packed.len() / depth;
                     for r in 0..take {
                         let row = std::slice::from_raw_parts(x.add((tile * TILE_ROWS + r) * k + start), depth);
