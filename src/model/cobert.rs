@@ -20,7 +20,7 @@ use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use candle_transformers::models::bert::Config;
 use serde::{Deserialize, Serialize};
 
-use super::bert::Encoder;
+use super::bert::{Encoder, Positions};
 use super::{encoder_flops, load_err, read_config, read_json, CrossEncoder, ModelError};
 
 /// The heads' configuration file, whose presence makes a directory a Co-BERT model.
@@ -239,7 +239,11 @@ impl CoBertHeads {
         let embedded = pairs
             .broadcast_add(&self.calibrator_position.forward(&ids)?)?
             .broadcast_add(&self.calibrator_type.forward(&ids)?)?;
-        let states = self.calibrator.forward(&self.calibrator.normalize(&self.calibrator_norm, &embedded)?, None)?;
+        let states = self.calibrator.forward(
+            &self.calibrator.normalize(&self.calibrator_norm, &embedded)?,
+            None,
+            Positions::All,
+        )?;
         let c = self.project.forward(&states.i((.., 1))?)?.reshape((k, m, h))?;
         let weights = candle_nn::ops::softmax(prototype_scores, D::Minus1)?;
         let c = c.broadcast_mul(&weights.reshape((1, m, 1))?)?.sum(1)?;
@@ -277,8 +281,11 @@ impl CoBertHeads {
         let embedded = batch.broadcast_add(&self.group_type.forward(&types)?)?;
         let padded = groups.iter().any(|g| g.len < n);
         let mask = Tensor::from_vec(mask, (groups.len(), n), device)?;
-        let states =
-            self.groupwise.forward(&self.groupwise.normalize(&self.group_norm, &embedded)?, padded.then_some(&mask))?;
+        let states = self.groupwise.forward(
+            &self.groupwise.normalize(&self.group_norm, &embedded)?,
+            padded.then_some(&mask),
+            Positions::All,
+        )?;
         self.score.forward(&states)?.squeeze(2)
     }
 }

@@ -8,7 +8,7 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::bert::Config;
 use serde::Deserialize;
 
-use super::bert::Bert;
+use super::bert::{Bert, Positions};
 use super::deberta::Deberta;
 use super::family::Family;
 use super::head::Head;
@@ -51,10 +51,14 @@ impl Backbone {
     }
 
     /// Final hidden states `[batch, len, hidden]` of right-padded inputs, and the attention mask `[batch, len]`.
-    pub(super) fn forward(&self, batch: &[Encoded]) -> Result<(Tensor, Tensor), ModelError> {
+    /// With `Positions::First`, our BERT encoder computes the first position's states alone (`[batch, 1,
+    /// hidden]`); the other networks compute every position's.
+    pub(super) fn forward(&self, batch: &[Encoded], positions: Positions) -> Result<(Tensor, Tensor), ModelError> {
         let inputs = Inputs::new(batch, self.pieces.pad_id, &self.device)?;
         let hidden = match &self.network {
-            Network::Bert(bert) => bert.forward(&inputs.ids, &inputs.types, inputs.padded.then_some(&inputs.mask))?,
+            Network::Bert(bert) => {
+                bert.forward(&inputs.ids, &inputs.types, inputs.padded.then_some(&inputs.mask), positions)?
+            }
             Network::ModernBert(model) => model.forward(&inputs.ids, &inputs.mask)?,
             Network::Deberta(model) => model.forward(&inputs.ids, &inputs.types, &inputs.mask)?,
         };
@@ -176,7 +180,7 @@ impl CrossEncoder {
         if batch.is_empty() {
             return Ok((Vec::new(), Tensor::zeros((0, self.backbone.hidden_size), DType::F32, &self.backbone.device)?));
         }
-        let (hidden, mask) = self.backbone.forward(batch)?;
+        let (hidden, mask) = self.backbone.forward(batch, self.head.positions())?;
         let cls = hidden.i((.., 0))?;
         let logits = if self.backbone.device.is_cpu() {
             // Row by row, so that a pair's logit has the same bits whatever it is batched with (candle's
@@ -280,6 +284,14 @@ impl SentenceLayout {
         Ok(modules.into_iter().map(|m| m.path).filter(|p| !p.is_empty()).collect())
     }
 
+    /// The final states pooling reads: the first position's alone for CLS pooling.
+    pub(super) fn positions(&self) -> Positions {
+        match self.pooling {
+            Pooling::Cls => Positions::First,
+            Pooling::Mean => Positions::All,
+        }
+    }
+
     /// The embeddings `[batch, hidden]` of final hidden states `[batch, len, hidden]` under `mask` `[batch, len]`.
     pub(super) fn pool(&self, hidden: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
         let pooled = match self.pooling {
@@ -348,7 +360,7 @@ impl BiEncoder {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        let (hidden, mask) = self.backbone.forward(batch)?;
+        let (hidden, mask) = self.backbone.forward(batch, self.layout.positions())?;
         Ok(self.layout.pool(&hidden, &mask)?.to_dtype(DType::F32)?.to_vec2::<f32>()?)
     }
 }

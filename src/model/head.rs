@@ -9,6 +9,7 @@ use candle_core::{DType, IndexOp, Module, Tensor, D};
 use candle_nn::{LayerNorm, Linear, VarBuilder};
 use candle_transformers::models::bert::Config;
 
+use super::bert::Positions;
 use super::family::{Activation, Family};
 use super::load::load_err;
 use super::{modernbert, ModelError};
@@ -64,6 +65,14 @@ impl Head {
             .find_map(|n| candle_nn::linear(h, h, vb.pp(*n)).ok())
             .ok_or_else(|| load_err(origin, format!("no weights for {}", dense_names.join(" or "))))?;
         Ok(Head { pooling: HeadPooling::First, dense, activation, norm: None, classifier, label })
+    }
+
+    /// The final states the head reads: the first position's alone, or every position's (mean pooling).
+    pub fn positions(&self) -> Positions {
+        match self.pooling {
+            HeadPooling::First => Positions::First,
+            HeadPooling::Mean => Positions::All,
+        }
     }
 
     pub fn labels(&self) -> usize {

@@ -17,7 +17,7 @@ use candle_nn::{Linear, VarBuilder, VarMap};
 use candle_transformers::models::bert::Config;
 use parking_lot::Mutex;
 
-use super::bert::{encoder_root, Bert};
+use super::bert::{encoder_root, Bert, Positions};
 use super::cobert::{CoBert, CoBertConfig, CoBertHeads};
 use super::encoder::{Backbone, SentenceLayout};
 use super::family::Family;
@@ -75,7 +75,7 @@ impl Heads {
 
     /// The final hidden states `[batch, len, hidden]`.
     fn hidden(&self, inputs: &Inputs) -> candle_core::Result<Tensor> {
-        self.bert.forward(&inputs.ids, &inputs.types, inputs.padded.then_some(&inputs.mask))
+        self.bert.forward(&inputs.ids, &inputs.types, inputs.padded.then_some(&inputs.mask), Positions::All)
     }
 
     /// The final `[CLS]` states `[batch, hidden]`.

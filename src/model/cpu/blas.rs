@@ -63,6 +63,13 @@ struct Operand {
     transposed: bool,
 }
 
+impl Operand {
+    /// The data; through a method, so that closures capture the whole (`Sync`) operand, as `Shared::ptr`.
+    fn data(&self) -> *const f32 {
+        self.data
+    }
+}
+
 impl Blas {
     /// `C = op(A) · op(B)`, row-major, op(A) m × k, op(B) k × n: the rows of `C` split over the threads, each
     /// running a one-threaded `sgemm` on its rows.
@@ -302,7 +309,18 @@ impl BlasLinear {
     /// rows in calls of their own (`sequence_calls`), so that its result has the same bits in any batch;
     /// the rows of padding are zeros.
     pub fn forward(&self, x: &Tensor, lengths: &[usize]) -> candle_core::Result<Tensor> {
-        x.contiguous()?.apply_op1_no_bwd(&Sequences { linear: self, lengths })
+        x.contiguous()?.apply_op1_no_bwd(&Sequences { linear: self, lengths, gelu_bias: None })
+    }
+
+    /// The exact GELU of `x · Wᵀ + bias` on the real rows (the rows of padding are zeros): with packed
+    /// weights in the products' last step, while each tile's outputs are in L1 (a pass of its own over the
+    /// outputs waited on memory for about 40 % of its time), else in a pass over each call's rows.
+    pub fn forward_bias_gelu(&self, x: &Tensor, lengths: &[usize], bias: &Tensor) -> candle_core::Result<Tensor> {
+        let bias: Vec<f32> = bias.to_dtype(DType::F32)?.to_vec1()?;
+        if bias.len() != self.outputs {
+            candle_core::bail!("blas-linear: a bias of {} for {} outputs", bias.len(), self.outputs);
+        }
+        x.contiguous()?.apply_op1_no_bwd(&Sequences { linear: self, lengths, gelu_bias: Some(&bias) })
     }
 }
 
@@ -310,6 +328,8 @@ impl BlasLinear {
 struct Sequences<'a> {
     linear: &'a BlasLinear,
     lengths: &'a [usize],
+    /// The bias of an exact GELU applied to the products.
+    gelu_bias: Option<&'a [f32]>,
 }
 
 impl CustomOp1 for Sequences<'_> {
@@ -334,32 +354,45 @@ impl CustomOp1 for Sequences<'_> {
                 self.lengths
             );
         }
-        // Each sequence's rows in calls from its first, then the padding after it.
-        let calls: Vec<std::ops::Range<usize>> = self
-            .lengths
-            .iter()
-            .enumerate()
-            .flat_map(|(i, &l)| sequence_calls(l).map(move |r| i * len + r.start..i * len + r.end))
-            .collect();
         let rows = batch * len;
         let x = Operand { data: x.as_ptr(), transposed: false };
         let out = written(rows * n, |c| {
             let c = Shared(c);
-            // SAFETY: x is rows × k, the weight n × k, the output rows × n; the calls and the padding cover
-            // every row once.
-            split(calls.len(), blas.threads, |part| {
-                for call in &calls[part] {
-                    match &self.linear.weight {
-                        Weight::Rows(w) => unsafe {
-                            let weight = Operand { data: w.as_ptr(), transposed: true };
-                            blas.rows(call.clone(), (rows, n, k), x, weight, c.ptr())
-                        },
-                        Weight::Packed(w) => unsafe {
-                            w.rows(x.data.add(call.start * k), call.len(), c.ptr().add(call.start * n))
-                        },
-                    }
+            // SAFETY: x is rows × k, the weight n × k, the output rows × n; the calls (or the real rows) and
+            // the padding cover every row once.
+            match &self.linear.weight {
+                Weight::Rows(w) => {
+                    // Each sequence's rows in calls from its first, then the padding after it.
+                    let calls: Vec<std::ops::Range<usize>> = self
+                        .lengths
+                        .iter()
+                        .enumerate()
+                        .flat_map(|(i, &l)| sequence_calls(l).map(move |r| i * len + r.start..i * len + r.end))
+                        .collect();
+                    let weight = Operand { data: w.as_ptr(), transposed: true };
+                    let gelu = super::kernels::bias_gelu_rows_fn();
+                    split(calls.len(), blas.threads, |part| {
+                        for call in &calls[part] {
+                            unsafe { blas.rows(call.clone(), (rows, n, k), x, weight, c.ptr()) };
+                            if let Some(bias) = self.gelu_bias {
+                                let out = unsafe {
+                                    std::slice::from_raw_parts_mut(c.ptr().add(call.start * n), call.len() * n)
+                                };
+                                gelu(out, bias);
+                            }
+                        }
+                    });
                 }
-            });
+                // A row's bits do not depend on the rows it is computed with: every real row of the batch,
+                // in equal parts over the threads.
+                Weight::Packed(w) => {
+                    let real: Vec<usize> =
+                        self.lengths.iter().enumerate().flat_map(|(i, &l)| i * len..i * len + l).collect();
+                    split(real.len(), blas.threads, |part| unsafe {
+                        w.rows(x.data(), &real[part], c.ptr(), self.gelu_bias)
+                    });
+                }
+            }
             for (i, &l) in self.lengths.iter().enumerate() {
                 unsafe { std::ptr::write_bytes(c.ptr().add((i * len + l) * n), 0, (len - l) * n) };
             }
@@ -439,23 +472,29 @@ impl candle_core::CustomOp2 for Product {
 /// `bias` (inference only): the projection's bias `[3 · hidden]`, not yet added to `qkv`, which saves a pass
 /// over the projection. Softmax ignores what is constant along a row, so the key bias drops out; the query
 /// bias adds `b_q · k_j` to key j's mask value; the value bias adds `b_v` to each context row, whose
-/// probabilities sum to 1. `None` when BLAS is not loaded.
+/// probabilities sum to 1.
+///
+/// `first_only` (inference only): only the first position attends, and the context is `[batch, 1, hidden]`
+/// (a last layer whose head reads `[CLS]` alone). `None` when BLAS is not loaded.
 pub fn attention(
     qkv: &Tensor,
     mask: &Tensor,
     bias: Option<&Tensor>,
     heads: usize,
     differentiable: bool,
+    first_only: bool,
 ) -> candle_core::Result<Option<Tensor>> {
     if !available_for(qkv) {
         return Ok(None);
     }
     let (qkv, mask) = (qkv.contiguous()?, mask.contiguous()?);
-    let op = Attention { heads, bias: bias.map(|b| b.to_vec1()).transpose()? };
-    Ok(Some(match (differentiable, &op.bias) {
-        (false, _) => qkv.apply_op2_no_bwd(&mask, &op)?,
-        (true, None) => qkv.apply_op2(&mask, op)?,
-        (true, Some(_)) => candle_core::bail!("blas-attention: a separate bias has no backward pass"),
+    let op = Attention { heads, bias: bias.map(|b| b.to_vec1()).transpose()?, first_only };
+    Ok(Some(match (differentiable, &op.bias, first_only) {
+        (false, ..) => qkv.apply_op2_no_bwd(&mask, &op)?,
+        (true, None, false) => qkv.apply_op2(&mask, op)?,
+        (true, ..) => {
+            candle_core::bail!("blas-attention: a separate bias or the first position alone has no backward pass")
+        }
     }))
 }
 
@@ -463,18 +502,22 @@ struct Attention {
     heads: usize,
     /// The projection's bias when it is not in `qkv` (inference).
     bias: Option<Vec<f32>>,
+    /// Only the first position attends (inference).
+    first_only: bool,
 }
 
 /// `kernels::masked_exp_row_fn()`'s row kernel, looked up once per op rather than per head.
 type MaskedExpRow = fn(&mut [f32], &[f32]) -> f32;
 
-/// One head of one sequence inside a QKV projection: q, k and v are `len` rows of `d` values, `width` apart.
+/// One head of one sequence inside a QKV projection: q, k and v are `len` rows of `d` values, `width` apart, of
+/// which the first `queries` attend.
 #[derive(Clone, Copy)]
 struct Head {
     q: *const f32,
     k: *const f32,
     v: *const f32,
     len: usize,
+    queries: usize,
     d: usize,
     width: usize,
 }
@@ -515,6 +558,7 @@ impl Attention {
                         k: base.add(hidden + head * d),
                         v: base.add(2 * hidden + head * d),
                         len,
+                        queries: len,
                         d,
                         width,
                     }
@@ -588,7 +632,7 @@ impl Blas {
         }
     }
 
-    /// A head's probabilities, unnormalized, into `scores` (`len × len`) and each row's sum into `sums`.
+    /// A head's probabilities, unnormalized, into `scores` (`queries × len`) and each row's sum into `sums`.
     ///
     /// # Safety
     /// `head` must point into a projection of its shapes.
@@ -601,8 +645,8 @@ impl Blas {
         masked_exp_row: MaskedExpRow,
     ) {
         let (l, d, w) = (head.len, head.d, head.width);
-        self.block((l, l, d), (head.q, w, false), (head.k, w, true), (scores.as_mut_ptr(), l));
-        for (row, sum) in scores.chunks_exact_mut(l).zip(sums) {
+        self.block((head.queries, l, d), (head.q, w, false), (head.k, w, true), (scores.as_mut_ptr(), l));
+        for (row, sum) in scores[..head.queries * l].chunks_exact_mut(l).zip(sums) {
             *sum = masked_exp_row(row, mask);
         }
     }
@@ -623,13 +667,15 @@ impl candle_core::CustomOp2 for Attention {
         let (blas, qkv, mask) = operands(self.name(), (qkv, qkv_layout), (mask, mask_layout))?;
         let shapes @ (batch, len, hidden, d) = self.shapes(qkv_layout, mask_layout)?;
         let masked_exp_row = super::kernels::masked_exp_row_fn();
-        let out = written(batch * len * hidden, |c| {
+        let out_len = if self.first_only { len.min(1) } else { len };
+        let out = written(batch * out_len * hidden, |c| {
             let c = Shared(c);
             self.each_head(blas, (qkv, mask), shapes, len * len + 2 * len, |seq, head, at, mask, buffer| {
                 // In inference only the sequence's own positions are computed, with the shapes and sums it would
                 // have unpadded: a pair scores the same bits whatever it is batched with. Padding positions
                 // (which no real one attends to) get zeros.
                 let n = if self.bias.is_some() { mask.iter().position(|m| *m != 0.0).unwrap_or(len) } else { len };
+                let queries = n.min(out_len);
                 let (scores, rest) = buffer.split_at_mut(len * len);
                 let (sums, shifted) = rest.split_at_mut(len);
                 let (mask, value_bias) = match &self.bias {
@@ -644,14 +690,19 @@ impl candle_core::CustomOp2 for Attention {
                     }
                     None => (mask, None),
                 };
-                let at = Head { len: n, ..*at };
-                let (scores, sums) = (&mut scores[..n * n], &mut sums[..n]);
-                // SAFETY: the context block is len rows of d values, `hidden` apart, written by this (sequence,
-                // head) alone: its first n rows by the product, the rest here.
+                let at = Head { len: n, queries, ..*at };
+                let (scores, sums) = (&mut scores[..queries * n], &mut sums[..queries]);
+                // SAFETY: the context block is out_len rows of d values, `hidden` apart, written by this
+                // (sequence, head) alone: its first `queries` rows by the product, the rest here.
                 unsafe {
                     blas.head_scores(&at, &mask[..n], scores, sums, masked_exp_row);
-                    let context = c.ptr().add(seq * len * hidden + head * d);
-                    blas.block((n, d, n), (scores.as_ptr(), n, false), (at.v, at.width, false), (context, hidden));
+                    let context = c.ptr().add(seq * out_len * hidden + head * d);
+                    blas.block(
+                        (queries, d, n),
+                        (scores.as_ptr(), n, false),
+                        (at.v, at.width, false),
+                        (context, hidden),
+                    );
                     for (i, sum) in sums.iter().enumerate() {
                         let row = std::slice::from_raw_parts_mut(context.add(i * hidden), d);
                         match value_bias {
@@ -659,13 +710,13 @@ impl candle_core::CustomOp2 for Attention {
                             None => row.iter_mut().for_each(|x| *x /= sum),
                         }
                     }
-                    for i in n..len {
+                    for i in queries..out_len {
                         std::slice::from_raw_parts_mut(context.add(i * hidden), d).fill(0.0);
                     }
                 }
             });
         });
-        Ok((CpuStorage::F32(out), Shape::from((batch, len, hidden))))
+        Ok((CpuStorage::F32(out), Shape::from((batch, out_len, hidden))))
     }
 
     fn bwd(
@@ -700,7 +751,7 @@ impl candle_core::CustomOp3 for AttentionBackward {
         grad: &CpuStorage,
         grad_layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let attention = Attention { heads: self.heads, bias: None };
+        let attention = Attention { heads: self.heads, bias: None, first_only: false };
         let (blas, qkv, mask) = operands(self.name(), (qkv, qkv_layout), (mask, mask_layout))?;
         let shapes @ (batch, len, hidden, d) = attention.shapes(qkv_layout, mask_layout)?;
         let grad = match (grad, grad_layout.contiguous_offsets()) {
@@ -865,6 +916,25 @@ mod tests {
             Tensor::cat(&[got.i((0, ..)).unwrap(), got.i((1, ..3)).unwrap(), got.i((2, ..)).unwrap()], 0).unwrap();
         let worst = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
         assert!(worst < 1e-4, "{worst}");
+        // With a GELU's bias: on the real rows the row kernel's GELU of the product plus the bias, bit for bit.
+        let bias = Tensor::randn(0f32, 1.0, 48, &device).unwrap();
+        let gelu = linear.forward_bias_gelu(&x, &[7, 3, 7], &bias).unwrap();
+        let plain = linear.forward(&x, &[7, 3, 7]).unwrap();
+        let (bias, plain, gelu) =
+            (bias.to_vec1::<f32>().unwrap(), plain.to_vec3::<f32>().unwrap(), gelu.to_vec3::<f32>().unwrap());
+        for (i, l) in [7, 3, 7].into_iter().enumerate() {
+            for (t, (plain, gelu)) in plain[i].iter().zip(&gelu[i]).enumerate() {
+                let mut want = plain.clone();
+                if t < l {
+                    super::super::kernels::bias_gelu_rows(&mut want, &bias);
+                }
+                assert_eq!(
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    gelu.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "sequence {i} row {t}"
+                );
+            }
+        }
         // x · wᵀ on the graph: the values and both gradients as candle's.
         let x = candle_core::Var::randn(0f32, 1.0, (9, 40), &device).unwrap();
         let w = candle_core::Var::randn(0f32, 1.0, (48, 40), &device).unwrap();
@@ -900,19 +970,24 @@ mod tests {
             probs.matmul(&part(2)).unwrap().transpose(1, 2).unwrap().reshape((batch, len, hidden)).unwrap()
         };
         let want = run(chain(qkv.as_tensor()));
-        let inference = attention(qkv.as_tensor(), &mask, None, heads, false).unwrap().unwrap();
-        let got = run(attention(qkv.as_tensor(), &mask, None, heads, true).unwrap().unwrap());
+        let inference = attention(qkv.as_tensor(), &mask, None, heads, false, false).unwrap().unwrap();
+        let got = run(attention(qkv.as_tensor(), &mask, None, heads, true, false).unwrap().unwrap());
         // The projection's bias passed apart (inference): as the chain on the biased projection.
         // Inference computes a sequence's own positions only: its padding rows (which nothing reads) are zeros.
         let bias = Tensor::randn(0f32, 1.0, 3 * hidden, &device).unwrap();
-        let biased = attention(qkv.as_tensor(), &mask, Some(&bias), heads, false).unwrap().unwrap();
+        let biased = attention(qkv.as_tensor(), &mask, Some(&bias), heads, false, false).unwrap().unwrap();
         let real = mask.eq(0f32).unwrap().to_dtype(DType::F32).unwrap().unsqueeze(2).unwrap();
         let want_biased = chain(&qkv.broadcast_add(&bias).unwrap()).broadcast_mul(&real).unwrap();
+        // The first position alone attending: the first row of each sequence's context.
+        let first = attention(qkv.as_tensor(), &mask, Some(&bias), heads, false, true).unwrap().unwrap();
+        assert_eq!(first.dims(), [batch, 1, hidden]);
+        let want_first = want_biased.narrow(1, 0, 1).unwrap();
         let pairs = [
             ("inference", &inference, &want[0]),
             ("graph", &got[0], &want[0]),
             ("gradient", &got[1], &want[1]),
             ("bias apart", &biased, &want_biased),
+            ("first position", &first, &want_first),
         ];
         for (what, got, want) in pairs {
             let worst = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();

@@ -358,8 +358,10 @@ fn masked_exp_row(row: &mut [f32], mask: &[f32]) -> f32 {
     lanes(row, 0.0, |a, b| a + b)
 }
 
+/// The exact GELU of `x + bias` in place, for whole rows of `bias`'s width; inlined into callers compiled for
+/// wider vectors (`bias_gelu_rows_fn`, the packed products' last step).
 #[inline(always)]
-fn bias_gelu_rows(x: &mut [f32], bias: &[f32]) {
+pub(super) fn bias_gelu_rows(x: &mut [f32], bias: &[f32]) {
     for row in x.chunks_mut(bias.len()) {
         for (v, &b) in row.iter_mut().zip(bias) {
             let y = *v + b;

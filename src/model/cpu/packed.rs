@@ -2,16 +2,21 @@
 //! the micro-kernel's layout. `gemm` repacks its right-hand side on every call, one call per sequence and
 //! product, which took 18 % of an encoder's time at 128 tokens (BENCHMARKS.md). Each output is its row's
 //! dot product summed over the inputs in order, one fused multiply-add at a time, so its bits depend on
-//! that row alone: neither the rows beside it, nor the call's size, nor the thread.
+//! that row alone: neither the rows beside it, nor the call's size, nor the thread. That is what lets one
+//! call take rows of many sequences (and the rows of a batch be split over the threads however it comes).
 
-/// Output columns per panel: two AVX-512 vectors.
-const PANEL: usize = 32;
-/// Rows per tile: 24 accumulators, two weight vectors and a broadcast fit AVX-512's 32 registers.
-const TILE_ROWS: usize = 12;
-/// Inputs per pass over the panels: a panel's slice (`DEPTH × PANEL` values, 24 KiB) stays in L1 while
-/// every tile of rows passes over it. Cutting the sum there changes no bits: the next pass reloads the
-/// partial sums and goes on with the same order of operations.
-const DEPTH: usize = 192;
+/// Output columns per panel: three AVX-512 vectors.
+const PANEL: usize = 48;
+/// Rows per tile: 24 accumulators, three weight vectors and a broadcast fit AVX-512's 32 registers. A tile
+/// reads its rows where they are (eight pointers), so the inputs are never copied into another layout.
+const TILE_ROWS: usize = 8;
+/// Rows per block: every panel passes over a block's rows before the next block, so a panel (`inputs × 48`
+/// weights, 72 to 288 KiB) is read from memory once a block and from L2 for the block's other tiles, and
+/// the block's inputs stay in L2 meanwhile.
+const BLOCK_ROWS: usize = 48;
+/// How many inputs ahead a tile asks for its panel's weights: L2 alone does not keep up with three vectors a
+/// step (software prefetching took the products from about 130 to 140 GFLOP/s a core, BENCHMARKS.md).
+const PREFETCH: usize = 16;
 
 /// A weight `[outputs, inputs]` in panels of `PANEL` outputs: panel p holds, for each input, its `PANEL`
 /// weights contiguous (zeros past the last output).
@@ -43,15 +48,16 @@ impl Packed {
         (0..n * k).map(|at| self.panels[at / k / PANEL * k * PANEL + at % k * PANEL + at / k % PANEL]).collect()
     }
 
-    /// `c = x · Wᵀ` for `rows` rows of `x` (`inputs` values each, contiguous) into `c` (`outputs` each).
+    /// `c[r] = x[r] · Wᵀ` for each row index `r` of `rows`, or with `gelu_bias` the exact GELU of
+    /// `x[r] · Wᵀ + bias`: rows of `x` hold `inputs` values, rows of `c` `outputs`.
     ///
     /// # Safety
-    /// `x` must hold `rows × inputs` values and `c` room for `rows × outputs`.
-    pub(super) unsafe fn rows(&self, x: *const f32, rows: usize, c: *mut f32) {
+    /// `x` and `c` must hold every row named, `inputs` and `outputs` values apart.
+    pub(super) unsafe fn rows(&self, x: *const f32, rows: &[usize], c: *mut f32, gelu_bias: Option<&[f32]>) {
         #[cfg(target_arch = "x86_64")]
-        avx512::product(self, x, rows, c);
+        avx512::product(self, x, rows, c, gelu_bias);
         #[cfg(not(target_arch = "x86_64"))]
-        unreachable!("packed only where AVX-512 is, {x:?} {rows} {c:?}");
+        unreachable!("packed only where AVX-512 is, {x:?} {rows:?} {c:?} {gelu_bias:?}");
     }
 }
 
@@ -67,123 +73,90 @@ pub(super) fn available() -> bool {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{Packed, DEPTH, PANEL, TILE_ROWS};
+    use super::{Packed, BLOCK_ROWS, PANEL, PREFETCH, TILE_ROWS};
 
-    /// Where a tile reads and writes: `a` its rows' inputs for the pass, packed (input by input, the tile's
-    /// rows contiguous), `b` the panel's slice for the pass, `c` its outputs (rows `ldc` apart), `columns`
-    /// the panel's real outputs (fewer than `PANEL` in a last panel).
+    /// Where a tile reads and writes: `x` and `c` the whole inputs and outputs (rows `k` and `n` apart),
+    /// `panel` the panel's weights, `columns` its real outputs (fewer than `PANEL` in a last panel), and the
+    /// bias of the GELU to apply to them, if any.
     #[derive(Clone, Copy)]
-    struct Tile {
-        a: *const f32,
-        b: *const f32,
-        /// Weights to bring into the cache meanwhile (the next panel's slice in the panel's last tile).
-        next: *const f32,
+    struct Tile<'a> {
+        x: *const f32,
+        k: usize,
+        panel: *const f32,
         c: *mut f32,
-        ldc: usize,
+        n: usize,
         columns: usize,
+        gelu_bias: Option<&'a [f32]>,
     }
 
-    thread_local! {
-        /// A pass's inputs packed tile by tile: rows × DEPTH values at most.
-        static INPUTS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn product(w: &Packed, x: *const f32, rows: usize, c: *mut f32) {
+    #[target_feature(enable = "avx512f,fma")]
+    pub(super) unsafe fn product(w: &Packed, x: *const f32, rows: &[usize], c: *mut f32, gelu_bias: Option<&[f32]>) {
         let (n, k) = (w.outputs, w.inputs);
-        INPUTS.with_borrow_mut(|inputs| {
-            for start in (0..k).step_by(DEPTH) {
-                let depth = DEPTH.min(k - start);
-                // Each tile's rows, input by input: one pointer walks them, where rows `k` apart would take
-                // an address computation per row and input.
-                // Grown once per thread, then overwritten: no pass clearing it.
-                if inputs.len() < rows * depth {
-                    inputs.resize(rows * depth, 0.0);
-                }
-                for (tile, packed) in inputs[..rows * depth].chunks_mut(TILE_ROWS * depth).enumerate() {
-                    let take = packed.len() / depth;
-                    for r in 0..take {
-                        let row = std::slice::from_raw_parts(x.add((tile * TILE_ROWS + r) * k + start), depth);
-                        for (i, v) in row.iter().enumerate() {
-                            *packed.get_unchecked_mut(i * take + r) = *v;
-                        }
-                    }
-                }
-                let slice = |p: usize| w.panels.as_ptr().add((p * k + start) * PANEL);
-                let panels = n.div_ceil(PANEL);
-                for p in 0..panels {
-                    let b = slice(p);
-                    let next = if p + 1 < panels { slice(p + 1) } else { b };
-                    let mut tile = Tile {
-                        a: inputs.as_ptr(),
-                        b,
-                        next: b,
-                        c: c.add(p * PANEL),
-                        ldc: n,
-                        columns: PANEL.min(n - p * PANEL),
-                    };
-                    let mut left = rows;
-                    while left > 0 {
-                        let take = left.min(TILE_ROWS);
-                        if left == take {
-                            tile.next = next;
-                        }
-                        tile_of(take, tile, depth, start == 0);
-                        tile.a = tile.a.add(take * depth);
-                        tile.c = tile.c.add(take * n);
-                        left -= take;
-                    }
+        for block in rows.chunks(BLOCK_ROWS) {
+            for p in 0..n.div_ceil(PANEL) {
+                let columns = PANEL.min(n - p * PANEL);
+                let tile = Tile {
+                    x,
+                    k,
+                    panel: w.panels.as_ptr().add(p * k * PANEL),
+                    c: c.add(p * PANEL),
+                    n,
+                    columns,
+                    gelu_bias: gelu_bias.map(|b| &b[p * PANEL..p * PANEL + columns]),
+                };
+                for rows in block.chunks(TILE_ROWS) {
+                    tile_of(tile, rows);
                 }
             }
-        })
+        }
     }
 
     /// `tile::<rows>`, the row count known at compile time so that the accumulators stay in registers.
     #[inline(always)]
-    unsafe fn tile_of(rows: usize, t: Tile, depth: usize, first: bool) {
-        match rows {
-            12 => tile::<12>(t, depth, first),
-            11 => tile::<11>(t, depth, first),
-            10 => tile::<10>(t, depth, first),
-            9 => tile::<9>(t, depth, first),
-            8 => tile::<8>(t, depth, first),
-            7 => tile::<7>(t, depth, first),
-            6 => tile::<6>(t, depth, first),
-            5 => tile::<5>(t, depth, first),
-            4 => tile::<4>(t, depth, first),
-            3 => tile::<3>(t, depth, first),
-            2 => tile::<2>(t, depth, first),
-            _ => tile::<1>(t, depth, first),
+    unsafe fn tile_of(t: Tile, rows: &[usize]) {
+        match rows.len() {
+            8 => tile::<8>(t, rows),
+            7 => tile::<7>(t, rows),
+            6 => tile::<6>(t, rows),
+            5 => tile::<5>(t, rows),
+            4 => tile::<4>(t, rows),
+            3 => tile::<3>(t, rows),
+            2 => tile::<2>(t, rows),
+            _ => tile::<1>(t, rows),
         }
     }
 
-    /// `R` rows by one panel over `depth` inputs, added to the partial sums in `c` unless `first`.
+    /// `R` rows by one panel over every input, from zero: each output one in-order chain of fused
+    /// multiply-adds.
     #[inline(always)]
-    unsafe fn tile<const R: usize>(t: Tile, depth: usize, first: bool) {
+    unsafe fn tile<const R: usize>(t: Tile, rows: &[usize]) {
         const { assert!(R <= TILE_ROWS) };
         let mask = |v: usize| ((1u32 << t.columns.saturating_sub(16 * v).min(16)) - 1) as __mmask16;
-        let masks = [mask(0), mask(1)];
-        let mut acc = [[_mm512_setzero_ps(); 2]; R];
-        if !first {
-            for (r, acc) in acc.iter_mut().enumerate() {
-                for (v, acc) in acc.iter_mut().enumerate() {
-                    *acc = _mm512_maskz_loadu_ps(masks[v], t.c.add(r * t.ldc + 16 * v));
+        let masks = [mask(0), mask(1), mask(2)];
+        let inputs: [*const f32; R] = std::array::from_fn(|r| t.x.add(rows[r] * t.k));
+        let mut acc = [[_mm512_setzero_ps(); 3]; R];
+        for i in 0..t.k {
+            let w = t.panel.add(i * PANEL);
+            // Past the panel's end this asks for the next panel's first weights, or for an address that a
+            // prefetch does not fault on (hence `wrapping_add`).
+            for v in 0..3 {
+                _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(PREFETCH * PANEL + 16 * v) as *const i8);
+            }
+            let b = [_mm512_loadu_ps(w), _mm512_loadu_ps(w.add(16)), _mm512_loadu_ps(w.add(32))];
+            for (acc, input) in acc.iter_mut().zip(inputs) {
+                let a = _mm512_set1_ps(*input.add(i));
+                for (acc, b) in acc.iter_mut().zip(b) {
+                    *acc = _mm512_fmadd_ps(a, b, *acc);
                 }
             }
         }
-        for i in 0..depth {
-            let b = [_mm512_loadu_ps(t.b.add(i * PANEL)), _mm512_loadu_ps(t.b.add(i * PANEL + 16))];
-            _mm_prefetch::<_MM_HINT_T0>(t.next.add(i * PANEL) as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(t.next.add(i * PANEL + 16) as *const i8);
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let a = _mm512_set1_ps(*t.a.add(i * R + r));
-                acc[0] = _mm512_fmadd_ps(a, b[0], acc[0]);
-                acc[1] = _mm512_fmadd_ps(a, b[1], acc[1]);
-            }
-        }
-        for (r, acc) in acc.iter().enumerate() {
+        for (acc, row) in acc.iter().zip(rows) {
+            let out = t.c.add(row * t.n);
             for (v, acc) in acc.iter().enumerate() {
-                _mm512_mask_storeu_ps(t.c.add(r * t.ldc + 16 * v), masks[v], *acc);
+                _mm512_mask_storeu_ps(out.add(16 * v), masks[v], *acc);
+            }
+            if let Some(bias) = t.gelu_bias {
+                crate::model::cpu::kernels::bias_gelu_rows(std::slice::from_raw_parts_mut(out, t.columns), bias);
             }
         }
     }
@@ -193,31 +166,48 @@ mod avx512 {
 mod tests {
     use super::*;
 
-    /// Against a plain in-order sum of fused multiply-adds: every tile size, a last panel part full, and
-    /// inputs over several passes; each row's bits the same computed alone.
+    /// Against a plain in-order sum of fused multiply-adds: every tile size, blocks and a last panel part
+    /// full, rows named out of order and with gaps; each row's bits the same computed alone.
     #[test]
     fn packed_products_are_each_rows_own_in_order_sum() {
-        let (outputs, inputs, rows) = (70, 2 * DEPTH + 5, 2 * TILE_ROWS + 7);
+        let (outputs, inputs) = (2 * PANEL + 22, 405);
+        let rows: Vec<usize> = (0..BLOCK_ROWS + 3 * TILE_ROWS + 5).map(|r| (r * 7) % 83 + r / 9).collect();
+        let count = rows.iter().max().unwrap() + 1;
         let value = |i: usize, salt: usize| (((i * 7919 + salt) % 2003) as f32 - 1001.0) / 997.0;
         let weight: Vec<f32> = (0..outputs * inputs).map(|i| value(i, 1)).collect();
         let Some(packed) = Packed::new(&weight, outputs, inputs) else { return };
         assert_eq!(packed.unpacked(), weight);
-        let x: Vec<f32> = (0..rows * inputs).map(|i| value(i, 2)).collect();
-        let mut c = vec![f32::NAN; rows * outputs];
-        // SAFETY: the buffers hold the shapes.
-        unsafe { packed.rows(x.as_ptr(), rows, c.as_mut_ptr()) };
-        for r in 0..rows {
+        let x: Vec<f32> = (0..count * inputs).map(|i| value(i, 2)).collect();
+        let mut c = vec![f32::NAN; count * outputs];
+        // SAFETY: the buffers hold every row named.
+        unsafe { packed.rows(x.as_ptr(), &rows, c.as_mut_ptr(), None) };
+        for r in 0..count {
+            let got: Vec<u32> = c[r * outputs..(r + 1) * outputs].iter().map(|v| v.to_bits()).collect();
+            if !rows.contains(&r) {
+                assert!(got.iter().all(|v| f32::from_bits(*v).is_nan()), "row {r} not named, not written");
+                continue;
+            }
             let row = &x[r * inputs..(r + 1) * inputs];
             let want: Vec<u32> = weight
                 .chunks_exact(inputs)
                 .map(|w| row.iter().zip(w).fold(0f32, |sum, (a, b)| a.mul_add(*b, sum)).to_bits())
                 .collect();
-            let got: Vec<u32> = c[r * outputs..(r + 1) * outputs].iter().map(|v| v.to_bits()).collect();
             assert_eq!(got, want, "row {r}");
             let mut alone = vec![0f32; outputs];
             // SAFETY: one row and room for its outputs.
-            unsafe { packed.rows(row.as_ptr(), 1, alone.as_mut_ptr()) };
+            unsafe { packed.rows(row.as_ptr(), &[0], alone.as_mut_ptr(), None) };
             assert_eq!(alone.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want, "row {r} alone");
+        }
+        // With a GELU's bias: each output the exact GELU of that sum plus its bias, as the row kernel gives it.
+        let bias: Vec<f32> = (0..outputs).map(|o| value(o, 3)).collect();
+        let mut gelu = vec![f32::NAN; count * outputs];
+        // SAFETY: as above.
+        unsafe { packed.rows(x.as_ptr(), &rows, gelu.as_mut_ptr(), Some(&bias)) };
+        for &r in &rows {
+            let mut want = c[r * outputs..(r + 1) * outputs].to_vec();
+            crate::model::cpu::kernels::bias_gelu_rows(&mut want, &bias);
+            let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&gelu[r * outputs..(r + 1) * outputs]), bits(&want), "row {r} with the GELU");
         }
     }
 }
