@@ -12,11 +12,12 @@ const PANEL: usize = 48;
 const TILE_ROWS: usize = 8;
 /// Rows per block: every panel passes over a block's rows before the next block, so a panel (`inputs × 48`
 /// weights, 72 to 288 KiB) is read from memory once a block and from L2 for the block's other tiles, and
-/// the block's inputs stay in L2 meanwhile.
-const BLOCK_ROWS: usize = 48;
-/// How many inputs ahead a tile asks for its panel's weights: L2 alone does not keep up with three vectors a
-/// step (software prefetching took the products from about 130 to 140 GFLOP/s a core, BENCHMARKS.md).
-const PREFETCH: usize = 16;
+/// the block's inputs (up to 576 KiB) stay in L2 meanwhile. 96 measured a few % faster than 48, 144 or 192.
+const BLOCK_ROWS: usize = 96;
+/// How many inputs ahead a tile asks for its panel's weights: the hardware alone does not keep up with three
+/// vectors a step, and a panel's first tile reads it from L3 (16 ahead left that latency exposed: 32 took a
+/// whole pass 9 % faster at 128 tokens; 48 and 64 were no better; BENCHMARKS.md).
+const PREFETCH: usize = 32;
 
 /// A weight `[outputs, inputs]` in panels of `PANEL` outputs: panel p holds, for each input, its `PANEL`
 /// weights contiguous (zeros past the last output).
@@ -135,6 +136,13 @@ mod avx512 {
         let masks = [mask(0), mask(1), mask(2)];
         let inputs: [*const f32; R] = std::array::from_fn(|r| t.x.add(rows[r] * t.k));
         let mut acc = [[_mm512_setzero_ps(); 3]; R];
+        // The outputs' lines asked for, to be written, while the sums run: their stores waited on memory.
+        for row in rows {
+            let out = t.c.add(row * t.n);
+            for v in 0..3 {
+                _mm_prefetch::<_MM_HINT_ET0>(out.wrapping_add(16 * v) as *const i8);
+            }
+        }
         for i in 0..t.k {
             let w = t.panel.add(i * PANEL);
             // Past the panel's end this asks for the next panel's first weights, or for an address that a
