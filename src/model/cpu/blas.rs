@@ -1,10 +1,11 @@
-//! The encoder's matrix products through a CBLAS-shaped `sgemm`: a library loaded at run time when one is
-//! installed (Intel's MKL on Intel CPUs, `libmkl_rt`, e.g. from PyPI's `mkl`; else, on CPUs without AVX-512,
-//! OpenBLAS, Debian's `libopenblas0`), and otherwise kernels built into the binary (`packed`'s for linear
-//! layers where the CPU has AVX-512, the `gemm` crate's for the rest), so nothing is needed to build or run.
-//! Linear layers in inference (`BlasLinear`) and in training (`matmul_t`, with its backward pass), and
-//! inference attention as one op (`attention`), each product a one-threaded call on rows cut by a sequence's
-//! length alone. `LONGRANK_BLAS=off` leaves all of it
+//! The encoder's matrix products: where the CPU has AVX-512, kernels built into the binary (`packed`'s for
+//! linear layers, the `gemm` crate's for the rest), faster here than either library; elsewhere, through a
+//! CBLAS-shaped `sgemm`, a library loaded at run time when one is installed (Intel's MKL on Intel CPUs,
+//! `libmkl_rt`, e.g. from PyPI's `mkl`; else OpenBLAS, Debian's `libopenblas0`), and otherwise the `gemm`
+//! crate's kernels, so nothing is needed to build or run. Linear layers in inference (`BlasLinear`) and in
+//! training (`matmul_t`, with its backward pass), and inference attention as one op (`attention`), each
+//! product a one-threaded call on rows cut by a sequence's length alone (the packed linear layers: on any
+//! rows, each row's sum its own). `LONGRANK_BLAS=off` leaves all of it
 //! to candle's own ops; `LONGRANK_BLAS=builtin` takes the built-in kernels even where a library is installed;
 //! `LONGRANK_BLAS=/path/to/lib` picks the library (OpenBLAS or MKL). A library is tried on one small product
 //! when loaded and passed over if it fails (an MKL missing one of its parts would otherwise end the process on
@@ -154,14 +155,15 @@ fn blas() -> Option<&'static Blas> {
     static BLAS: OnceLock<Option<Blas>> = OnceLock::new();
     BLAS.get_or_init(|| {
         let choice = std::env::var("LONGRANK_BLAS").unwrap_or_default();
-        // OpenBLAS is some 10 % slower than the built-in kernels where they are AVX-512's (BENCHMARKS.md):
-        // chosen by default only where they are not.
-        let openblas = if packed::available() { &[][..] } else { &["libopenblas.so.0", "libopenblas.so"][..] };
+        let openblas = ["libopenblas.so.0", "libopenblas.so"];
         let names: Vec<&str> = match choice.as_str() {
             "off" => return None,
             "builtin" => vec![],
+            // Where the built-in kernels are AVX-512's they outrun MKL and OpenBLAS (BENCHMARKS.md: 1.07-1.18x
+            // MKL, 1.24-1.34x OpenBLAS): no library by default.
+            "" if packed::available() => vec![],
             // MKL takes slower paths on other vendors' CPUs.
-            "" if intel_cpu() => ["libmkl_rt.so.3", "libmkl_rt.so.2"].iter().chain(openblas).copied().collect(),
+            "" if intel_cpu() => ["libmkl_rt.so.3", "libmkl_rt.so.2"].into_iter().chain(openblas).collect(),
             "" => openblas.to_vec(),
             path => vec![path],
         };
