@@ -111,6 +111,20 @@ impl Browser {
         }
     }
 
+    /// Waits until the first element matching is rendered (the page shows a view after its script has run:
+    /// an element there before that cannot take input yet).
+    fn wait_displayed(&self, css: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let element = self.wait_for(css).remove(0);
+            if self.displayed(&element) {
+                return element;
+            }
+            assert!(Instant::now() < deadline, "{css:?} never shown");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     fn click(&self, element: &str) {
         self.call("POST", &format!("/element/{element}/click"), Some(json!({})));
     }
@@ -572,7 +586,8 @@ fn collections_are_created_fed_and_deleted_from_the_page() {
     let server = TestServer::start(dir.path(), &[("LONGRANK_SERVER_DEMO_WHEN_EMPTY", "false")]).wait_ready();
     let browser = Browser::start("collections");
     browser.goto(&server.url("/?view=collections"));
-    browser.type_into(&browser.wait_for("#new-name")[0], "web");
+    // CI once typed before the view was shown ("element not interactable").
+    browser.type_into(&browser.wait_displayed("#new-name"), "web");
     browser.click(&browser.find_all("#create-form button[type=submit]")[0]);
     browser.wait_for("#collections-table tr[data-collection=web]");
 
