@@ -135,8 +135,10 @@ enum Qkv {
 }
 
 impl Qkv {
-    fn forward(&self, x: &Tensor, lengths: &[usize]) -> candle_core::Result<Tensor> {
+    /// The projection; with `first`, the queries are read at each sequence's first position alone.
+    fn forward(&self, x: &Tensor, lengths: &[usize], first: bool) -> candle_core::Result<Tensor> {
         match self {
+            Qkv::Fused { dense: Dense::Blas(linear), .. } if first => linear.forward_first_alone(x, lengths, x.dim(2)?),
             Qkv::Fused { dense, .. } => dense.forward(x, lengths),
             Qkv::Parts { weights: [wq, wk, wv], biases: [bq, bk, bv], scale } => {
                 let weight = Tensor::cat(&[&(wq * *scale)?, wk, wv], 0)?;
@@ -342,7 +344,7 @@ impl Encoder {
         first: bool,
     ) -> candle_core::Result<Tensor> {
         let (batch, len, hidden) = x.dims3()?;
-        let qkv = layer.qkv.forward(x, lengths)?;
+        let qkv = layer.qkv.forward(x, lengths, first)?;
         // From here on, with `first`, the first position's row alone.
         let (x, lengths) = match first {
             true => (&x.narrow(1, 0, len.min(1))?.contiguous()?, &vec![len.min(1); batch][..]),

@@ -50,13 +50,25 @@ impl Packed {
     }
 
     /// `c[r] = x[r] · Wᵀ` for each row index `r` of `rows`, or with `gelu_bias` the exact GELU of
-    /// `x[r] · Wᵀ + bias`: rows of `x` hold `inputs` values, rows of `c` `outputs`.
+    /// `x[r] · Wᵀ + bias`: rows of `x` hold `inputs` values, rows of `c` `outputs`. The outputs of the whole
+    /// panels before output `from` are zeros instead (outputs nobody reads).
     ///
     /// # Safety
     /// `x` and `c` must hold every row named, `inputs` and `outputs` values apart.
-    pub(super) unsafe fn rows(&self, x: *const f32, rows: &[usize], c: *mut f32, gelu_bias: Option<&[f32]>) {
+    pub(super) unsafe fn rows(
+        &self,
+        x: *const f32,
+        rows: &[usize],
+        c: *mut f32,
+        gelu_bias: Option<&[f32]>,
+        from: usize,
+    ) {
+        let skipped = from.min(self.outputs) / PANEL * PANEL;
+        for row in rows {
+            std::ptr::write_bytes(c.add(row * self.outputs), 0, skipped);
+        }
         #[cfg(target_arch = "x86_64")]
-        avx512::product(self, x, rows, c, gelu_bias);
+        avx512::product(self, x, rows, c, gelu_bias, skipped / PANEL);
         #[cfg(not(target_arch = "x86_64"))]
         unreachable!("packed only where AVX-512 is, {x:?} {rows:?} {c:?} {gelu_bias:?}");
     }
@@ -91,10 +103,17 @@ mod avx512 {
     }
 
     #[target_feature(enable = "avx512f,fma")]
-    pub(super) unsafe fn product(w: &Packed, x: *const f32, rows: &[usize], c: *mut f32, gelu_bias: Option<&[f32]>) {
+    pub(super) unsafe fn product(
+        w: &Packed,
+        x: *const f32,
+        rows: &[usize],
+        c: *mut f32,
+        gelu_bias: Option<&[f32]>,
+        first_panel: usize,
+    ) {
         let (n, k) = (w.outputs, w.inputs);
         for block in rows.chunks(BLOCK_ROWS) {
-            for p in 0..n.div_ceil(PANEL) {
+            for p in first_panel..n.div_ceil(PANEL) {
                 let columns = PANEL.min(n - p * PANEL);
                 let tile = Tile {
                     x,
@@ -179,7 +198,8 @@ mod tests {
     #[test]
     fn packed_products_are_each_rows_own_in_order_sum() {
         let (outputs, inputs) = (2 * PANEL + 22, 405);
-        let rows: Vec<usize> = (0..BLOCK_ROWS + 3 * TILE_ROWS + 5).map(|r| (r * 7) % 83 + r / 9).collect();
+        // Distinct rows, out of order, six left out.
+        let rows: Vec<usize> = (0..BLOCK_ROWS + 3 * TILE_ROWS + 5).map(|r| r * 53 % 131).collect();
         let count = rows.iter().max().unwrap() + 1;
         let value = |i: usize, salt: usize| (((i * 7919 + salt) % 2003) as f32 - 1001.0) / 997.0;
         let weight: Vec<f32> = (0..outputs * inputs).map(|i| value(i, 1)).collect();
@@ -188,7 +208,7 @@ mod tests {
         let x: Vec<f32> = (0..count * inputs).map(|i| value(i, 2)).collect();
         let mut c = vec![f32::NAN; count * outputs];
         // SAFETY: the buffers hold every row named.
-        unsafe { packed.rows(x.as_ptr(), &rows, c.as_mut_ptr(), None) };
+        unsafe { packed.rows(x.as_ptr(), &rows, c.as_mut_ptr(), None, 0) };
         for r in 0..count {
             let got: Vec<u32> = c[r * outputs..(r + 1) * outputs].iter().map(|v| v.to_bits()).collect();
             if !rows.contains(&r) {
@@ -203,19 +223,28 @@ mod tests {
             assert_eq!(got, want, "row {r}");
             let mut alone = vec![0f32; outputs];
             // SAFETY: one row and room for its outputs.
-            unsafe { packed.rows(row.as_ptr(), &[0], alone.as_mut_ptr(), None) };
+            unsafe { packed.rows(row.as_ptr(), &[0], alone.as_mut_ptr(), None, 0) };
             assert_eq!(alone.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want, "row {r} alone");
         }
         // With a GELU's bias: each output the exact GELU of that sum plus its bias, as the row kernel gives it.
         let bias: Vec<f32> = (0..outputs).map(|o| value(o, 3)).collect();
         let mut gelu = vec![f32::NAN; count * outputs];
         // SAFETY: as above.
-        unsafe { packed.rows(x.as_ptr(), &rows, gelu.as_mut_ptr(), Some(&bias)) };
+        unsafe { packed.rows(x.as_ptr(), &rows, gelu.as_mut_ptr(), Some(&bias), 0) };
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         for &r in &rows {
             let mut want = c[r * outputs..(r + 1) * outputs].to_vec();
             crate::model::cpu::kernels::bias_gelu_rows(&mut want, &bias);
-            let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&gelu[r * outputs..(r + 1) * outputs]), bits(&want), "row {r} with the GELU");
+        }
+        // From an output inside the second panel: the first panel's outputs zeros, the rest as before.
+        let mut from = vec![f32::NAN; count * outputs];
+        // SAFETY: as above.
+        unsafe { packed.rows(x.as_ptr(), &rows, from.as_mut_ptr(), None, PANEL + 5) };
+        for &r in &rows {
+            let (got, want) = (&from[r * outputs..(r + 1) * outputs], &c[r * outputs..(r + 1) * outputs]);
+            assert!(got[..PANEL].iter().all(|v| v.to_bits() == 0), "row {r}: a panel before `from` is zeros");
+            assert_eq!(bits(&got[PANEL..]), bits(&want[PANEL..]), "row {r} from the second panel");
         }
     }
 }
