@@ -402,12 +402,14 @@ impl CustomOp1 for Sequences<'_> {
                 // A row's bits do not depend on the rows it is computed with: every real row of the batch,
                 // in equal parts over the threads.
                 Weight::Packed(w) => {
-                    // With `first_alone`, each sequence's first row apart, its every output computed.
-                    let alone = usize::from(self.first_alone > 0);
-                    let sequences = self.lengths.iter().enumerate().filter(|(_, &l)| l > 0);
+                    // With `first_alone`, each sequence's first row in a part of its own, every output
+                    // computed; the other rows from output `first_alone` on.
+                    let skip = usize::from(self.first_alone > 0);
                     let first: Vec<usize> =
-                        sequences.clone().take(alone * self.lengths.len()).map(|(i, _)| i * len).collect();
-                    let rest: Vec<usize> = sequences.flat_map(|(i, &l)| i * len + alone..i * len + l).collect();
+                        (0..batch).filter(|&i| skip == 1 && self.lengths[i] > 0).map(|i| i * len).collect();
+                    let rest: Vec<usize> = (0..batch)
+                        .flat_map(|i| i * len + skip.min(self.lengths[i])..i * len + self.lengths[i])
+                        .collect();
                     for (rows, from) in [(&first, 0), (&rest, self.first_alone)] {
                         split(rows.len(), blas.threads, |part| unsafe {
                             w.rows(x.data(), &rows[part], c.ptr(), self.gelu_bias, from)
