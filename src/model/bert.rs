@@ -40,7 +40,8 @@ pub struct Bert {
 /// The final states a pass computes: every position's, or the first's alone (`[CLS]`, all that a head pooling
 /// it reads). For the first alone, the last layer still projects every position's keys and values, but only
 /// the first position attends, and the rest of the layer (output projection, feed-forward, norms) runs on that
-/// one row: its values are those of the full pass, for about a sixth less arithmetic in a six-layer encoder.
+/// one row, and its queries are projected there alone: its values are those of the full pass, for about 14 % less
+/// arithmetic in a six-layer encoder at 128 tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Positions {
     All,
@@ -464,11 +465,12 @@ mod tests {
     use candle_core::Device;
     use candle_nn::VarMap;
 
-    /// A random BERT of two layers (hidden 40: a panel of the packed kernels part full), built a second time
-    /// over the drawn values, since inference layers copy their fused weights.
+    /// A random BERT of two layers (queries two whole panels of the packed kernels, which the last layer skips
+    /// past the first position; the intermediate layer's second panel part full), built a second time over
+    /// the drawn values, since inference layers copy their fused weights.
     fn tiny() -> Bert {
         let config: Config = serde_json::from_value(serde_json::json!({
-            "vocab_size": 30, "hidden_size": 40, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "vocab_size": 30, "hidden_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
             "intermediate_size": 88, "hidden_act": "gelu", "max_position_embeddings": 16, "type_vocab_size": 2,
             "layer_norm_eps": 1e-12, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
             "initializer_range": 0.02, "pad_token_id": 0, "model_type": "bert"
@@ -496,7 +498,7 @@ mod tests {
         let mask = Tensor::new(&[[1u32, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0, 0]], &Device::Cpu).unwrap();
         let all = bert.forward(&ids, &types, Some(&mask), Positions::All).unwrap();
         let first = bert.forward(&ids, &types, Some(&mask), Positions::First).unwrap();
-        assert_eq!(first.dims(), [2, 1, 40]);
+        assert_eq!(first.dims(), [2, 1, 96]);
         let want = all.narrow(1, 0, 1).unwrap();
         let worst = (first - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
         assert!(worst < 1e-5, "{worst}");
