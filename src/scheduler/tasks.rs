@@ -8,6 +8,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -152,6 +153,10 @@ pub struct Tasks {
     /// Told when a task finishes (`?wait=true` waits on it).
     finished: Notify,
     running: Mutex<Option<Running>>,
+    /// On a cluster: elected, and done taking over (requeued the last writer's tasks, removed the uploads no
+    /// task needs). Until then uploads are refused as if no replica wrote: one stored meanwhile could be
+    /// removed by that clean-up before its task is queued.
+    taken_over: AtomicBool,
 }
 
 /// The task the worker applies: what stops it, and its upload's progress.
@@ -176,6 +181,7 @@ impl Tasks {
             wake: Notify::new(),
             finished: Notify::new(),
             running: Mutex::default(),
+            taken_over: AtomicBool::new(false),
         })
     }
 
@@ -201,13 +207,17 @@ impl Tasks {
     pub async fn route(&self) -> Result<Route, TaskError> {
         match &self.writer {
             None => Ok(Route::Here),
-            Some(writer) => Ok(writer.route().await?),
+            Some(writer) => match writer.route().await? {
+                Route::Here if !self.taken_over.load(Ordering::Acquire) => Ok(Route::NoWriter),
+                route => Ok(route),
+            },
         }
     }
 
     /// Queues the tasks a stop interrupted again (on a cluster: the last writer's), and removes uploads no
     /// task needs (a stop between storing one and writing its row: never acknowledged).
     async fn take_over(&self) -> Result<(), TaskError> {
+        crate::hooks::reached("tasks.take_over").await;
         let requeued = self.store.requeue_running_tasks().await?;
         if requeued > 0 {
             tracing::warn!("{requeued} task(s) interrupted by a stop: applying them again");
@@ -406,21 +416,20 @@ impl Tasks {
     /// Applies queued tasks one at a time, oldest first (on a cluster, while this replica is the writer), and
     /// publishes each one's result.
     async fn work(self: Arc<Self>) {
-        let mut elected = false;
         loop {
             if let Some(writer) = &self.writer {
                 if !writer.is_writer() {
-                    elected = false;
+                    self.taken_over.store(false, Ordering::Release);
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 }
-                if !elected {
+                if !self.taken_over.load(Ordering::Acquire) {
                     if let Err(e) = self.take_over().await {
                         tracing::error!("tasks: taking over as the writer: {e}");
                         tokio::time::sleep(Duration::from_secs(1)).await;
                         continue;
                     }
-                    elected = true;
+                    self.taken_over.store(true, Ordering::Release);
                 }
             }
             let task = match self.store.start_next_task().await {
