@@ -192,9 +192,7 @@ fn a_writer_killed_mid_publish_leaves_no_partial_version_and_the_next_writer_dis
     // An upload through the follower: forwarded, applied by the writer, which is killed mid-publish.
     let line = "{\"id\": \"extra-1\", \"title\": \"extra\", \"text\": \"wing flutter\"}\n";
     let documents = other.url("/collections/cranfield/documents");
-    let reply = while_no_writer(|| {
-        crate::common::request("POST", &documents, &[("content-type", "application/x-ndjson")], Some(line))
-    });
+    let reply = while_no_writer(|| post_lines(&documents, line));
     // Both logs on failure: CI once saw a 500 here under the whole suite's load, not reproduced alone.
     let logs = || [&held_log, &other_log].map(|l| std::fs::read_to_string(l).unwrap_or_default()).join("\n----\n");
     assert_eq!(reply.status, 202, "{}\n{}", reply.body, logs());
@@ -294,16 +292,16 @@ fn readme_object_store_section_works_as_written() {
 
 /// Two replicas with empty data directories on one store and object store, logging to their directories.
 fn two_replicas(env: &[(&str, &str)], dirs: &[tempfile::TempDir; 2]) -> Vec<TestServer> {
-    dirs.iter()
-        .enumerate()
-        .map(|(i, dir)| {
-            let mut env = env.to_vec();
-            let id = format!("r{i}");
-            // Info: the election and the pulls are logged at that level.
-            env.extend([("LONGRANK_SERVER_REPLICA_ID", id.as_str()), ("RUST_LOG", "info")]);
-            TestServer::start_logging(dir.path(), &env, &dir.path().join("serve.log")).wait_ready()
-        })
-        .collect()
+    dirs.iter().enumerate().map(|(i, dir)| replica(i, env, dir)).collect()
+}
+
+/// Replica `r{i}` on `dir`, logging at info (the election and the pulls are logged at that level) to
+/// `dir/serve.log`.
+fn replica(i: usize, env: &[(&str, &str)], dir: &tempfile::TempDir) -> TestServer {
+    let mut env = env.to_vec();
+    let id = format!("r{i}");
+    env.extend([("LONGRANK_SERVER_REPLICA_ID", id.as_str()), ("RUST_LOG", "info")]);
+    TestServer::start_logging(dir.path(), &env, &dir.path().join("serve.log")).wait_ready()
 }
 
 /// Sends `lines` to `collection` through `server` until a replica writes them (503 `no_writer` while none
@@ -320,6 +318,11 @@ fn upload_to(base: &str, collection: &str, lines: &str, headers: &[(&str, &str)]
     let reply = while_no_writer(|| crate::common::request("POST", &url, &headers, Some(lines)));
     assert!(reply.status == 200 || reply.status == 202, "{} {}", reply.status, reply.body);
     reply.json()
+}
+
+/// One POST of NDJSON `lines` to `documents` (a collection's documents URL): its reply, whatever it is.
+fn post_lines(documents: &str, lines: &str) -> Reply {
+    crate::common::request("POST", documents, &[("content-type", "application/x-ndjson")], Some(lines))
 }
 
 /// `send` again while no replica writes (503 `no_writer`: none elected yet, or the elected one still taking
@@ -394,31 +397,19 @@ fn an_elected_replica_refuses_uploads_until_it_has_taken_over() {
     let Some(url) = fresh_postgres() else { return };
     let store = tempfile::tempdir().unwrap();
     let objects = format!("file://{}", store.path().display());
+    let env = [("LONGRANK_STORE_URL", url.as_str()), ("LONGRANK_STORE_OBJECTS", objects.as_str())];
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let release = dirs[1].path().join("release");
     let hold = format!("tasks.take_over:1:{}", release.display());
-    let start = |i: usize, extra: Option<(&str, &str)>| {
-        let id = format!("r{i}");
-        let mut env = vec![
-            ("LONGRANK_STORE_URL", url.as_str()),
-            ("LONGRANK_STORE_OBJECTS", objects.as_str()),
-            ("LONGRANK_SERVER_REPLICA_ID", id.as_str()),
-            ("RUST_LOG", "info"),
-        ];
-        env.extend(extra);
-        TestServer::start_logging(dirs[i].path(), &env, &dirs[i].path().join("serve.log")).wait_ready()
-    };
     let line = |i: usize| format!("{{\"id\": \"d{i}\", \"title\": \"t\", \"text\": \"harbor lantern {i}\"}}\n");
-    let mut first = start(0, None);
+    let mut first = replica(0, &env, &dirs[0]);
     assert_eq!(upload(&first, "news", &line(0))["status"], "succeeded");
     // The second holds in its take-over once elected, until `release` exists.
-    let second = start(1, Some(("LONGRANK_TEST_HOLD", hold.as_str())));
+    let second = replica(1, &[&env[..], &[("LONGRANK_TEST_HOLD", hold.as_str())]].concat(), &dirs[1]);
     first.child.kill().unwrap();
     first.child.wait().unwrap();
-    let log = || std::fs::read_to_string(dirs[1].path().join("serve.log")).unwrap_or_default();
-    wait_until("the second replica is elected", || log().contains("now writes the collections"));
-    let documents = second.url("/collections/news/documents");
-    let reply = crate::common::request("POST", &documents, &[("content-type", "application/x-ndjson")], Some(&line(1)));
+    second.wait_log(&dirs[1].path().join("serve.log"), "now writes the collections");
+    let reply = post_lines(&second.url("/collections/news/documents"), &line(1));
     assert_eq!(reply.status, 503, "{}", reply.body);
     assert_eq!(reply.json()["error"]["code"], "no_writer", "{}", reply.body);
     std::fs::write(&release, "").unwrap();

@@ -402,17 +402,22 @@ impl CustomOp1 for Sequences<'_> {
                 // A row's bits do not depend on the rows it is computed with: every real row of the batch,
                 // in equal parts over the threads.
                 Weight::Packed(w) => {
-                    // With `first_alone`, each sequence's first row in a part of its own, every output
-                    // computed; the other rows from output `first_alone` on.
-                    let skip = usize::from(self.first_alone > 0);
-                    let first: Vec<usize> =
-                        (0..batch).filter(|&i| skip == 1 && self.lengths[i] > 0).map(|i| i * len).collect();
-                    let rest: Vec<usize> = (0..batch)
-                        .flat_map(|i| i * len + skip.min(self.lengths[i])..i * len + self.lengths[i])
-                        .collect();
-                    for (rows, from) in [(&first, 0), (&rest, self.first_alone)] {
+                    // Each sequence's real rows from its `skip`th.
+                    let real = |skip: usize| -> Vec<usize> {
+                        let lengths = self.lengths.iter().enumerate();
+                        lengths.flat_map(|(i, &l)| i * len + skip.min(l)..i * len + l).collect()
+                    };
+                    // With `first_alone`, the first rows apart with every output, the others from that output on.
+                    let parts = match self.first_alone {
+                        0 => vec![(real(0), 0)],
+                        from => {
+                            let first = (0..batch).filter(|&i| self.lengths[i] > 0).map(|i| i * len).collect();
+                            vec![(first, 0), (real(1), from)]
+                        }
+                    };
+                    for (rows, from) in &parts {
                         split(rows.len(), blas.threads, |part| unsafe {
-                            w.rows(x.data(), &rows[part], c.ptr(), self.gelu_bias, from)
+                            w.rows(x.data(), &rows[part], c.ptr(), self.gelu_bias, *from)
                         });
                     }
                 }
@@ -866,16 +871,18 @@ mod tests {
         assert_eq!(calls(300), [(0, 100), (100, 200), (200, 300)]);
     }
 
+    /// A linear layer of random weights `[outputs, inputs]`, or `None` with BLAS off.
+    fn random_linear(outputs: usize, inputs: usize) -> Option<BlasLinear> {
+        let weight = Tensor::randn(0f32, 1.0, (outputs, inputs), &Device::Cpu).unwrap();
+        available_for(&weight).then(|| BlasLinear::new(&weight).unwrap())
+    }
+
     /// A sequence's rows have the same bits alone and in any batch (padded to a longer one, after others):
     /// what makes a pair's score independent of the batch the queue put it in, through OpenBLAS too.
     #[test]
     fn a_sequence_has_the_same_bits_alone_and_in_any_batch() {
         let device = Device::Cpu;
-        let weight = Tensor::randn(0f32, 1.0, (1152, 384), &device).unwrap();
-        if !available_for(&weight) {
-            return;
-        }
-        let linear = BlasLinear::new(&weight).unwrap();
+        let Some(linear) = random_linear(1152, 384) else { return };
         let lengths = [37, 300, 5, 261];
         let longest = 300;
         let batch = Tensor::randn(0f32, 1.0, (lengths.len(), longest, 384), &device).unwrap();
@@ -921,13 +928,8 @@ mod tests {
     /// gives them, bit for bit; with packed weights the queries' whole panels elsewhere are zeros.
     #[test]
     fn the_queries_of_first_positions_alone_leave_the_rest_as_it_was() {
-        let device = Device::Cpu;
-        let weight = Tensor::randn(0f32, 1.0, (144, 40), &device).unwrap();
-        if !available_for(&weight) {
-            return;
-        }
-        let linear = BlasLinear::new(&weight).unwrap();
-        let (x, lengths) = (Tensor::randn(0f32, 1.0, (3, 7, 40), &device).unwrap(), [7, 0, 5]);
+        let Some(linear) = random_linear(144, 40) else { return };
+        let (x, lengths) = (Tensor::randn(0f32, 1.0, (3, 7, 40), &Device::Cpu).unwrap(), [7, 0, 5]);
         let all = linear.forward(&x, &lengths).unwrap().to_vec3::<f32>().unwrap();
         let first = linear.forward_first_alone(&x, &lengths, 58).unwrap().to_vec3::<f32>().unwrap();
         let packed = matches!(linear.weight, Weight::Packed(_));
