@@ -320,6 +320,9 @@ pub struct ServerConfig {
     pub allowed_hosts: Vec<String>,
     /// Searches kept in the query log, the newest (0: no query log).
     pub query_log_entries: usize,
+    /// Searches waiting to be written to the query log at most; beyond them an entry is dropped and counted
+    /// (`longrank_query_log_entries_total{outcome="dropped_full"}`), so that logging holds bounded memory.
+    pub query_log_queue: usize,
     /// Connections open at once; beyond them the one idle longest is closed to make room, and when every one
     /// has a request in flight, new clients wait to be accepted.
     pub max_connections: usize,
@@ -366,6 +369,7 @@ impl Default for ServerConfig {
             cors_origins: Vec::new(),
             allowed_hosts: Vec::new(),
             query_log_entries: 100_000,
+            query_log_queue: 10_000,
             max_connections: 1024,
             max_concurrent_work: 0,
             max_waiting_requests: 1000,

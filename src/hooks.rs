@@ -10,7 +10,8 @@
 //! (after each topic a batch job stores), `batch.commit` (a batch topic run, before its commit: a test stops the
 //! process there to let its lease run out), `task.start` (a task marked running, before it writes anything; not
 //! a collection's deletion), `publish.object` (after each object a publish uploads, before its version is
-//! recorded), `tasks.take_over` (a writer taking over the tasks, before it requeues them or removes uploads).
+//! recorded), `tasks.take_over` (a writer taking over the tasks, before it requeues them or removes uploads),
+//! `query_log.write` (the query log's writer with a batch taken, before it writes it).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

@@ -53,17 +53,27 @@ pub fn weights_hash(dir: &Path) -> Result<String, ModelError> {
     files_hash(&weight_files(dir)?)
 }
 
-/// A fingerprint of what the outputs of a cross-encoder's first queue depend on besides the options: the
-/// weights of the model it runs (Co-BERT's heads left out; for a Co-BERT trained end to end, its first-round
-/// cross-encoder), its configuration and its tokenizer. A Co-BERT checkpoint trained on a frozen backbone
-/// shares it with that backbone's own directory.
-pub fn pairs_hash(dir: &Path) -> Result<String, ModelError> {
+/// A fingerprint of all that a model's stored outputs (a cross-encoder's first-queue outputs, a bi-encoder's
+/// embeddings) depend on besides the options: the weights of the model it runs (Co-BERT's heads left out; for
+/// a Co-BERT trained end to end, its first-round cross-encoder), its configuration, its tokenizer and, for a
+/// sentence-transformers model, its modules (pooling, normalization, longest input). A Co-BERT checkpoint
+/// trained on a frozen backbone shares it with that backbone's own directory.
+pub fn outputs_hash(dir: &Path) -> Result<String, ModelError> {
     let first_round = dir.join(cobert::FIRST_ROUND_DIR);
     let dir = if first_round.is_dir() { &first_round } else { dir };
     let mut files = weight_files(dir)?;
     files.retain(|f| !f.ends_with(cobert::WEIGHTS_FILE));
-    files
-        .extend(["config.json", "tokenizer.json", "vocab.txt"].map(|f| dir.join(f)).into_iter().filter(|f| f.exists()));
+    let mut described = vec!["config.json", "tokenizer.json", "vocab.txt"];
+    let sentence_transformers = dir.join("modules.json").exists();
+    if sentence_transformers {
+        described.extend(["modules.json", "sentence_bert_config.json", "tokenizer_config.json"]);
+    }
+    let mut described: Vec<PathBuf> = described.into_iter().map(|f| dir.join(f)).collect();
+    if sentence_transformers {
+        let modules = super::encoder::SentenceLayout::module_dirs(dir)?;
+        described.extend(modules.into_iter().map(|m| dir.join(m).join("config.json")));
+    }
+    files.extend(described.into_iter().filter(|f| f.exists()));
     files_hash(&files)
 }
 

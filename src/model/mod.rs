@@ -29,7 +29,7 @@ pub(crate) use crate::hash::Fnv;
 use encoder::Inputs;
 pub use encoder::{encoder_flops, BiEncoder, CrossEncoder, Pooling};
 pub use hub::resolve;
-pub use load::{device, dtype, pairs_hash, weights_hash};
+pub use load::{device, dtype, outputs_hash, weights_hash};
 use load::{load_err, read_config, read_json, weights};
 pub use serve::queue::{BatchStats, JobTiming};
 pub use serve::served::{Output, Scores, ServeOptions, Served};
@@ -154,6 +154,12 @@ impl Reranker {
 
     pub fn count_tokens(&self, text: &str) -> Result<usize, ModelError> {
         self.pieces().count(text)
+    }
+
+    /// Which tokenizer (with its templates) the model reads with: models with equal ones cut text alike, and
+    /// whatever is cut or counted for one may be shared with the others, never with a model of another.
+    pub fn tokenizer_fingerprint(&self) -> u64 {
+        self.pieces().fingerprint()
     }
 
     /// The bytes of `text` that hold its first `n` word pieces, as this model's tokenizer cuts them.

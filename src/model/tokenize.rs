@@ -26,6 +26,9 @@ pub(super) struct Pieces {
     pub(super) pad_id: u32,
     /// The model's longest input (its positions).
     pub(super) max_len: usize,
+    /// FNV-1a of the tokenizer as loaded (its file with our post-processor, padding and truncation): two
+    /// models count and template text alike exactly when theirs are equal.
+    fingerprint: u64,
 }
 
 impl Pieces {
@@ -50,7 +53,16 @@ impl Pieces {
         tokenizer.with_truncation(None).map_err(|e| load_err(path, e))?;
         let added = |pair| tokenizer.get_post_processor().map_or(0, |p| p.added_tokens(pair));
         let (pair_added, single_added) = (added(true), added(false));
-        Ok(Pieces { tokenizer, pair_added, single_added, pad_id, max_len })
+        let serialized = tokenizer.to_string(false).map_err(|e| load_err(path, e))?;
+        let mut fingerprint = crate::hash::Fnv::default();
+        fingerprint.write(serialized.as_bytes());
+        let fingerprint = fingerprint.0;
+        Ok(Pieces { tokenizer, pair_added, single_added, pad_id, max_len, fingerprint })
+    }
+
+    /// What the pieces depend on (see the field): a cache of anything cut or counted by them keys by it.
+    pub(super) fn fingerprint(&self) -> u64 {
+        self.fingerprint
     }
 
     /// Token ids the tokenizer can give (added tokens included).

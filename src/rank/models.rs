@@ -48,8 +48,8 @@ pub struct LoadedModel {
     /// Its longest input in tokens (its `max_length`, else `[model] max_length`).
     max_length: usize,
     dtype: String,
-    /// `model::pairs_hash`, on first use (stores of pair outputs, per collection).
-    pairs_hash: OnceLock<String>,
+    /// `model::outputs_hash`, on first use (the names of its stores of outputs, per collection).
+    outputs_hash: OnceLock<String>,
 }
 
 impl LoadedModel {
@@ -159,7 +159,7 @@ impl Models {
             weights_hash,
             // Also names the embedding files, which int8 layers must not share with float ones.
             dtype: format!("{dtype:?}").to_lowercase() + if slot.quantize == Quantize::Int8 { "-int8" } else { "" },
-            pairs_hash: OnceLock::new(),
+            outputs_hash: OnceLock::new(),
         })
     }
 
@@ -185,9 +185,10 @@ impl Models {
     }
 
     /// A model's outputs kept on disk for a collection: a bi-encoder's segment embeddings
-    /// (`COLLECTION/embeddings/WEIGHTS-DTYPE.*`), or, with `store_scores`, a cross-encoder's (query, segment)
-    /// outputs (`COLLECTION/scores/PAIRS-DTYPE-LENGTH-QUERYLENGTH-WIDTH.*`, PAIRS the fingerprint of what they
-    /// depend on, `model::pairs_hash`); none otherwise.
+    /// (`COLLECTION/embeddings/MODEL-DTYPE.*`), or, with `store_scores`, a cross-encoder's (query, segment)
+    /// outputs (`COLLECTION/scores/MODEL-DTYPE-LENGTH-QUERYLENGTH-WIDTH.*`); MODEL is the fingerprint of all
+    /// they depend on besides those options (`model::outputs_hash`: weights, configuration, tokenizer, pooling),
+    /// so that models differing in any of it never read each other's. None otherwise.
     pub fn store(&self, collection: &Collection, model: &LoadedModel) -> Result<Option<Arc<VectorFile>>, RankError> {
         let reranker = model.served.model();
         let is_bi = matches!(reranker, Reranker::Bi(_));
@@ -200,18 +201,18 @@ impl Models {
             return Ok(Some(file.clone()));
         }
         let width = reranker.output_width();
+        let outputs = match model.outputs_hash.get() {
+            Some(hash) => hash,
+            None => {
+                let hash = model::outputs_hash(&model.dir).map_err(RankError::Model)?;
+                model.outputs_hash.get_or_init(|| hash)
+            }
+        };
         let (dir, name, dims) = if is_bi {
-            ("embeddings", format!("{}-{}", model.weights_hash, model.dtype), width)
+            ("embeddings", format!("{outputs}-{}", model.dtype), width)
         } else {
             let c = &self.config;
-            let pairs = match model.pairs_hash.get() {
-                Some(hash) => hash,
-                None => {
-                    let hash = model::pairs_hash(&model.dir).map_err(RankError::Model)?;
-                    model.pairs_hash.get_or_init(|| hash)
-                }
-            };
-            let name = format!("{pairs}-{}-{}-{}-{width}", model.dtype, model.max_length, c.max_query_tokens);
+            let name = format!("{outputs}-{}-{}-{}-{width}", model.dtype, model.max_length, c.max_query_tokens);
             // Each stored output ends with its pair's length.
             ("scores", name, width + 1)
         };

@@ -84,12 +84,22 @@ pub fn interpolate(first_stage: &[f32], model: &[f32], weight: f32) -> Vec<f32> 
     normalized(first_stage).into_iter().zip(normalized(model)).map(|(f, m)| weight * f + (1.0 - weight) * m).collect()
 }
 
-/// Documents' segments, which depend on the document and the strategy but not on the query: cut once; and
-/// the bm25 selector's bags of their terms, analyzed once.
+/// Documents' segments, which depend on the document, the strategy and the model's tokenizer but not on the
+/// query: cut once; and the bm25 selector's bags of their terms (keyed by the segments' ranges), analyzed once.
 #[derive(Default)]
 pub struct SegmentCache {
-    entries: Mutex<HashMap<(u64, Strategy), Segments>>,
+    entries: Mutex<HashMap<SegmentationKey, Segments>>,
     bags: BagCache,
+}
+
+/// All that a segmentation depends on: the text, the strategy (with its token budget) and the tokenizer that
+/// counts the tokens (`Reranker::tokenizer_fingerprint`). Models of another tokenizer cut the same text
+/// elsewhere, so they never share a segmentation, whichever of them asked first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct SegmentationKey {
+    text: u64,
+    strategy: Strategy,
+    tokenizer: u64,
 }
 
 /// A document's segments, shared between the cache and its readers.
@@ -113,7 +123,7 @@ const MAX_CACHED_SEGMENTATIONS: usize = 100_000;
 
 impl SegmentCache {
     fn get(&self, text: &str, strategy: Strategy, model: &Reranker) -> Segments {
-        let key = (text_hash(text), strategy);
+        let key = SegmentationKey { text: text_hash(text), strategy, tokenizer: model.tokenizer_fingerprint() };
         if let Some(segments) = self.entries.lock().get(&key) {
             return segments.clone();
         }
@@ -430,6 +440,32 @@ fn cobert(job: &Reranking<'_>, round: &[FirstRoundPassage], candidates: usize) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 51: a second model with another tokenizer and the same budget read the first model's segments.
+    #[test]
+    fn each_tokenizer_gets_its_own_segmentation_and_models_of_one_tokenizer_share_it() {
+        use crate::model::Kind;
+        let load = |name: &str| {
+            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models").join(name);
+            Reranker::load(&dir, &candle_core::Device::Cpu, candle_core::DType::F32, Kind::Auto).unwrap()
+        };
+        let (xlmr, modern, modern_cls) = (load("xlm-roberta-bi"), load("modernbert-bi"), load("modernbert-cls"));
+        let text = "Super Bowl 50 was an American football game. The Denver Broncos defeated the Carolina \
+                    Panthers 24-10. It was played on February 7, 2016, at Levi's Stadium in Santa Clara. "
+            .repeat(6);
+        let strategy = Strategy::Sentences { max_tokens: 24 };
+        let own = |model: &Reranker| segment::segment(&text, strategy, model, None);
+        assert_ne!(own(&xlmr), own(&modern), "the two tokenizers cut the text apart");
+        for order in [[&xlmr, &modern], [&modern, &xlmr]] {
+            let cache = SegmentCache::default();
+            for model in order {
+                assert_eq!(*cache.get(&text, strategy, model), own(model), "{}", model.kind());
+            }
+        }
+        let cache = SegmentCache::default();
+        let (bi, cross) = (cache.get(&text, strategy, &modern), cache.get(&text, strategy, &modern_cls));
+        assert!(Arc::ptr_eq(&bi, &cross), "one tokenizer file: one segmentation");
+    }
 
     #[test]
     fn aggregations() {

@@ -12,6 +12,8 @@ use crate::index::Catalog;
 use crate::model::BatchStats;
 use crate::rank::ModelStatus;
 
+use super::query_log::Counts as QueryLogCounts;
+
 #[derive(Default)]
 pub struct Metrics {
     series: Mutex<BTreeMap<(String, String, u16), Histogram>>,
@@ -56,6 +58,26 @@ impl Metrics {
             header(&mut out, name, "Unfinished batch jobs that no live replica can run (none serves the index files and model weights they were submitted against).", "gauge");
             let _ = writeln!(out, "{name} {stranded}");
         }
+        out
+    }
+
+    /// What became of the searches handed to the query log, and how many wait for its writer.
+    pub fn render_query_log(&self, counts: &QueryLogCounts, queued: usize) -> String {
+        let mut out = String::new();
+        let name = "longrank_query_log_entries_total";
+        header(&mut out, name, "Searches handed to the query log: written, dropped with its queue full (server.query_log_queue), or dropped with their batch when the database refused it.", "counter");
+        let outcomes = [
+            ("written", &counts.written),
+            ("dropped_full", &counts.dropped_full),
+            ("dropped_failed", &counts.dropped_failed),
+        ];
+        for (outcome, count) in outcomes {
+            let _ =
+                writeln!(out, "{name}{{outcome=\"{outcome}\"}} {}", count.load(std::sync::atomic::Ordering::Relaxed));
+        }
+        let name = "longrank_query_log_queued";
+        header(&mut out, name, "Searches waiting for the query log's writer.", "gauge");
+        let _ = writeln!(out, "{name} {queued}");
         out
     }
 

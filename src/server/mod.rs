@@ -12,6 +12,7 @@ mod forward;
 mod metrics;
 mod middleware;
 mod openapi;
+mod query_log;
 mod routes;
 mod state;
 

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{admission, connections, metrics, middleware, ApiError};
+use super::{admission, connections, metrics, middleware, query_log, ApiError};
 use crate::config::Config;
 use crate::index::Catalog;
 use crate::model::Cancel;
@@ -15,7 +15,7 @@ use crate::rank::{Engine, RankError, RerankRequest, RerankResponse, SearchReques
 use crate::replication::Replication;
 use crate::scheduler::jobs::Jobs;
 use crate::scheduler::tasks;
-use crate::store::{QueryLogEntry, Store};
+use crate::store::Store;
 
 #[derive(Clone)]
 pub struct AppState {
@@ -34,12 +34,15 @@ struct Inner {
     admission: admission::Admission,
     connections: connections::Connections,
     replication: Option<Replication>,
+    query_log: query_log::QueryLog,
 }
 
 impl AppState {
     pub fn new(config: Config, catalog: Arc<Catalog>, store: Store, replication: Option<Replication>) -> AppState {
         let engine = Arc::new(Engine::new(catalog, &config));
         let tasks = tasks::Tasks::new(engine.clone(), store.clone(), &config, replication.clone());
+        let query_log =
+            query_log::QueryLog::start(&store, config.server.query_log_entries, config.server.query_log_queue);
         let jobs = Jobs::new(engine.clone(), store, config.clone());
         let admission = admission::Admission::new(
             config.server.concurrent_work(),
@@ -57,6 +60,7 @@ impl AppState {
             ready: AtomicBool::new(false),
             bound: std::sync::OnceLock::new(),
             replication,
+            query_log,
         };
         AppState { inner: Arc::new(inner) }
     }
@@ -74,21 +78,21 @@ impl AppState {
         self.inner.replication.as_ref()
     }
 
-    /// Runs a search and records it in the query log (in the background: logging never slows a search).
+    /// Runs a search and hands it to the query log (which never slows a search: see `query_log`).
     pub(super) async fn search(&self, request: SearchRequest) -> Result<SearchResponse, ApiError> {
         let response = self.run(move |engine, cancel| engine.search(request, cancel)).await?;
-        let store = self.jobs().store().clone();
-        let keep = self.config().server.query_log_entries;
-        let (query, collection, pipeline) =
-            (response.query.clone(), response.collection.clone(), response.pipeline.name());
-        let (latency_ms, results) = (response.took_ms, response.results.len() as i64);
-        tokio::spawn(async move {
-            let entry = QueryLogEntry { query: &query, collection: Some(&collection), pipeline, latency_ms, results };
-            if let Err(e) = store.log_query(entry, keep).await {
-                tracing::warn!("query log: {e}");
-            }
+        self.inner.query_log.log(query_log::Entry {
+            query: response.query.clone(),
+            collection: response.collection.clone(),
+            pipeline: response.pipeline.name(),
+            latency_ms: response.took_ms,
+            results: response.results.len() as i64,
         });
         Ok(response)
+    }
+
+    pub(super) fn query_log(&self) -> &query_log::QueryLog {
+        &self.inner.query_log
     }
 
     /// Re-ranks the client's candidates (`/rerank` and its compatible forms).

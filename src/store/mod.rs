@@ -180,6 +180,8 @@ pub struct QueryLogEntry<'a> {
 pub struct Store {
     pool: AnyPool,
     backend: Backend,
+    /// Where it connects (for `alone`).
+    url: std::sync::Arc<str>,
 }
 
 /// `PRAGMA auto_vacuum`'s value for incremental vacuum.
@@ -213,13 +215,36 @@ impl Store {
         if backend == Backend::Sqlite {
             create_sqlite_directory(url)?;
         }
-        let options = AnyPoolOptions::new().max_connections(match backend {
-            Backend::Sqlite => 4,
-            Backend::Postgres => 8,
-        });
-        let pool = match backend {
+        if backend == Backend::Sqlite {
+            Store::incremental_vacuum(url).await?;
+        }
+        let pool = Store::pool(
+            url,
+            backend,
+            match backend {
+                Backend::Sqlite => 4,
+                Backend::Postgres => 8,
+            },
+        )
+        .await?;
+        match backend {
+            Backend::Sqlite => sqlx::migrate!("./migrations/sqlite").run(&pool).await?,
+            Backend::Postgres => sqlx::migrate!("./migrations/postgres").run(&pool).await?,
+        }
+        Ok(Store { pool, backend, url: url.into() })
+    }
+
+    /// The same database through one connection of its own (its schema already migrated): for a writer that
+    /// must neither wait behind the shared pool nor make its users wait (the query log).
+    pub async fn alone(&self) -> Result<Store, StoreError> {
+        let pool = Store::pool(&self.url, self.backend, 1).await?;
+        Ok(Store { pool, backend: self.backend, url: self.url.clone() })
+    }
+
+    async fn pool(url: &str, backend: Backend, connections: u32) -> Result<AnyPool, StoreError> {
+        let options = AnyPoolOptions::new().max_connections(connections);
+        Ok(match backend {
             Backend::Sqlite => {
-                Store::incremental_vacuum(url).await?;
                 options
                     .after_connect(|conn, _| {
                         Box::pin(async move {
@@ -237,12 +262,7 @@ impl Store {
                     .await?
             }
             Backend::Postgres => options.connect(url).await?,
-        };
-        match backend {
-            Backend::Sqlite => sqlx::migrate!("./migrations/sqlite").run(&pool).await?,
-            Backend::Postgres => sqlx::migrate!("./migrations/postgres").run(&pool).await?,
-        }
-        Ok(Store { pool, backend })
+        })
     }
 
     /// SQLite keeps the pages of deleted rows (old jobs' runs) in its file: an incremental-vacuum database can
@@ -468,26 +488,38 @@ impl Store {
         Ok((text, last))
     }
 
-    /// Logs a search, keeping the newest `keep` entries (0: logs nothing).
-    pub async fn log_query(&self, entry: QueryLogEntry<'_>, keep: usize) -> Result<(), StoreError> {
-        if keep == 0 {
+    /// Logs searches in one transaction, keeping the newest `keep` entries.
+    pub async fn log_queries(&self, entries: &[QueryLogEntry<'_>], keep: usize) -> Result<(), StoreError> {
+        if entries.is_empty() {
             return Ok(());
         }
-        let id: i64 = sqlx::query(
-            "INSERT INTO query_log (at, query, collection, pipeline, latency_ms, results) VALUES ($1, $2, $3, $4, $5, $6) \
-             RETURNING id",
-        )
-        .bind(now_rfc3339())
-        .bind(entry.query)
-        .bind(entry.collection)
-        .bind(entry.pipeline)
-        .bind(entry.latency_ms)
-        .bind(entry.results)
-        .fetch_one(&self.pool)
-        .await?
-        .try_get(0)?;
+        let at = now_rfc3339();
+        let rows: Vec<String> = (0..entries.len())
+            .map(|i| {
+                let n = 6 * i;
+                format!("(${}, ${}, ${}, ${}, ${}, ${})", n + 1, n + 2, n + 3, n + 4, n + 5, n + 6)
+            })
+            .collect();
+        let sql = format!(
+            "INSERT INTO query_log (at, query, collection, pipeline, latency_ms, results) VALUES {}",
+            rows.join(", ")
+        );
+        let mut insert = sqlx::query(&sql);
+        for entry in entries {
+            insert = insert
+                .bind(at.as_str())
+                .bind(entry.query)
+                .bind(entry.collection)
+                .bind(entry.pipeline)
+                .bind(entry.latency_ms)
+                .bind(entry.results);
+        }
+        let mut tx = self.pool.begin().await?;
+        insert.execute(&mut *tx).await?;
+        let newest: i64 = sqlx::query("SELECT MAX(id) FROM query_log").fetch_one(&mut *tx).await?.try_get(0)?;
         // Ids grow by one per entry: everything `keep` behind the newest goes (a range on the primary key).
-        sqlx::query("DELETE FROM query_log WHERE id <= $1").bind(id - keep as i64).execute(&self.pool).await?;
+        sqlx::query("DELETE FROM query_log WHERE id <= $1").bind(newest - keep as i64).execute(&mut *tx).await?;
+        tx.commit().await?;
         Ok(())
     }
 
@@ -741,11 +773,11 @@ mod tests {
     }
 
     async fn query_log(store: &Store) {
-        let entry = || QueryLogEntry { query: "q", collection: None, pipeline: "bm25", latency_ms: 1.5, results: 3 };
-        for _ in 0..5 {
-            store.log_query(entry(), 2).await.unwrap();
-        }
-        store.log_query(entry(), 0).await.unwrap();
+        let entry = |query| QueryLogEntry { query, collection: None, pipeline: "bm25", latency_ms: 1.5, results: 3 };
+        store.log_queries(&[entry("a"), entry("b"), entry("c")], 2).await.unwrap();
+        assert_eq!((store.query_log_len().await.unwrap(), store.queries_logged().await.unwrap()), (2, 3));
+        // Through a connection of its own, as the server's writer logs.
+        store.alone().await.unwrap().log_queries(&[entry("d"), entry("e")], 2).await.unwrap();
         assert_eq!((store.query_log_len().await.unwrap(), store.queries_logged().await.unwrap()), (2, 5));
     }
 }

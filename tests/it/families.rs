@@ -248,3 +248,75 @@ fn bench_model_times_each_family() {
         );
     }
 }
+
+/// Issue 51: in a server with several models, each reads its own segments. Two bi-encoders whose tokenizers cut
+/// text apart (XLM-R's and ModernBERT's), asked in both orders: each answers as it does first in a fresh server
+/// (results, scores, segments with their offsets); a selector of the other tokenizer leaves the model its own
+/// segments; and a `/batch` job through a server that served the other model first equals `longrank batch`.
+#[test]
+fn each_model_reads_its_own_segments_whichever_was_asked_first() {
+    let dir = crate::fixtures::indexed("squad", "squad-v1.1-dev-articles/docs.jsonl");
+    let d = dir.path();
+    let config = format!(
+        "[model.named]\nxlmr = {:?}\nmodern = {:?}\n",
+        fixture("xlm-roberta-bi").to_str().unwrap(),
+        fixture("modernbert-bi").to_str().unwrap()
+    );
+    let config_path = d.join("two-models.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let env = [("LONGRANK_CONFIG", config_path.to_str().unwrap())];
+    let search = |server: &TestServer, model: &str, selector: Option<&str>| -> Value {
+        let mut body = json!({"query": "Which NFL team represented the AFC at Super Bowl 50?", "pipeline": "maxp",
+            "depth": 5, "k": 5, "model": model});
+        if let Some(selector) = selector {
+            body["preselect"] = json!({"selector": selector, "per_doc": 1});
+        }
+        let reply = post_json(&server.url("/search"), &body.to_string());
+        assert_eq!(reply.status, 200, "{model}: {}", reply.body);
+        reply.json()["results"].clone()
+    };
+    // Each result's docid with its segments' byte ranges.
+    let cuts = |results: &Value| -> Vec<(String, Vec<(u64, u64)>)> {
+        let results = results.as_array().unwrap().iter();
+        let ranges = |r: &Value| -> Vec<(u64, u64)> {
+            let segments = r["segments"].as_array().unwrap().iter();
+            segments.map(|s| (s["start"].as_u64().unwrap(), s["end"].as_u64().unwrap())).collect()
+        };
+        let mut cuts: Vec<_> = results.map(|r| (r["docid"].as_str().unwrap().to_string(), ranges(r))).collect();
+        cuts.sort();
+        cuts
+    };
+    let (xlmr_alone, modern_after) = {
+        let server = TestServer::start(d, &env).wait_ready();
+        (search(&server, "xlmr", None), search(&server, "modern", None))
+    };
+    assert_ne!(cuts(&xlmr_alone), cuts(&modern_after), "the two tokenizers cut the candidates apart");
+    let server = TestServer::start(d, &env).wait_ready();
+    let modern_alone = search(&server, "modern", None);
+    let xlmr_after = search(&server, "xlmr", None);
+    assert_eq!(xlmr_after, xlmr_alone, "XLM-R asked after ModernBERT");
+    assert_eq!(modern_after, modern_alone, "ModernBERT asked after XLM-R");
+    let selected = search(&server, "modern", Some("bi-encoder:xlmr"));
+    assert_eq!(cuts(&selected), cuts(&modern_alone), "a selector of another tokenizer: the model's own segments");
+
+    // The batch job runs on the server that has served both models, ModernBERT first; the CLI loads XLM-R alone.
+    let topics: String = std::fs::read_to_string(crate::common::data("squad-v1.1-dev-articles/topics.tsv"))
+        .unwrap()
+        .lines()
+        .take(12)
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(d.join("topics.tsv"), &topics).unwrap();
+    let body = json!({"topics": topics, "collection": "squad", "pipeline": "maxp", "k": 5, "depth": 5,
+        "model": "xlmr"});
+    let job = post_json(&server.url("/batch?wait=true"), &body.to_string()).json();
+    assert_eq!(job["status"], "done", "{job}");
+    let http = crate::common::get(&server.url(&format!("/batch/{}/run", job["id"].as_str().unwrap()))).1;
+    let out = d.join("xlmr.run");
+    let args = ["--model", "xlmr", "batch", "--collection", "squad", "--topics", "topics.tsv", "--pipeline", "maxp"];
+    let args = [&args[..], &["-k", "5", "--depth", "5", "--out", out.to_str().unwrap()]].concat();
+    let printed = crate::common::cli_env(d, &args, &env);
+    assert!(printed.status.success(), "{}", String::from_utf8_lossy(&printed.stderr));
+    let cli = std::fs::read_to_string(out).unwrap();
+    assert!(cli.lines().count() == 60 && cli == http, "longrank batch:\n{cli}\nPOST /batch:\n{http}");
+}

@@ -606,3 +606,48 @@ fn blocking_threads_end_after_a_load() {
         std::thread::sleep(std::time::Duration::from_millis(500));
     }
 }
+
+/// Issue 59 item 4: searches hand their query-log entries to one bounded queue and one writer. With the writer
+/// held at its first batch, the queue fills to `server.query_log_queue` and every search past it is dropped and
+/// counted, while searches, `GET /batch` and `GET /tasks` still answer; released, the writer writes what was
+/// queued, and every search is either in the log or counted dropped.
+#[test]
+fn the_query_log_is_one_bounded_queue_whose_drops_are_counted() {
+    let dir = crate::fixtures::cranfield_data_dir();
+    let d = dir.path();
+    let (release, log) = (d.join("release"), d.join("serve.log"));
+    let hold = format!("query_log.write:1:{}", release.display());
+    let env = [("LONGRANK_SERVER_QUERY_LOG_QUEUE", "10"), ("LONGRANK_TEST_HOLD", hold.as_str())];
+    let server = TestServer::start_logging(d, &env, &log).wait_ready();
+    let search = |q: usize| {
+        let reply = post_json(&server.url("/search"), &serde_json::json!({"query": format!("wing {q}")}).to_string());
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    };
+    search(0);
+    server.wait_log(&log, "holding at query_log.write");
+    for q in 1..=30 {
+        search(q);
+    }
+    for route in ["/batch", "/tasks"] {
+        assert_eq!(get(&server.url(route)).0, 200, "{route} while the query log's writer is held");
+    }
+    let metric = |name: &str| -> f64 {
+        let text = get(&server.url("/metrics")).1;
+        let line = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name}:\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let outcome = |o: &str| metric(&format!("longrank_query_log_entries_total{{outcome=\"{o}\"}}"));
+    assert_eq!(metric("longrank_query_log_queued "), 10.0, "the queue holds its bound");
+    assert_eq!(outcome("dropped_full"), 20.0, "the 20 searches past the bound");
+    std::fs::write(&release, "").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while outcome("written") < 11.0 {
+        assert!(std::time::Instant::now() < deadline, "the writer never wrote the 11 queued searches");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!((outcome("written"), outcome("dropped_full"), outcome("dropped_failed")), (11.0, 20.0, 0.0));
+    assert_eq!(metric("longrank_query_log_queued "), 0.0);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let store = runtime.block_on(longrank::store::Store::open(&d.join("longrank.db"))).unwrap();
+    assert_eq!(runtime.block_on(store.query_log_len()).unwrap(), 11);
+}

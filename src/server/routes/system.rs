@@ -50,5 +50,6 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     // Counted in the store (every replica shows the same number); left out when the store does not answer.
     let stranded = state.jobs().store().stranded_jobs().await.ok();
     let text = text + &state.metrics().render_batch(&state.replica(), &state.jobs().counters, stranded);
+    let text = text + &state.metrics().render_query_log(state.query_log().counts(), state.query_log().queued());
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
