@@ -135,11 +135,15 @@ pub struct StoreConfig {
     /// Versions no replica serves (older than their collection's newest), and objects no version lists, are
     /// deleted this long after they were published or last used.
     pub retention_ms: u64,
+    /// How long a writer tries to publish a task's change while the object store or the database does not
+    /// answer; past it the task fails and its change is discarded (no replica, the writer included, ever serves
+    /// it).
+    pub publish_timeout_ms: u64,
 }
 
 impl Default for StoreConfig {
     fn default() -> StoreConfig {
-        StoreConfig { url: String::new(), objects: String::new(), retention_ms: 3_600_000 }
+        StoreConfig { url: String::new(), objects: String::new(), retention_ms: 3_600_000, publish_timeout_ms: 60_000 }
     }
 }
 

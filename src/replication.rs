@@ -36,6 +36,16 @@ pub enum ReplicationError {
     Io { path: PathBuf, source: std::io::Error },
 }
 
+impl ReplicationError {
+    /// An object store or database that did not answer (refused, timed out, failed): worth trying again.
+    fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            ReplicationError::Store(StoreError::Sqlx(_) | StoreError::Objects { .. } | StoreError::Upload { .. })
+        )
+    }
+}
+
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ReplicationError + '_ {
     move |source| ReplicationError::Io { path: path.to_path_buf(), source }
 }
@@ -74,21 +84,6 @@ fn write_held(dir: &Path, held: &Held) -> Result<(), ReplicationError> {
     let (path, partial) = (dir.join(HELD_FILE), dir.join(format!("{HELD_FILE}.partial")));
     std::fs::write(&partial, serde_json::to_vec_pretty(held).unwrap_or_default()).map_err(io(&partial))?;
     std::fs::rename(&partial, &path).map_err(io(&path))
-}
-
-/// Model outputs kept beside the index (a bi-encoder's segment embeddings, stored cross-encoder scores) are
-/// keyed by text, so they hold for every version: linked into the new version's directory rather than lost.
-fn carry_caches(from: &Path, to: &Path) -> Result<(), ReplicationError> {
-    for cache in ["embeddings", "scores"] {
-        let Ok(entries) = std::fs::read_dir(from.join(cache)) else { continue };
-        let target = to.join(cache);
-        std::fs::create_dir_all(&target).map_err(io(&target))?;
-        for entry in entries.filter_map(|e| e.ok()).filter(|e| e.file_type().is_ok_and(|t| t.is_file())) {
-            let link = target.join(entry.file_name());
-            std::fs::hard_link(entry.path(), &link).map_err(io(&link))?;
-        }
-    }
-    Ok(())
 }
 
 /// Each published file's SHA-256, read once.
@@ -169,11 +164,16 @@ impl Replication {
     /// no commit lands between hashing a file and uploading it.
     pub async fn publish(&self, root: &Path, name: &str) -> Result<Published, ReplicationError> {
         let _writer = WriterLock::take(root, name)?;
-        let dir = root.join(name);
-        let manifest = Manifest::of_dir(&dir, name)?;
+        self.publish_dir(&root.join(name), name).await
+    }
+
+    /// Publishes the collection `name` committed in `dir` (the caller holds its writer lock; `dir` may be a
+    /// staged copy, `index::Staged`), recording there the version it became.
+    pub async fn publish_dir(&self, dir: &Path, name: &str) -> Result<Published, ReplicationError> {
+        let manifest = Manifest::of_dir(dir, name)?;
         let files = manifest.files.len();
         let newest = self.store.latest_versions().await?.into_iter().find_map(|(c, id)| (c == name).then_some(id));
-        if let (Some(version), Some(held)) = (newest, held(&dir)) {
+        if let (Some(version), Some(held)) = (newest, held(dir)) {
             if held.id == version && held.manifest == manifest {
                 return Ok(Published { version, files, uploaded_files: 0, uploaded_bytes: 0, unchanged: true });
             }
@@ -192,8 +192,31 @@ impl Replication {
         let text = serde_json::to_string(&manifest).unwrap_or_default();
         let shas: Vec<&str> = manifest.files.iter().map(|f| f.sha256.as_str()).collect();
         let version = self.store.record_version(name, &manifest.fingerprint, &text, &shas).await?;
-        write_held(&dir, &Held { id: version, manifest })?;
+        write_held(dir, &Held { id: version, manifest })?;
         Ok(Published { version, files, uploaded_files, uploaded_bytes, unchanged: false })
+    }
+
+    /// A publishing `attempt` (`publish_dir`, `publish_deletion`) made again while the object store or the
+    /// database does not answer, for up to `budget` (`store.publish_timeout_ms`) or until `cancel`: then its
+    /// last error. Each attempt starts over; what an earlier one uploaded is not sent again.
+    pub async fn publish_within<T, F: std::future::Future<Output = Result<T, ReplicationError>>>(
+        &self,
+        budget: std::time::Duration,
+        cancel: &crate::cancel::Cancel,
+        mut attempt: impl FnMut() -> F,
+    ) -> Result<T, ReplicationError> {
+        let started = std::time::Instant::now();
+        let mut wait = std::time::Duration::from_millis(200);
+        loop {
+            match attempt().await {
+                Err(e) if e.is_transient() && started.elapsed() + wait < budget && !cancel.is_cancelled() => {
+                    tracing::warn!("publishing (tried again in {} ms): {e}", wait.as_millis());
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(std::time::Duration::from_secs(5));
+                }
+                result => return result,
+            }
+        }
     }
 
     /// Records that collection `name` was deleted: replicas delete their copies.
@@ -210,7 +233,12 @@ impl Replication {
         std::fs::create_dir_all(root).map_err(io(root))?;
         let (mut pulled, mut failed) = (vec![], vec![]);
         for (collection, id) in self.store.latest_versions().await? {
-            if held(&root.join(&collection)).is_some_and(|h| h.id == id) {
+            // Held, and as published: a commit no version lists (a writer that stopped before publishing it)
+            // is discarded by pulling the version again.
+            let dir = root.join(&collection);
+            if held(&dir)
+                .is_some_and(|h| h.id == id && index::fingerprint(&dir).is_ok_and(|f| f == h.manifest.fingerprint))
+            {
                 continue;
             }
             match self.pull_version(root, &collection, id).await {
@@ -257,13 +285,16 @@ impl Replication {
             }
             let to = staging.join(&file.name);
             let from = dir.join(&file.name);
-            if before.get(&file.name) == Some(&file.sha256) && std::fs::hard_link(&from, &to).is_ok() {
+            // Linked only when the file still holds what the version held lists (an unpublished commit rewrote
+            // meta.json in place).
+            let same = before.get(&file.name) == Some(&file.sha256) && SHAS.get(&from).is_ok_and(|s| s == file.sha256);
+            if same && std::fs::hard_link(&from, &to).is_ok() {
                 continue;
             }
             fetched_bytes += self.objects.fetch(&file.sha256, &to).await?;
             fetched_files += 1;
         }
-        carry_caches(&dir, &staging)?;
+        index::link_caches(&dir, &staging)?;
         let fingerprint = index::fingerprint(&staging)?;
         if fingerprint != manifest.fingerprint {
             return Err(invalid(format!("its files fingerprint {fingerprint}, its manifest {}", manifest.fingerprint)));

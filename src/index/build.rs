@@ -397,6 +397,104 @@ pub fn install(root: &Path, name: &str, staging: &Path) -> Result<(), IndexError
     Ok(())
 }
 
+/// A change to a collection made out of sight (a cluster's writer applying a task): the collection's committed
+/// files (and its model caches) linked into a data directory of its own (`DATA_DIR/.applying`), where `build` and
+/// `delete_documents` commit as they would in place, while the collection serves what it holds. `install` puts
+/// the result in place; dropped before that, it leaves no trace. Holds the collection's `WriterLock` throughout,
+/// so that no pull installs a version meanwhile. A copy a crash left is removed by the next one.
+pub struct Staged {
+    root: PathBuf,
+    name: String,
+    data_dir: PathBuf,
+    _writer: super::WriterLock,
+}
+
+impl Staged {
+    /// Stages collection `name` of `data_dir` (an empty stage for a collection that does not exist yet).
+    pub fn new(data_dir: &Path, name: &str) -> Result<Staged, IndexError> {
+        validate_name(name)?;
+        let root = data_dir.join("collections");
+        std::fs::create_dir_all(&root).map_err(|source| IndexError::Io { path: root.clone(), source })?;
+        let writer = super::WriterLock::take(&root, name)?;
+        let staged = Staged { root, name: name.to_string(), data_dir: Staged::area(data_dir), _writer: writer };
+        let dir = staged.dir();
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| IndexError::Io { path, source }
+        };
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
+        }
+        let from = staged.root.join(name);
+        if from.is_dir() {
+            std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+            // Committed files never change in place (tantivy writes new ones and replaces meta.json by a rename):
+            // links cost nothing and the collection's own files stay as they are.
+            for file in super::published_files(&from)? {
+                std::fs::hard_link(from.join(&file), dir.join(&file)).map_err(io(&dir.join(&file)))?;
+            }
+            link_caches(&from, &dir)?;
+        }
+        Ok(staged)
+    }
+
+    /// Where `data_dir`'s changes are staged.
+    fn area(data_dir: &Path) -> PathBuf {
+        data_dir.join(".applying")
+    }
+
+    /// Removes what a process stopped mid-change had staged in `data_dir` (at a start: it serves no one).
+    pub fn clear(data_dir: &Path) -> Result<(), IndexError> {
+        let area = Staged::area(data_dir);
+        match std::fs::remove_dir_all(&area) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(IndexError::Io { path: area, source: e }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The data directory to write the change in, as `build(data_dir, name, …)` takes it.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// The staged collection's directory.
+    pub fn dir(&self) -> PathBuf {
+        self.data_dir.join("collections").join(&self.name)
+    }
+
+    /// Puts the staged collection in place of the collection (`install`).
+    pub fn install(self) -> Result<(), IndexError> {
+        install(&self.root, &self.name, &self.dir())
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        let dir = self.dir();
+        if dir.exists() {
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                tracing::warn!("removing {}: {e}", dir.display());
+            }
+        }
+    }
+}
+
+/// Model outputs kept beside the index (a bi-encoder's segment embeddings, stored cross-encoder scores) are
+/// keyed by text, so they hold for every version of the collection: linked into another directory of it rather
+/// than lost.
+pub fn link_caches(from: &Path, to: &Path) -> Result<(), IndexError> {
+    for cache in ["embeddings", "scores"] {
+        let Ok(entries) = std::fs::read_dir(from.join(cache)) else { continue };
+        let target = to.join(cache);
+        std::fs::create_dir_all(&target).map_err(|source| IndexError::Io { path: target.clone(), source })?;
+        for entry in entries.filter_map(|e| e.ok()).filter(|e| e.file_type().is_ok_and(|t| t.is_file())) {
+            let link = target.join(entry.file_name());
+            std::fs::hard_link(entry.path(), &link).map_err(|source| IndexError::Io { path: link, source })?;
+        }
+    }
+    Ok(())
+}
+
 /// Finishes or undoes a swap cut short by a crash: `.NAME.old` without `NAME` goes back into place;
 /// `.NAME.old` beside a `NAME` is a finished swap's leftover.
 pub(super) fn recover_interrupted_swaps(root: &Path) -> Result<(), IndexError> {

@@ -24,7 +24,9 @@ use tantivy::schema::{
 use tantivy::{DocAddress, Index, IndexReader, ReloadPolicy, Searcher, TantivyDocument, Term};
 
 pub use bm25::{Bm25Params, CollectionStats};
-pub use build::{build, delete_documents, install, searchable_text, BuildOptions, BuildReport, OnError, Problem};
+pub use build::{
+    build, delete_documents, install, link_caches, searchable_text, BuildOptions, BuildReport, OnError, Problem, Staged,
+};
 pub use fingerprint::{fingerprint, published_files};
 pub use rm3::{Expanded, Rm3Params};
 

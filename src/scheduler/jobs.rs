@@ -47,11 +47,17 @@ pub enum JobError {
 
 /// Deletes a collection, refused while a queued or running job reads it (`longrank collections delete`).
 pub async fn delete_collection(catalog: &Catalog, store: &Store, name: &str) -> Result<(), JobError> {
+    check_deletable(store, name).await?;
+    catalog.delete(name).map_err(RankError::from)?;
+    Ok(())
+}
+
+/// Refuses to delete a collection that unfinished jobs run on.
+pub async fn check_deletable(store: &Store, name: &str) -> Result<(), JobError> {
     let jobs = store.unfinished_jobs_on(name).await?;
     if !jobs.is_empty() {
         return Err(JobError::CollectionInUse { collection: name.to_string(), jobs });
     }
-    catalog.delete(name).map_err(RankError::from)?;
     Ok(())
 }
 

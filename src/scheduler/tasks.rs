@@ -2,7 +2,8 @@
 //! durably (an upload goes to the data directory's `uploads/`, fsynced, before its row is written), answers 202
 //! with the task, and one worker applies the tasks in id order, so the tasks of a collection apply in the order
 //! they were accepted. A task is `succeeded` once its commit is made and the collection's reader reloaded: its
-//! documents are searchable. A stop (kill -9 included) loses no accepted task: at the next start, a task that
+//! documents are searchable. On a cluster with an object store it is committed into a staged copy, published, and
+//! only then put in place: no replica, the writer included, serves a change no version lists. A stop (kill -9 included) loses no accepted task: at the next start, a task that
 //! was running is queued again and reapplied (adding a document again replaces it by docid), and the collection
 //! serves its last commit meanwhile.
 
@@ -54,6 +55,11 @@ pub enum TaskError {
     ReadOnly,
     #[error("no replica writes the collections now (the writer stopped a moment ago; another takes over within a second), or the writer could not be reached: {0}")]
     NoWriter(String),
+    #[error(transparent)]
+    Job(#[from] super::jobs::JobError),
+    /// A change the writer could not publish: discarded, so that no replica serves it.
+    #[error("not published, so not applied (send it again): {0}")]
+    Unpublished(ReplicationError),
 }
 
 /// What a task applies, as stored with it.
@@ -157,6 +163,8 @@ pub struct Tasks {
     /// task needs). Until then uploads are refused as if no replica wrote: one stored meanwhile could be
     /// removed by that clean-up before its task is queued.
     taken_over: AtomicBool,
+    /// How long a change is tried to be published while the object store or the database is away.
+    publish_budget: Duration,
 }
 
 /// The task the worker applies: what stops it, and its upload's progress.
@@ -182,6 +190,7 @@ impl Tasks {
             finished: Notify::new(),
             running: Mutex::default(),
             taken_over: AtomicBool::new(false),
+            publish_budget: Duration::from_millis(config.store.publish_timeout_ms),
         })
     }
 
@@ -195,6 +204,7 @@ impl Tasks {
         if self.read_only() {
             return Ok(());
         }
+        index::Staged::clear(&self.data_dir)?;
         match &self.writer {
             Some(writer) => writer.start(replica, url),
             None => self.take_over().await?,
@@ -448,13 +458,7 @@ impl Tasks {
             let cancel = Cancel::default();
             *self.running.lock() = Some(Running { id: task.id, cancel: cancel.clone(), progress: None });
             let input: Input = serde_json::from_str(&task.input).unwrap_or_default();
-            let mut outcome = self.apply(&task, &input, &cancel).await;
-            if outcome.error.is_none() {
-                if let Err(e) = self.publish(&task).await {
-                    outcome.error =
-                        Some(format!("applied on the writer but not published (the next write publishes it): {e}"));
-                }
-            }
+            let outcome = self.apply(&task, &input, &cancel).await;
             *self.running.lock() = None;
             // Asked to stop, a task that stopped ends cancelled; one that finished anyway, as it finished.
             let status = match (&outcome.error, cancel.is_cancelled()) {
@@ -470,43 +474,45 @@ impl Tasks {
         }
     }
 
-    /// Publishes what `task` changed to the object store, if there is one: replicas serve it within a second.
-    async fn publish(&self, task: &TaskRow) -> Result<(), ReplicationError> {
-        let Some(replication) = self.replication.clone() else { return Ok(()) };
-        let name = task.collection.clone();
-        if task.kind == TaskKind::DeleteCollection {
-            return replication.publish_deletion(&name).await.map(drop);
-        }
-        // Hashing new segment files is file I/O: on a blocking thread.
-        let (root, runtime) = (self.engine.catalog().root().to_path_buf(), tokio::runtime::Handle::current());
-        let published = tokio::task::spawn_blocking(move || runtime.block_on(replication.publish(&root, &name))).await;
-        let p = published
-            .map_err(|e| ReplicationError::Io { path: PathBuf::new(), source: std::io::Error::other(e) })??;
-        let (collection, version, files, uploaded, bytes) =
-            (&task.collection, p.version, p.files, p.uploaded_files, p.uploaded_bytes);
-        tracing::info!(collection, version, files, uploaded, bytes, "published a version");
-        Ok(())
-    }
-
     async fn apply(self: &Arc<Self>, task: &TaskRow, input: &Input, cancel: &Cancel) -> TaskOutcome {
         let name = task.collection.clone();
-        if task.kind == TaskKind::DeleteCollection {
-            let engine = &self.engine;
-            return match super::jobs::delete_collection(engine.catalog(), &self.store, &name).await {
-                Ok(()) => TaskOutcome::default(),
-                Err(e) => TaskOutcome { error: Some(e.to_string()), ..Default::default() },
-            };
-        }
-        let (tasks, input, cancel) = (self.clone(), input.clone(), cancel.clone());
-        let (id, kind) = (task.id, task.kind);
-        let applied = tokio::task::spawn_blocking(move || tasks.apply_blocking(id, kind, &name, &input, &cancel)).await;
-        match applied {
-            Ok(Ok(outcome)) => outcome,
-            Ok(Err(e)) => TaskOutcome { error: Some(e.to_string()), ..Default::default() },
-            Err(e) => TaskOutcome { error: Some(format!("the task's worker failed: {e}")), ..Default::default() },
-        }
+        let applied = if task.kind == TaskKind::DeleteCollection {
+            self.delete_collection(&name, cancel).await
+        } else {
+            let (tasks, input, cancel, runtime) =
+                (self.clone(), input.clone(), cancel.clone(), tokio::runtime::Handle::current());
+            let (id, kind) = (task.id, task.kind);
+            let apply = move || tasks.apply_blocking(id, kind, &name, &input, &cancel, &runtime);
+            tokio::task::spawn_blocking(apply)
+                .await
+                .unwrap_or_else(|e| Err(TaskError::Io(std::io::Error::other(format!("the task's worker failed: {e}")))))
+        };
+        applied.unwrap_or_else(|e| TaskOutcome { error: Some(e.to_string()), ..Default::default() })
     }
 
+    /// Deletes a collection; on a cluster, publishes the deletion first, so that a deletion not published
+    /// deletes nothing.
+    async fn delete_collection(&self, name: &str, cancel: &Cancel) -> Result<TaskOutcome, TaskError> {
+        let catalog = self.engine.catalog();
+        if let Some(replication) = &self.replication {
+            super::jobs::check_deletable(&self.store, name).await?;
+            if !catalog.collection_dir(name).is_dir() {
+                return Err(IndexError::UnknownCollection(name.to_string()).into());
+            }
+            let version = replication
+                .publish_within(self.publish_budget, cancel, || replication.publish_deletion(name))
+                .await
+                .map_err(TaskError::Unpublished)?;
+            tracing::info!(collection = name, version, "published a deletion");
+        }
+        super::jobs::delete_collection(catalog, &self.store, name).await?;
+        Ok(TaskOutcome::default())
+    }
+
+    /// Applies a task's change, waiting while another process writes the collection. Alone, it commits in place.
+    /// On a cluster it commits into a staged copy (`index::Staged`), publishes that, and only then puts it in
+    /// place: every replica, the writer included, serves published versions only, and a change that cannot be
+    /// published (within `store.publish_timeout_ms`) leaves no trace.
     fn apply_blocking(
         &self,
         id: i64,
@@ -514,15 +520,28 @@ impl Tasks {
         name: &str,
         input: &Input,
         cancel: &Cancel,
+        runtime: &tokio::runtime::Handle,
     ) -> Result<TaskOutcome, TaskError> {
         crate::hooks::point("task.start");
         let started = Instant::now();
         let outcome = loop {
-            let attempt = match kind {
-                TaskKind::DeleteDocuments => index::delete_documents(&self.data_dir, name, &input.ids)
-                    .map(|deleted| TaskOutcome { deleted: deleted as i64, ..Default::default() })
-                    .map_err(TaskError::from),
-                _ => self.add(id, name, input, cancel),
+            let attempt = match &self.replication {
+                None => self.write(&self.data_dir, id, kind, name, input, cancel),
+                Some(replication) => {
+                    index::Staged::new(&self.data_dir, name).map_err(TaskError::from).and_then(|staged| {
+                        let outcome = self.write(staged.data_dir(), id, kind, name, input, cancel)?;
+                        let dir = staged.dir();
+                        let publish = || replication.publish_dir(&dir, name);
+                        let published = runtime
+                            .block_on(replication.publish_within(self.publish_budget, cancel, publish))
+                            .map_err(TaskError::Unpublished)?;
+                        let (version, files, uploaded, bytes) =
+                            (published.version, published.files, published.uploaded_files, published.uploaded_bytes);
+                        tracing::info!(collection = name, version, files, uploaded, bytes, "published a version");
+                        staged.install()?;
+                        Ok(outcome)
+                    })
+                }
             };
             match attempt {
                 Err(TaskError::Index(IndexError::Busy(_)))
@@ -538,8 +557,33 @@ impl Tasks {
         Ok(outcome)
     }
 
+    /// Writes a task's change to collection `name` of `data_dir`.
+    fn write(
+        &self,
+        data_dir: &Path,
+        id: i64,
+        kind: TaskKind,
+        name: &str,
+        input: &Input,
+        cancel: &Cancel,
+    ) -> Result<TaskOutcome, TaskError> {
+        match kind {
+            TaskKind::DeleteDocuments => index::delete_documents(data_dir, name, &input.ids)
+                .map(|deleted| TaskOutcome { deleted: deleted as i64, ..Default::default() })
+                .map_err(TaskError::from),
+            _ => self.add(data_dir, id, name, input, cancel),
+        }
+    }
+
     /// Adds an upload's documents (none: creates the collection).
-    fn add(&self, id: i64, name: &str, input: &Input, cancel: &Cancel) -> Result<TaskOutcome, TaskError> {
+    fn add(
+        &self,
+        data_dir: &Path,
+        id: i64,
+        name: &str,
+        input: &Input,
+        cancel: &Cancel,
+    ) -> Result<TaskOutcome, TaskError> {
         let mut files = Vec::new();
         let mut format = input.format;
         if let Some(file) = &input.file {
@@ -558,14 +602,14 @@ impl Tasks {
                 (path, format) = (lines, Format::Jsonl);
             }
             files.push(path);
-        } else if self.engine.catalog().collection_dir(name).is_dir() {
+        } else if data_dir.join("collections").join(name).is_dir() {
             return Ok(TaskOutcome::default()); // creating a collection that exists
         }
         let corpus = Corpus::open(&files, format).map_err(IndexError::from)?;
         let options =
             index::BuildOptions { on_error: input.on_error, cancel: cancel.clone(), ..self.index.build_options(false) };
         let progress = TaskBytes { id, tasks: self };
-        let report = match index::build(&self.data_dir, name, &corpus, &options, &progress) {
+        let report = match index::build(data_dir, name, &corpus, &options, &progress) {
             Ok(report) => report,
             Err(e) => return Err(Tasks::upload_error(e, &files)),
         };

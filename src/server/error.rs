@@ -379,7 +379,11 @@ impl From<TaskError> for ApiError {
             TaskError::Upload(_) | TaskError::NoDocuments(_) => ErrorCode::InvalidBody,
             TaskError::Index(IndexError::InvalidName(_)) => ErrorCode::InvalidCollectionName,
             TaskError::Index(IndexError::UnknownCollection(_)) => ErrorCode::UnknownCollection,
-            TaskError::Index(_) | TaskError::Store(_) | TaskError::Io(_) => return ApiError::internal(e.to_string()),
+            TaskError::Index(_)
+            | TaskError::Store(_)
+            | TaskError::Io(_)
+            | TaskError::Job(_)
+            | TaskError::Unpublished(_) => return ApiError::internal(e.to_string()),
         };
         ApiError::new(code, e.to_string())
     }

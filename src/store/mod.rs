@@ -41,6 +41,8 @@ pub enum StoreError {
     ObjectsScheme { url: String },
     #[error("{path}: {source}")]
     File { path: String, source: std::io::Error },
+    #[error("uploading object {object}: {source}")]
+    Upload { object: String, source: std::io::Error },
     #[error("object {object} is corrupt: its content hashes to {got}")]
     Corrupt { object: String, got: String },
 }

@@ -83,11 +83,13 @@ impl Objects {
         let io = |source| StoreError::File { path: file.display().to_string(), source };
         let mut source = tokio::fs::File::open(file).await.map_err(io)?;
         let mut sink = object_store::buffered::BufWriter::new(self.store.clone(), self.path(sha256));
+        // The sink's errors are the object store's (a local file just committed reads, or its opening failed).
+        let upload = |source| StoreError::Upload { object: self.path(sha256).to_string(), source };
         if let Err(e) = tokio::io::copy(&mut source, &mut sink).await {
             sink.abort().await.map_err(|e| self.err(e))?;
-            return Err(io(e));
+            return Err(upload(e));
         }
-        sink.shutdown().await.map_err(|e| StoreError::File { path: self.path(sha256).to_string(), source: e })
+        sink.shutdown().await.map_err(upload)
     }
 
     /// Downloads the object `sha256` into `to`, checking its content against its name, and syncs it to disk.

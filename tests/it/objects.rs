@@ -203,6 +203,9 @@ fn a_writer_killed_mid_publish_leaves_no_partial_version_and_the_next_writer_dis
         assert!(Instant::now() < deadline, "the writer uploaded no object of the new version: {log}");
         std::thread::sleep(Duration::from_millis(100));
     }
+    // Mid-publish, the writer serves what was published, as the follower does.
+    assert_eq!(fingerprint(&held, "cranfield"), Some(first.clone()), "the writer serves an unpublished commit");
+    assert!(!get(&held.url("/search?q=wing+flutter+extra&collection=cranfield&k=3")).1.contains("extra-1"));
     held.child.kill().unwrap();
     held.child.wait().unwrap();
     // The follower takes over: the task's upload was on the dead writer, so it fails saying so, and no replica
@@ -522,4 +525,94 @@ fn versions_no_replica_serves_and_their_objects_go_after_the_retention_time() {
     assert!(stored().len() > listed.len(), "the first version's meta.json is stored too");
     wait_until("the first version's objects are collected", || stored() == listed);
     assert!(fingerprint(&replica, "cranfield").is_some());
+}
+
+/// Issue 59 items 1 to 3: every replica, the writer included, serves published versions only. The object store
+/// made to refuse (its directory replaced by a file): a task waits out the outage within
+/// `store.publish_timeout_ms`, and no replica serves its documents meanwhile; the store back in time, the task
+/// succeeds and both serve them. Past the budget the task fails, and its documents are served nowhere, then or
+/// after the next task publishes.
+#[test]
+fn a_task_is_served_only_once_published_and_a_failed_one_leaves_no_trace() {
+    let Some(url) = fresh_postgres() else { return };
+    let store = tempfile::tempdir().unwrap();
+    let objects = format!("file://{}", store.path().display());
+    let env = [
+        ("LONGRANK_STORE_URL", url.as_str()),
+        ("LONGRANK_STORE_OBJECTS", objects.as_str()),
+        ("LONGRANK_STORE_PUBLISH_TIMEOUT_MS", "4000"),
+    ];
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let replicas = two_replicas(&env, &dirs);
+    let line = |id: &str, words: &str| format!("{{\"id\": \"{id}\", \"title\": \"t\", \"text\": \"{words}\"}}\n");
+    assert_eq!(upload(&replicas[0], "news", &line("d0", "harbor lantern"))["status"], "succeeded");
+    let hits = |server: &TestServer, words: &str| get(&server.url(&format!("/search?q={words}&collection=news"))).1;
+    let agree = || {
+        let prints: Vec<Option<String>> = replicas.iter().map(|r| fingerprint(r, "news")).collect();
+        prints[0].is_some() && prints[0] == prints[1]
+    };
+    wait_until("both serve the first version", agree);
+    let first = fingerprint(&replicas[0], "news");
+    let away = store.path().with_extension("away");
+    let refuse = || {
+        std::fs::rename(store.path(), &away).unwrap();
+        std::fs::write(store.path(), "not a directory").unwrap();
+    };
+    let restore = || {
+        std::fs::remove_file(store.path()).unwrap();
+        std::fs::rename(&away, store.path()).unwrap();
+    };
+
+    // Refused for a second, within the budget: the task waits, unserved, and succeeds once the store is back.
+    refuse();
+    let reply = while_no_writer(|| post_lines(&replicas[1].url("/collections/news/documents"), &line("d1", "quay")));
+    assert_eq!(reply.status, 202, "{}", reply.body);
+    let task = reply.json()["id"].as_i64().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let view = get(&replicas[0].url(&format!("/tasks/{task}"))).1;
+    assert!(view.contains("\"running\""), "the task waits for the store: {view}");
+    for replica in &replicas {
+        assert_eq!(fingerprint(replica, "news"), first, "a replica serves an unpublished commit");
+        assert!(!hits(replica, "quay").contains("\"d1\""), "an unpublished document served");
+    }
+    restore();
+    wait_until("the task succeeds", || get(&replicas[0].url(&format!("/tasks/{task}"))).1.contains("\"succeeded\""));
+    wait_until("both serve the published task", || {
+        agree() && replicas.iter().all(|r| hits(r, "quay").contains("\"d1\""))
+    });
+
+    // Refused past the budget: the task fails, and its document is served nowhere, then or after the next task.
+    refuse();
+    let failed = upload(&replicas[1], "news", &line("d2", "lighthouse"));
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert!(failed["error"].as_str().unwrap().contains("not published"), "{failed}");
+    restore();
+    assert_eq!(upload(&replicas[0], "news", &line("d3", "ferry"))["status"], "succeeded");
+    wait_until("both serve the next task", || agree() && replicas.iter().all(|r| hits(r, "ferry").contains("\"d3\"")));
+    for replica in &replicas {
+        assert!(!hits(replica, "lighthouse").contains("\"d2\""), "a failed task's document served");
+    }
+    for dir in &dirs {
+        assert!(!dir.path().join(".applying/collections/news").exists(), "a staged copy left behind");
+    }
+}
+
+/// Issue 59 item 2: a replica restarted with a commit no published version lists in its copy (here one the CLI
+/// made on its own data directory, as a writer stopped before publishing left them) serves the published
+/// version again, not its commit.
+#[test]
+fn a_restarted_replica_discards_a_commit_no_version_lists() {
+    let Some(Published { url, writer: _writer, replica_dir, store: _store, objects }) = published() else { return };
+    let env = [("LONGRANK_STORE_URL", url.as_str()), ("LONGRANK_STORE_OBJECTS", objects.as_str())];
+    let published = {
+        let replica = TestServer::start(replica_dir.path(), &env).wait_ready();
+        fingerprint(&replica, "cranfield").unwrap()
+    };
+    let extra = replica_dir.path().join("extra.jsonl");
+    std::fs::write(&extra, "{\"id\": \"local-1\", \"title\": \"local\", \"text\": \"wing flutter local\"}\n").unwrap();
+    cluster_cli(replica_dir.path(), &[], &["index", "--collection", "cranfield", extra.to_str().unwrap()]);
+    let replica = TestServer::start(replica_dir.path(), &env).wait_ready();
+    assert_eq!(fingerprint(&replica, "cranfield"), Some(published));
+    let hit = get(&replica.url("/search?q=wing+flutter+local&collection=cranfield&k=3")).1;
+    assert!(!hit.contains("local-1"), "{hit}");
 }
