@@ -19,6 +19,7 @@ use crate::rank::RankError;
 use crate::scheduler::cluster::ClusterError;
 use crate::scheduler::jobs::JobError;
 use crate::scheduler::tasks::TaskError;
+use crate::store::StoreError;
 
 /// Declares every code once: its variant, its text, its HTTP status and what it means.
 macro_rules! codes {
@@ -119,6 +120,7 @@ codes! {
     Timeout = "timeout", 503, "The request ran longer than `server.request_timeout_ms` (the model's finished work \
         is kept for a retry; the message says what cuts the work).";
     ModelUnavailable = "model_unavailable", 503, "A model asked for by name outside a pipeline could not be loaded (the message says why).";
+    StoreUnavailable = "store_unavailable", 503, "The database (`store.url`) did not answer: PostgreSQL is down or unreachable; retry after `Retry-After` seconds.";
     NoWriter = "no_writer", 503, "An upload to a replica is forwarded to the replica that writes the collections: none does at this moment (another takes over within a second of the writer's end), or it could not be reached; send it again.";
 }
 
@@ -353,7 +355,8 @@ impl From<JobError> for ApiError {
             JobError::Conflict { .. } => ApiError::new(ErrorCode::JobConflict, e.to_string()),
             JobError::CollectionInUse { .. } => ApiError::new(ErrorCode::CollectionInUse, e.to_string()),
             JobError::KeyReused { .. } => ApiError::new(ErrorCode::IdempotencyKeyReused, e.to_string()),
-            JobError::Store(_) | JobError::Worker(_) => ApiError::internal(e.to_string()),
+            JobError::Store(e) => e.into(),
+            JobError::Worker(_) => ApiError::internal(e.to_string()),
         }
     }
 }
@@ -362,14 +365,24 @@ impl From<ClusterError> for ApiError {
     fn from(e: ClusterError) -> ApiError {
         match e {
             ClusterError::Settings(e) => ApiError::new(ErrorCode::OutOfRange, e.to_string()),
-            ClusterError::Store(e) => ApiError::internal(e.to_string()),
+            ClusterError::Store(e) => e.into(),
         }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> ApiError {
+        if !e.is_unavailable() {
+            return ApiError::internal(e.to_string());
+        }
+        ApiError::new(ErrorCode::StoreUnavailable, format!("the database did not answer: {e}"))
     }
 }
 
 impl From<TaskError> for ApiError {
     fn from(e: TaskError) -> ApiError {
         let code = match &e {
+            TaskError::Store(e) if e.is_unavailable() => ErrorCode::StoreUnavailable,
             TaskError::UnknownTask(_) => ErrorCode::UnknownTask,
             TaskError::NotCancellable { .. } => ErrorCode::TaskConflict,
             TaskError::ReadOnly => ErrorCode::ReadOnlyReplica,
@@ -478,29 +491,29 @@ route_errors! {
         ForbiddenOrigin, EmptyQuery, QueryTooLong, OutOfRange, InvalidTag, InvalidSegments, NotApplicable,
         RerankingPipelineRequired, CollectionRequired, UnknownCollection, UnknownPipeline, PipelineUnavailable,
         ModelRequired, UnknownModel, NotABiEncoder, MalformedFile, ModelUnavailable, InvalidQueryString, IndexError,
-        InvalidIdempotencyKey, IdempotencyKeyReused];
+        InvalidIdempotencyKey, IdempotencyKeyReused, StoreUnavailable];
     /// Writing a collection: a task queued.
     TaskSubmitErrors(Admin): [InvalidPath, InvalidQueryString, ForbiddenOrigin, InvalidCollectionName, ReadOnlyReplica,
-        InvalidIdempotencyKey, IdempotencyKeyReused];
+        InvalidIdempotencyKey, IdempotencyKeyReused, StoreUnavailable];
     /// Uploading documents: a task queued once the upload is stored.
     UploadErrors(Admin): [InvalidPath, InvalidQueryString, ForbiddenOrigin, InvalidCollectionName, InvalidBody,
-        UploadTooLarge, ReadOnlyReplica, NoWriter, InvalidIdempotencyKey, IdempotencyKeyReused];
+        UploadTooLarge, ReadOnlyReplica, NoWriter, InvalidIdempotencyKey, IdempotencyKeyReused, StoreUnavailable];
     /// Deleting documents by id.
     DeleteDocumentsErrors(Admin): [InvalidPath, InvalidQueryString, ForbiddenOrigin, InvalidCollectionName,
         MalformedJson, InvalidBody, BodyTooLarge, UnsupportedMediaType, ReadOnlyReplica, InvalidIdempotencyKey,
-        IdempotencyKeyReused];
+        IdempotencyKeyReused, StoreUnavailable];
     /// Reading a task, or the list.
-    TaskErrors(Read): [InvalidPath, InvalidQueryString, UnknownTask];
+    TaskErrors(Read): [InvalidPath, InvalidQueryString, UnknownTask, StoreUnavailable];
     /// Cancelling a task.
-    CancelTaskErrors(Admin): [InvalidPath, ForbiddenOrigin, UnknownTask, TaskConflict];
+    CancelTaskErrors(Admin): [InvalidPath, ForbiddenOrigin, UnknownTask, TaskConflict, StoreUnavailable];
     /// Reading a job by id.
-    JobErrors(Read): [InvalidPath, UnknownJob, JobConflict];
+    JobErrors(Read): [InvalidPath, UnknownJob, JobConflict, StoreUnavailable];
     /// The list of jobs.
-    ListErrors(Read): [InvalidQueryString, OutOfRange];
+    ListErrors(Read): [InvalidQueryString, OutOfRange, StoreUnavailable];
     /// Cancelling or deleting a job.
-    CancelErrors(Admin): [InvalidPath, ForbiddenOrigin, UnknownJob];
+    CancelErrors(Admin): [InvalidPath, ForbiddenOrigin, UnknownJob, StoreUnavailable];
     /// Two jobs compared.
-    CompareErrors(Read): [InvalidQueryString, UnknownJob, JobConflict, MalformedFile];
+    CompareErrors(Read): [InvalidQueryString, UnknownJob, JobConflict, MalformedFile, StoreUnavailable];
     /// `/documents/{docid}`.
     DocumentErrors(Read): [InvalidPath, InvalidQueryString, UnknownCollection, UnknownDocument, AmbiguousDocument,
         Overloaded, IndexError];
@@ -509,7 +522,7 @@ route_errors! {
     /// Read-only routes that take no input and run on the engine (`server.max_concurrent_work`).
     EngineErrors(Read): [Overloaded, IndexError];
     /// `GET /cluster`.
-    ClusterErrors(Read): [];
+    ClusterErrors(Read): [StoreUnavailable];
     /// `PUT /cluster/settings`.
     ClusterSettingsErrors(Admin): [MalformedJson, InvalidBody, DuplicateField, BodyTooLarge, UnsupportedMediaType,
         ForbiddenOrigin, OutOfRange];

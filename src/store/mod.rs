@@ -48,6 +48,12 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// The database did not answer: no connection within `ACQUIRE_TIMEOUT`, or one that broke (PostgreSQL down
+    /// or unreachable). A request then answers 503 at once rather than wait.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, StoreError::Sqlx(sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_)))
+    }
+
     /// A row whose unique key another row holds (two submissions with one Idempotency-Key at once).
     pub fn is_duplicate(&self) -> bool {
         matches!(self, StoreError::Sqlx(sqlx::Error::Database(e)) if e.is_unique_violation())
@@ -186,6 +192,11 @@ pub struct Store {
     url: std::sync::Arc<str>,
 }
 
+/// How long a query waits for a connection: the pool's few connections are each held for a short statement or
+/// transaction, so a longer wait means a database that does not answer (sqlx's default, 30 s, held every request
+/// that long while PostgreSQL was down).
+const ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// `PRAGMA auto_vacuum`'s value for incremental vacuum.
 const INCREMENTAL_VACUUM: i64 = 2;
 
@@ -244,7 +255,7 @@ impl Store {
     }
 
     async fn pool(url: &str, backend: Backend, connections: u32) -> Result<AnyPool, StoreError> {
-        let options = AnyPoolOptions::new().max_connections(connections);
+        let options = AnyPoolOptions::new().max_connections(connections).acquire_timeout(ACQUIRE_TIMEOUT);
         Ok(match backend {
             Backend::Sqlite => {
                 options

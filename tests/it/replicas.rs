@@ -585,3 +585,95 @@ fn readme_cluster_section_works_as_written() {
     let view: Value = serde_json::Deserializer::from_str(&stdout[at..]).into_iter().next().unwrap().unwrap();
     assert_eq!(view["replicas"].as_array().unwrap().iter().filter(|r| r["live"] == true).count(), 3, "{view}");
 }
+
+/// A TCP proxy in front of PostgreSQL that the test takes down (open connections cut, its port closed: new ones
+/// refused) and brings back on the same port, as a database server that stops and starts again.
+struct Proxy {
+    port: u16,
+    up: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    open: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Proxy {
+    fn to(upstream: String) -> Proxy {
+        use std::sync::atomic::Ordering;
+        let first = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = first.local_addr().unwrap().port();
+        let proxy = Proxy { port, up: Default::default(), open: Default::default() };
+        proxy.up.store(true, Ordering::SeqCst);
+        let (up, open) = (proxy.up.clone(), proxy.open.clone());
+        std::thread::spawn(move || {
+            let mut listener = Some(first);
+            loop {
+                if !up.load(Ordering::SeqCst) {
+                    listener = None;
+                } else if listener.is_none() {
+                    listener = std::net::TcpListener::bind(("127.0.0.1", port)).ok();
+                }
+                let Some(Ok((client, _))) = listener.as_ref().map(|l| {
+                    l.set_nonblocking(true).unwrap();
+                    l.accept()
+                }) else {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                };
+                client.set_nonblocking(false).unwrap();
+                let Ok(server) = std::net::TcpStream::connect(&upstream) else { continue };
+                open.lock().unwrap().extend([client.try_clone().unwrap(), server.try_clone().unwrap()]);
+                for (mut from, mut to) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)]
+                {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        proxy
+    }
+
+    fn down(&self) {
+        self.up.store(false, std::sync::atomic::Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(50)); // the port closed
+        for stream in self.open.lock().unwrap().drain(..) {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn back(&self) {
+        self.up.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Issue 59 item 5: while PostgreSQL does not answer, reads of the store answer 503 `store_unavailable` (after
+/// the pool's two-second wait for a connection, not sqlx's thirty, which ran into the request's timeout), and
+/// answer again once it is back.
+#[test]
+fn reads_of_the_store_answer_503_while_postgres_is_down() {
+    let Some(url) = fresh_postgres() else { return };
+    let (authority, path) = url.strip_prefix("postgres://").unwrap().split_once('/').unwrap();
+    let (credentials, upstream) = authority.rsplit_once('@').unwrap();
+    let proxy = Proxy::to(upstream.to_string());
+    let proxied = format!("postgres://{credentials}@127.0.0.1:{}/{path}", proxy.port);
+    let dir = crate::fixtures::cranfield_data_dir();
+    // A request still waiting after 10 s is answered 503 `timeout`: as sqlx's default wait for a connection
+    // (30 s) would have it.
+    let env = [("LONGRANK_STORE_URL", proxied.as_str()), ("LONGRANK_SERVER_REQUEST_TIMEOUT_MS", "10000")];
+    let server = TestServer::start(dir.path(), &env).wait_ready();
+    let body = json!({"topics": "1\twing flutter\n", "collection": "cranfield"});
+    let job = post_json(&server.url("/batch?wait=true"), &body.to_string()).json();
+    assert_eq!(job["status"], "done", "{job}");
+    let job_url = server.url(&format!("/batch/{}", job["id"].as_str().unwrap()));
+    proxy.down();
+    for url in [job_url.clone(), server.url("/batch"), server.url("/tasks")] {
+        let reply = crate::common::request("GET", &url, &[], None);
+        reply.assert_error(503, "store_unavailable");
+        assert!(reply.header("retry-after").is_some(), "{url}");
+    }
+    proxy.back();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get(&job_url).0 != 200 {
+        assert!(Instant::now() < deadline, "the store never answered again");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

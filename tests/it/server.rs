@@ -313,6 +313,16 @@ fn openapi_states_the_limits_the_server_enforces() {
     assert_eq!(parameter("/search", "get", "q")["maxLength"], 1000);
     assert_eq!(parameter("/batch", "get", "limit")["maximum"], 1000);
     assert!(parameter("/collections/{name}", "put", "name")["pattern"].as_str().unwrap().starts_with('^'));
+    // The Idempotency-Key rule, on every write that takes one.
+    for (path, method) in
+        [("/batch", "post"), ("/collections/{name}/documents", "post"), ("/collections/{name}", "put")]
+    {
+        let key = parameter(path, method, "Idempotency-Key");
+        assert_eq!(
+            (&key["minLength"], &key["maxLength"], &key["pattern"]),
+            (&1.into(), &255.into(), &"^[ -~]{1,255}$".into())
+        );
+    }
     // The model's timing: a part of `allOf` that is an object, not a nullable alternative.
     let timing = &spec["components"]["schemas"]["Timing"]["allOf"];
     assert!(timing.as_array().unwrap().iter().any(|p| p["$ref"] == "#/components/schemas/ModelTiming"), "{timing}");

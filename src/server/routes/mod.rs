@@ -32,7 +32,7 @@ use crate::server::AppState;
 #[into_params(parameter_in = Header)]
 pub struct IdempotencyKey {
     /// 1 to 255 printable ASCII characters naming this write; kept as long as its job or task is.
-    #[param(rename = "Idempotency-Key")]
+    #[param(rename = "Idempotency-Key", min_length = 1, max_length = 255, pattern = "^[ -~]{1,255}$")]
     key: Option<String>,
 }
 
