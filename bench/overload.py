@@ -7,8 +7,13 @@ answer came.
 slow: N slow clients that send part of a request's headers, wait until the server closes the connection, and
 reopen it at once, while one well-behaved client (the same address) searches in a loop: its latencies.
 
+steady: N clients searching in a loop on keep-alive connections for SECONDS, while the server's resident memory
+(its PID's VmRSS) and the latency of `GET /batch` and `GET /tasks` are sampled twice a second; then what the query
+log did (`/metrics`).
+
 usage: python3 bench/overload.py burst URL [N=300] [DOCS=10]
        python3 bench/overload.py slow URL [N=2000] [SECONDS=20] [QUERY_PATH=/search?q=bees]
+       python3 bench/overload.py steady URL PID [N=64] [SECONDS=60] [QUERY_PATH=/search?q=wing+flutter]
 """
 
 import asyncio
@@ -134,6 +139,58 @@ def slow(url, n, seconds, path):
           f"failures {failures}; p50 {q(0.5):.3f} s, p90 {q(0.9):.3f} s, max {q(1.0):.3f} s")
 
 
+def steady(url, pid, n, seconds, path):
+    u = urllib.parse.urlsplit(url)
+    stop = threading.Event()
+    counts = [0] * n
+
+    def client(i):
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+        while not stop.is_set():
+            try:
+                conn.request("GET", path)
+                conn.getresponse().read()
+                counts[i] += 1
+            except Exception:  # noqa: BLE001 - reconnect and go on
+                conn.close()
+                conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+
+    def rss_mb():
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+    def timed(route):
+        started = time.monotonic()
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+        conn.request("GET", route)
+        conn.getresponse().read()
+        conn.close()
+        return time.monotonic() - started
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    rss, batch, tasks = [], [], []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        rss.append(rss_mb())
+        batch.append(timed("/batch"))
+        tasks.append(timed("/tasks"))
+        time.sleep(0.5)
+    stop.set()
+    for t in threads:
+        t.join()
+    ms = lambda xs: f"p50 {1000 * statistics.median(xs):.1f} ms, max {1000 * max(xs):.1f} ms"
+    print(f"{n} clients, {seconds:.0f} s of {path}: {sum(counts) / seconds:.0f} searches/s")
+    print(f"  RSS: first {rss[0]:.0f} MB, max {max(rss):.0f} MB, last {rss[-1]:.0f} MB")
+    print(f"  GET /batch {ms(batch)}; GET /tasks {ms(tasks)}")
+    time.sleep(2)  # the query log's writer drains
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    conn.request("GET", "/metrics")
+    metrics = conn.getresponse().read().decode()
+    print("  " + "; ".join(line for line in metrics.splitlines() if line.startswith("longrank_query_log")))
+
+
 if __name__ == "__main__":
     mode, url = sys.argv[1], sys.argv[2].rstrip("/")
     if mode == "burst":
@@ -141,5 +198,8 @@ if __name__ == "__main__":
     elif mode == "slow":
         slow(url, int(sys.argv[3]) if len(sys.argv) > 3 else 2000, float(sys.argv[4]) if len(sys.argv) > 4 else 20,
              sys.argv[5] if len(sys.argv) > 5 else "/search?q=bees")
+    elif mode == "steady":
+        steady(url, int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 64,
+               float(sys.argv[5]) if len(sys.argv) > 5 else 60, sys.argv[6] if len(sys.argv) > 6 else "/search?q=wing+flutter")
     else:
         sys.exit(__doc__)

@@ -701,8 +701,11 @@ fn json_array_to_lines(array: &Path, lines: &Path) -> Result<u64, TaskError> {
         fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<u64, A::Error> {
             use serde::de::Error;
             let mut n = 0;
-            while let Some(document) = seq.next_element::<serde_json::Value>()? {
-                serde_json::to_writer(&mut self.0, &document).map_err(A::Error::custom)?;
+            // Each document's own text, as sent: the JSON-lines reader then judges it as it judges a line (a
+            // repeated field is a malformed document, not the last one winning). Outside strings, where JSON
+            // allows no raw line break, a line break is whitespace: a space keeps the document on its line.
+            while let Some(document) = seq.next_element::<Box<serde_json::value::RawValue>>()? {
+                self.0.write_all(document.get().replace(['\n', '\r'], " ").as_bytes()).map_err(A::Error::custom)?;
                 self.0.write_all(b"\n").map_err(A::Error::custom)?;
                 n += 1;
             }
@@ -728,7 +731,16 @@ mod tests {
         std::fs::write(&array, r#" [ {"id": "a", "text": "x y"}, {"id": "b", "text": "z"} ] "#).unwrap();
         assert_eq!(json_array_to_lines(&array, &lines).unwrap(), 2);
         let written = std::fs::read_to_string(&lines).unwrap();
-        assert_eq!(written, "{\"id\":\"a\",\"text\":\"x y\"}\n{\"id\":\"b\",\"text\":\"z\"}\n");
+        assert_eq!(written, "{\"id\": \"a\", \"text\": \"x y\"}\n{\"id\": \"b\", \"text\": \"z\"}\n");
+        // A repeated field stays for the reader to refuse; a document over several lines keeps to one.
+        std::fs::write(&array, "[{\"id\": \"a\",\n \"id\": \"b\", \"text\": \"x\\ny\"}]").unwrap();
+        assert_eq!(json_array_to_lines(&array, &lines).unwrap(), 1);
+        let written = std::fs::read_to_string(&lines).unwrap();
+        assert_eq!(written, "{\"id\": \"a\",  \"id\": \"b\", \"text\": \"x\\ny\"}\n");
+        let corpus = Corpus::open(std::slice::from_ref(&lines), Format::Jsonl).unwrap();
+        let read: Vec<_> = corpus.read_file(&lines).unwrap().collect();
+        let error = read[0].as_ref().err().map(ToString::to_string).unwrap_or_default();
+        assert!(error.contains("duplicate field `id`"), "{error}");
         std::fs::write(&array, r#"[{"id": "a"}, {"id": "#).unwrap();
         let error = json_array_to_lines(&array, &lines).unwrap_err().to_string();
         assert!(error.contains("the JSON array") && error.contains("line 1"), "{error}");
