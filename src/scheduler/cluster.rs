@@ -14,6 +14,7 @@ use utoipa::ToSchema;
 
 use crate::config::BatchConfig;
 use crate::rank::Engine;
+use crate::service::Services;
 use crate::store::{ReplicaRow, Serves, Store, StoreError};
 
 /// How often a replica writes its heartbeat (and reads the settings, and looks for stranded jobs).
@@ -153,29 +154,23 @@ impl Cluster {
         tokio::task::spawn_blocking(move || cluster.serves_now()).await.unwrap_or_default()
     }
 
-    /// Writes the first heartbeat, then one each second, as `replica`, on a thread of its own (a blocking task
+    /// Writes the first heartbeat, then one each second, as `replica`, as a background service (a blocking task
     /// each second would keep the runtime's idle blocking threads alive, as `server::follow_data_dir` says).
-    pub async fn start(self: &Arc<Self>, replica: String) {
+    pub async fn start(self: &Arc<Self>, replica: String, services: &Services) {
         let _ = self.replica.set(replica);
         // A store that fails now is tried again at the next beat: the workers start regardless.
         if let Err(e) = self.beat(self.serves().await).await {
             tracing::warn!("cluster heartbeat: {e}");
         }
         let (cluster, runtime) = (self.clone(), tokio::runtime::Handle::current());
-        let beating = move || {
-            for beats in 1u64.. {
-                std::thread::sleep(HEARTBEAT);
-                if let Err(e) = runtime.block_on(cluster.beat(cluster.serves_now())) {
-                    tracing::warn!("cluster heartbeat: {e}");
-                }
-                if beats % 3600 == 0 {
-                    let _ = runtime.block_on(cluster.store.forget_replicas(FORGET_MS));
-                }
+        services.spawn("cluster-heartbeat", HEARTBEAT, move |beats| {
+            if let Err(e) = runtime.block_on(cluster.beat(cluster.serves_now())) {
+                tracing::warn!("cluster heartbeat: {e}");
             }
-        };
-        if let Err(e) = std::thread::Builder::new().name("cluster-heartbeat".into()).spawn(beating) {
-            tracing::error!("starting the cluster heartbeat: {e}");
-        }
+            if beats % 3600 == 0 {
+                let _ = runtime.block_on(cluster.store.forget_replicas(FORGET_MS));
+            }
+        });
     }
 
     /// One heartbeat: what this replica serves, the settings in force, and the stranded jobs (on a shared store:

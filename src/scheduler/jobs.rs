@@ -21,6 +21,7 @@ use crate::eval::{self, Comparison, EvalError, EvalOptions, Measure, Qrels, Run,
 use crate::index::Catalog;
 use crate::model::Cancel;
 use crate::rank::{BatchParams, BatchPlan, Engine, RankError};
+use crate::service::Services;
 use crate::store::{Claim, Committed, Completion, JobRow, JobStatus, Lane, NewJob, Store, StoreError};
 
 use super::cluster::{self, Cluster};
@@ -307,10 +308,10 @@ impl Jobs {
     /// replica held are freed (on an unshared store every lease: one process owns it), so its topics run again
     /// at once; with `batch.resume_interrupted = false` their jobs (on an unshared store every unfinished job)
     /// are marked interrupted instead.
-    pub async fn start(self: &Arc<Self>, replica: String) -> Result<(), JobError> {
+    pub async fn start(self: &Arc<Self>, replica: String, services: &Services) -> Result<(), JobError> {
         let shared = self.store.shared();
         let stale = self.store.release_leases(shared.then_some(replica.as_str())).await?;
-        self.cluster.start(replica.clone()).await;
+        self.cluster.start(replica.clone(), services).await;
         let _ = self.replica.set(replica);
         if !self.config.batch.resume_interrupted {
             let cut_off = match shared {

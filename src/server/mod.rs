@@ -98,7 +98,7 @@ pub async fn serve(
                 }
                 preparing.set_ready();
                 follow_data_dir(preparing.clone());
-                if let Err(e) = preparing.jobs().start(preparing.replica()).await {
+                if let Err(e) = preparing.jobs().start(preparing.replica(), preparing.services()).await {
                     tracing::error!("starting the batch workers: {e}");
                 }
             }
@@ -106,7 +106,11 @@ pub async fn serve(
             Err(e) => tracing::error!("start-up panicked, staying unready: {e}"),
         }
     });
-    accept(listener, app, &state).await
+    let served = accept(listener, app, &state).await;
+    // The background services call into the runtime: they end their tick in hand before it goes.
+    let services = state.services().clone();
+    let _ = tokio::task::spawn_blocking(move || services.stop()).await;
+    served
 }
 
 /// A listener whose backlog holds a burst of new clients (the kernel caps it at `net.core.somaxconn`; the
@@ -142,34 +146,29 @@ fn follow_data_dir(state: AppState) {
     // Garbage each minute, or each half retention time when that is shorter (never more often than a poll).
     let collect_ms = (state.config().store.retention_ms / 2).min(60_000).max(every);
     let collect_every = (collect_ms / every).max(1);
-    let follow = move || {
-        for tick in 1u64.. {
-            std::thread::sleep(Duration::from_millis(every));
-            if let Some(replication) = state.replication() {
-                if let Err(e) = pull(&state, replication, &runtime) {
-                    tracing::warn!("pulling from the object store: {e}");
-                }
-                if tick % collect_every == 0 {
-                    match runtime.block_on(replication.collect_garbage(crate::scheduler::cluster::LIVE_MS)) {
-                        Ok((0, 0)) => {}
-                        Ok((versions, objects)) => tracing::info!(versions, objects, "old versions deleted"),
-                        Err(e) => tracing::warn!("deleting old versions: {e}"),
-                    }
-                }
+    let services = state.services().clone();
+    services.spawn("catalog-sync", Duration::from_millis(every), move |tick| {
+        if let Some(replication) = state.replication() {
+            if let Err(e) = pull(&state, replication, &runtime) {
+                tracing::warn!("pulling from the object store: {e}");
             }
-            let changes = state.engine().catalog().sync();
-            if !changes.is_empty() {
-                let (added, replaced, removed) = (&changes.added, &changes.replaced, &changes.removed);
-                tracing::info!(?added, ?replaced, ?removed, "collections changed in the data directory");
-                for (name, reason) in &changes.failed {
-                    tracing::warn!("collection {name} could not be opened: {reason}");
+            if tick % collect_every == 0 {
+                match runtime.block_on(replication.collect_garbage(crate::scheduler::cluster::LIVE_MS)) {
+                    Ok((0, 0)) => {}
+                    Ok((versions, objects)) => tracing::info!(versions, objects, "old versions deleted"),
+                    Err(e) => tracing::warn!("deleting old versions: {e}"),
                 }
             }
         }
-    };
-    if let Err(e) = std::thread::Builder::new().name("catalog-sync".into()).spawn(follow) {
-        tracing::error!("starting the catalog's sync: {e}");
-    }
+        let changes = state.engine().catalog().sync();
+        if !changes.is_empty() {
+            let (added, replaced, removed) = (&changes.added, &changes.replaced, &changes.removed);
+            tracing::info!(?added, ?replaced, ?removed, "collections changed in the data directory");
+            for (name, reason) in &changes.failed {
+                tracing::warn!("collection {name} could not be opened: {reason}");
+            }
+        }
+    });
 }
 
 /// Brings the data directory's collections to the object store's newest versions (the catalog follows at its

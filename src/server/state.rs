@@ -35,6 +35,7 @@ struct Inner {
     connections: connections::Connections,
     replication: Option<Replication>,
     query_log: query_log::QueryLog,
+    services: crate::service::Services,
 }
 
 impl AppState {
@@ -61,6 +62,7 @@ impl AppState {
             bound: std::sync::OnceLock::new(),
             replication,
             query_log,
+            services: crate::service::Services::default(),
         };
         AppState { inner: Arc::new(inner) }
     }
@@ -89,6 +91,11 @@ impl AppState {
             results: response.results.len() as i64,
         });
         Ok(response)
+    }
+
+    /// The background services (`service`), stopped when the server stops.
+    pub fn services(&self) -> &crate::service::Services {
+        &self.inner.services
     }
 
     pub(super) fn query_log(&self) -> &query_log::QueryLog {

@@ -616,3 +616,31 @@ fn a_restarted_replica_discards_a_commit_no_version_lists() {
     let hit = get(&replica.url("/search?q=wing+flutter+local&collection=cranfield&k=3")).1;
     assert!(!hit.contains("local-1"), "{hit}");
 }
+
+/// Issue 59 item 5: a replica stopped (SIGTERM) stops its background services (the catalog's sync and pulls,
+/// the heartbeat) before its runtime ends. The runtime's end waits for blocking work in hand (here the query
+/// log's writer, held), and a sync that ticked meanwhile called into the ending runtime and panicked ("A Tokio
+/// 1.x context was found, but it is being shutdown").
+#[test]
+fn a_replica_stopped_stops_its_background_services_before_its_runtime() {
+    let Some(Published { url, writer: _writer, replica_dir, store: _store, objects }) = published() else { return };
+    let (release, log) = (replica_dir.path().join("release"), replica_dir.path().join("serve.log"));
+    let hold = format!("query_log.write:1:{}", release.display());
+    let env = [
+        ("LONGRANK_STORE_URL", url.as_str()),
+        ("LONGRANK_STORE_OBJECTS", objects.as_str()),
+        ("LONGRANK_SERVER_CATALOG_POLL_MS", "10"),
+        ("LONGRANK_TEST_HOLD", hold.as_str()),
+    ];
+    let mut server = TestServer::start_logging(replica_dir.path(), &env, &log).wait_ready();
+    assert_eq!(get(&server.url("/search?q=wing&collection=cranfield")).0, 200);
+    server.wait_log(&log, "holding at query_log.write");
+    let term = Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
+    assert!(term.success());
+    // The runtime's end waits for the held writer: a second of the sync's ticks, were it still running.
+    std::thread::sleep(Duration::from_millis(1000));
+    std::fs::write(&release, "").unwrap();
+    let status = server.child.wait().unwrap();
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success() && !logged.contains("panicked"), "{status}: {logged}");
+}
