@@ -50,8 +50,14 @@ impl Topic {
 }
 
 pub(super) fn read_text(path: &Path) -> Result<String, EvalError> {
-    let mut reader = crate::corpus::open_maybe_gz(path, None)
-        .map_err(|e| EvalError::Io { path: path.to_path_buf(), message: e.to_string() })?;
+    // The error names the path once (the corpus reader's own error names it too).
+    let mut reader = crate::corpus::open_maybe_gz(path, None).map_err(|e| EvalError::Io {
+        path: path.to_path_buf(),
+        message: match e {
+            crate::corpus::CorpusError::Io { source, .. } => source.to_string(),
+            e => e.to_string(),
+        },
+    })?;
     let mut bytes = Vec::new();
     std::io::Read::read_to_end(&mut reader, &mut bytes)
         .map_err(|e| EvalError::Io { path: path.to_path_buf(), message: e.to_string() })?;

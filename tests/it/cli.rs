@@ -88,7 +88,15 @@ fn user_errors_are_one_line_without_colour_or_backtrace() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let errors: Vec<&str> = stderr.lines().filter(|l| !l.contains(" INFO ") && !l.contains(" WARN ")).collect();
     assert_eq!(errors.len(), 1, "one line: {stderr}");
-    assert!(errors[0].starts_with("error: ") && errors[0].contains("no-such-topics.tsv"), "{stderr}");
+    assert!(errors[0].starts_with("error: ") && errors[0].matches("no-such-topics.tsv").count() == 1, "{stderr}");
+    // A file named once, in every command that reads one (issue 56 item 6: `error: qrels.txt: qrels.txt: …`).
+    std::fs::write(dir.path().join("x.run"), "1 Q0 d 1 1.0 r\n").unwrap();
+    for args in [&["eval", "x.run", "no-such-qrels.txt"][..], &["eval", "no-such.run", "x.run"]] {
+        let out = cli_env(dir.path(), args, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let named = args[1..].iter().find(|f| f.starts_with("no-such")).unwrap();
+        assert!(!out.status.success() && stderr.matches(named).count() == 1, "{args:?}: {stderr}");
+    }
     assert!(!stderr.contains("backtrace") && !stderr.contains('\u{1b}'), "no backtrace, no colour codes: {stderr:?}");
 }
 
@@ -228,4 +236,17 @@ fn progress_comes_as_log_lines_off_a_terminal() {
     assert_eq!(lines.len(), 10, "a line at each tenth: {stderr}");
     assert!(lines[0].starts_with("topics: 23/225 (10 %), ") && lines[0].contains("/s, ETA "), "{}", lines[0]);
     assert!(lines[9].starts_with("topics: 225/225 (100 %), "), "{}", lines[9]);
+}
+
+/// What README's commands write in the repository (`runs/`, training's checkpoints) is git-ignored (issue 56 item 6).
+#[test]
+fn what_readme_commands_write_in_the_repository_is_ignored() {
+    for path in ["runs/best/best-1/model/model.safetensors", "data/longrank.db"] {
+        let ignored = std::process::Command::new("git")
+            .args(["check-ignore", "-q", path])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .unwrap();
+        assert!(ignored.success(), "{path} is not git-ignored");
+    }
 }
