@@ -344,7 +344,7 @@ impl Engine {
         let reader = reader.map(|r| self.models.get(&self.models.check(Some(r))?, "embed")).transpose()?;
         let segmenter = &reader.as_ref().unwrap_or(&model).served;
         let store = match model.served.model() {
-            crate::model::Reranker::Bi(_) => self.models.store(collection, &model)?,
+            crate::model::Reranker::Bi(_) => self.models.store_to_fill(collection, &model)?,
             _ => None,
         };
         let Some(vectors) = store else {

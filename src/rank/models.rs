@@ -190,6 +190,24 @@ impl Models {
     /// they depend on besides those options (`model::outputs_hash`: weights, configuration, tokenizer, pooling),
     /// so that models differing in any of it never read each other's. None otherwise.
     pub fn store(&self, collection: &Collection, model: &LoadedModel) -> Result<Option<Arc<VectorFile>>, RankError> {
+        self.open_store(collection, model, true)
+    }
+
+    /// `store`, for `longrank embed`, which fills it: without the advice to run `longrank embed`.
+    pub fn store_to_fill(
+        &self,
+        collection: &Collection,
+        model: &LoadedModel,
+    ) -> Result<Option<Arc<VectorFile>>, RankError> {
+        self.open_store(collection, model, false)
+    }
+
+    fn open_store(
+        &self,
+        collection: &Collection,
+        model: &LoadedModel,
+        advise: bool,
+    ) -> Result<Option<Arc<VectorFile>>, RankError> {
         let reranker = model.served.model();
         let is_bi = matches!(reranker, Reranker::Bi(_));
         if !is_bi && !self.config.store_scores {
@@ -217,7 +235,7 @@ impl Models {
             ("scores", name, width + 1)
         };
         let file = VectorFile::open(&collection.path().join(dir), &name, dims).map_err(RankError::Model)?;
-        if is_bi && file.len() == 0 {
+        if advise && is_bi && file.len() == 0 {
             // Said once per process and collection: the first searches are slow, and why.
             tracing::info!(
                 "collection {}: no stored segment embeddings of model {} yet; each segment is embedded when a \
