@@ -196,29 +196,6 @@ impl Replication {
         Ok(Published { version, files, uploaded_files, uploaded_bytes, unchanged: false })
     }
 
-    /// A publishing `attempt` (`publish_dir`, `publish_deletion`) made again while the object store or the
-    /// database does not answer, for up to `budget` (`store.publish_timeout_ms`) or until `cancel`: then its
-    /// last error. Each attempt starts over; what an earlier one uploaded is not sent again.
-    pub async fn publish_within<T, F: std::future::Future<Output = Result<T, ReplicationError>>>(
-        &self,
-        budget: std::time::Duration,
-        cancel: &crate::cancel::Cancel,
-        mut attempt: impl FnMut() -> F,
-    ) -> Result<T, ReplicationError> {
-        let started = std::time::Instant::now();
-        let mut wait = std::time::Duration::from_millis(200);
-        loop {
-            match attempt().await {
-                Err(e) if e.is_transient() && started.elapsed() + wait < budget && !cancel.is_cancelled() => {
-                    tracing::warn!("publishing (tried again in {} ms): {e}", wait.as_millis());
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(std::time::Duration::from_secs(5));
-                }
-                result => return result,
-            }
-        }
-    }
-
     /// Records that collection `name` was deleted: replicas delete their copies.
     pub async fn publish_deletion(&self, name: &str) -> Result<i64, ReplicationError> {
         let manifest = Manifest { collection: name.to_string(), fingerprint: String::new(), files: vec![] };
@@ -311,5 +288,27 @@ impl Replication {
         let versions = self.store.delete_old_versions(self.retention_ms, live_ms).await?;
         let objects = self.store.collect_objects(&self.objects, self.retention_ms, 1000).await?;
         Ok((versions, objects))
+    }
+}
+
+/// A publishing `attempt` (`publish_dir`, `publish_deletion`) made again while the object store or the
+/// database does not answer, for up to `budget` (`store.publish_timeout_ms`) or until `cancel`: then its
+/// last error. Each attempt starts over; what an earlier one uploaded is not sent again.
+pub async fn retry_within<T, F: std::future::Future<Output = Result<T, ReplicationError>>>(
+    budget: std::time::Duration,
+    cancel: &crate::cancel::Cancel,
+    mut attempt: impl FnMut() -> F,
+) -> Result<T, ReplicationError> {
+    let started = std::time::Instant::now();
+    let mut wait = std::time::Duration::from_millis(200);
+    loop {
+        match attempt().await {
+            Err(e) if e.is_transient() && started.elapsed() + wait < budget && !cancel.is_cancelled() => {
+                tracing::warn!("publishing (tried again in {} ms): {e}", wait.as_millis());
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(std::time::Duration::from_secs(5));
+            }
+            result => return result,
+        }
     }
 }

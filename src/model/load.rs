@@ -63,13 +63,9 @@ pub fn outputs_hash(dir: &Path) -> Result<String, ModelError> {
     let dir = if first_round.is_dir() { &first_round } else { dir };
     let mut files = weight_files(dir)?;
     files.retain(|f| !f.ends_with(cobert::WEIGHTS_FILE));
-    let mut described = vec!["config.json", "tokenizer.json", "vocab.txt"];
-    let sentence_transformers = dir.join("modules.json").exists();
-    if sentence_transformers {
-        described.extend(["modules.json", "sentence_bert_config.json", "tokenizer_config.json"]);
-    }
-    let mut described: Vec<PathBuf> = described.into_iter().map(|f| dir.join(f)).collect();
-    if sentence_transformers {
+    let mut described: Vec<PathBuf> = ["config.json", "tokenizer.json", "vocab.txt"].map(|f| dir.join(f)).into();
+    if dir.join("modules.json").exists() {
+        described.extend(["modules.json", "sentence_bert_config.json", "tokenizer_config.json"].map(|f| dir.join(f)));
         let modules = super::encoder::SentenceLayout::module_dirs(dir)?;
         described.extend(modules.into_iter().map(|m| dir.join(m).join("config.json")));
     }

@@ -26,7 +26,7 @@ use crate::corpus::{Corpus, Format};
 use crate::hash::Fnv;
 use crate::index::{self, IndexError, OnError};
 use crate::progress::{Progress, Unit};
-use crate::rank::Engine;
+use crate::rank::{Engine, RankError};
 use crate::replication::{Replication, ReplicationError};
 use crate::store::{KeyedRequest, Store, StoreError, TaskFilter, TaskKind, TaskOutcome, TaskRow, TaskStatus};
 
@@ -483,9 +483,12 @@ impl Tasks {
                 (self.clone(), input.clone(), cancel.clone(), tokio::runtime::Handle::current());
             let (id, kind) = (task.id, task.kind);
             let apply = move || tasks.apply_blocking(id, kind, &name, &input, &cancel, &runtime);
-            tokio::task::spawn_blocking(apply)
-                .await
-                .unwrap_or_else(|e| Err(TaskError::Io(std::io::Error::other(format!("the task's worker failed: {e}")))))
+            match tokio::task::spawn_blocking(apply).await {
+                Ok(applied) => applied,
+                Err(e) => {
+                    return TaskOutcome { error: Some(format!("the task's worker failed: {e}")), ..Default::default() }
+                }
+            }
         };
         applied.unwrap_or_else(|e| TaskOutcome { error: Some(e.to_string()), ..Default::default() })
     }
@@ -494,18 +497,18 @@ impl Tasks {
     /// deletes nothing.
     async fn delete_collection(&self, name: &str, cancel: &Cancel) -> Result<TaskOutcome, TaskError> {
         let catalog = self.engine.catalog();
+        super::jobs::check_deletable(&self.store, name).await?;
         if let Some(replication) = &self.replication {
-            super::jobs::check_deletable(&self.store, name).await?;
             if !catalog.collection_dir(name).is_dir() {
                 return Err(IndexError::UnknownCollection(name.to_string()).into());
             }
-            let version = replication
-                .publish_within(self.publish_budget, cancel, || replication.publish_deletion(name))
-                .await
-                .map_err(TaskError::Unpublished)?;
+            let version =
+                crate::replication::retry_within(self.publish_budget, cancel, || replication.publish_deletion(name))
+                    .await
+                    .map_err(TaskError::Unpublished)?;
             tracing::info!(collection = name, version, "published a deletion");
         }
-        super::jobs::delete_collection(catalog, &self.store, name).await?;
+        catalog.delete(name).map_err(|e| super::jobs::JobError::from(RankError::from(e)))?;
         Ok(TaskOutcome::default())
     }
 
@@ -533,7 +536,7 @@ impl Tasks {
                         let dir = staged.dir();
                         let publish = || replication.publish_dir(&dir, name);
                         let published = runtime
-                            .block_on(replication.publish_within(self.publish_budget, cancel, publish))
+                            .block_on(crate::replication::retry_within(self.publish_budget, cancel, publish))
                             .map_err(TaskError::Unpublished)?;
                         let (version, files, uploaded, bytes) =
                             (published.version, published.files, published.uploaded_files, published.uploaded_bytes);

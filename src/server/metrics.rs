@@ -49,10 +49,7 @@ impl Metrics {
             ("retried", &counters.retried),
             ("fenced", &counters.fenced),
         ];
-        for (event, count) in events {
-            let count = count.load(std::sync::atomic::Ordering::Relaxed);
-            let _ = writeln!(out, "{name}{{replica=\"{}\",event=\"{event}\"}} {count}", escape(replica));
-        }
+        counter_series(&mut out, name, &format!("replica=\"{}\",event", escape(replica)), &events);
         if let Some(stranded) = stranded {
             let name = "longrank_batch_jobs_stranded";
             header(&mut out, name, "Unfinished batch jobs that no live replica can run (none serves the index files and model weights they were submitted against).", "gauge");
@@ -71,10 +68,7 @@ impl Metrics {
             ("dropped_full", &counts.dropped_full),
             ("dropped_failed", &counts.dropped_failed),
         ];
-        for (outcome, count) in outcomes {
-            let _ =
-                writeln!(out, "{name}{{outcome=\"{outcome}\"}} {}", count.load(std::sync::atomic::Ordering::Relaxed));
-        }
+        counter_series(&mut out, name, "outcome", &outcomes);
         let name = "longrank_query_log_queued";
         header(&mut out, name, "Searches waiting for the query log's writer.", "gauge");
         let _ = writeln!(out, "{name} {queued}");
@@ -176,6 +170,14 @@ impl Metrics {
 type Counter = (&'static str, &'static str, fn(&BatchStats) -> u64);
 /// A histogram of the model side.
 type Histo = (&'static str, &'static str, fn(&BatchStats) -> &Histogram);
+
+/// One line per (value of the last label, counter): `labels` ends with the last label's name.
+fn counter_series(out: &mut String, name: &str, labels: &str, counters: &[(&str, &std::sync::atomic::AtomicU64)]) {
+    for (value, count) in counters {
+        let count = count.load(std::sync::atomic::Ordering::Relaxed);
+        let _ = writeln!(out, "{name}{{{labels}=\"{value}\"}} {count}");
+    }
+}
 
 fn header(out: &mut String, name: &str, help: &str, kind: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
