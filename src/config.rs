@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::index::{Bm25Params, BuildOptions, OnError};
-use crate::model::{Kind, Quantize};
+use crate::model::{Kind, Quantize, Recipe};
 use crate::preselect::{Preselect, Selector};
 use crate::segment::SegmentOptions;
 
@@ -157,6 +157,10 @@ pub struct ModelConfig {
     /// What the default model is: `auto` (detected: `modules.json` means a bi-encoder), `cross-encoder` or
     /// `bi-encoder`.
     pub kind: Kind,
+    /// A decoder reranker's recipe (`qwen3-reranker`, `mxbai-rerank-v2`, `bge-reranker-gemma`): its prompt
+    /// template and answer tokens [default: detected from the hub id or a converted checkpoint's config].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recipe: Option<Recipe>,
     /// More models a request may name (`"model": "NAME"`): NAME = "directory or hub id", or
     /// `{ path = "...", kind = "bi-encoder" }`.
     pub named: BTreeMap<String, NamedModel>,
@@ -206,6 +210,9 @@ pub struct ModelSource {
     pub path: String,
     #[serde(default)]
     pub kind: Kind,
+    /// A decoder reranker's recipe (see `[model] recipe`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recipe: Option<Recipe>,
     #[serde(default)]
     pub quantize: Quantize,
     /// This model's longest input in tokens [default: `max_length` of `[model]`]: a model of longer positions
@@ -225,6 +232,13 @@ impl NamedModel {
         match self {
             NamedModel::Source(_) => Kind::Auto,
             NamedModel::With(source) => source.kind,
+        }
+    }
+
+    pub fn recipe(&self) -> Option<Recipe> {
+        match self {
+            NamedModel::Source(_) => None,
+            NamedModel::With(source) => source.recipe,
         }
     }
 
@@ -251,6 +265,7 @@ impl Default for ModelConfig {
         ModelConfig {
             path: DEFAULT_MODEL.into(),
             kind: Kind::Auto,
+            recipe: None,
             named: BTreeMap::new(),
             device: "cpu".into(),
             dtype: "auto".into(),

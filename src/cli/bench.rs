@@ -333,7 +333,7 @@ fn model(b: ModelBench) -> anyhow::Result<()> {
     let dtype = model::dtype(&b.dtype, &device)?;
     let headless = || TrainableEncoder::init(&b.dir, &Device::Cpu, DType::F32, 0)?.snapshot_on(&device, dtype);
     // When neither loads, the classifier's reason is the one to read.
-    let mut scorer = CrossEncoder::load(&b.dir, &device, dtype).or_else(|first| headless().map_err(|_| first))?;
+    let mut scorer = CrossEncoder::load(&b.dir, &device, dtype, None).or_else(|first| headless().map_err(|_| first))?;
     if b.int8 {
         scorer.quantize()?;
     }

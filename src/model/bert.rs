@@ -61,7 +61,7 @@ pub struct Encoder {
 
 /// A linear layer's product `x · Wᵀ`, without its bias (each layer adds that in the pass that follows): float
 /// weights (candle's product), the same through BLAS (inference, when one is installed), or int8 blocks.
-enum Dense {
+pub(super) enum Dense {
     /// A `Linear` without bias.
     Float(Linear),
     Blas(BlasLinear),
@@ -80,7 +80,7 @@ const INT8_BLOCK: usize = 256;
 
 impl Dense {
     /// The product of `x` (`[batch, len, inputs]`), whose sequences hold `lengths` real positions each.
-    fn forward(&self, x: &Tensor, lengths: &[usize]) -> candle_core::Result<Tensor> {
+    pub(super) fn forward(&self, x: &Tensor, lengths: &[usize]) -> candle_core::Result<Tensor> {
         match self {
             Dense::Float(linear) => linear.forward(x),
             Dense::Blas(linear) => linear.forward(x, lengths),
@@ -92,7 +92,7 @@ impl Dense {
 
     /// The product by `weight` (`[outputs, inputs]`): through BLAS in inference when one is loaded and the
     /// weights are f32 on the CPU.
-    fn new(weight: Tensor, differentiable: bool) -> candle_core::Result<Dense> {
+    pub(super) fn new(weight: Tensor, differentiable: bool) -> candle_core::Result<Dense> {
         if !differentiable && blas::available_for(&weight) {
             Ok(Dense::Blas(BlasLinear::new(&weight)?))
         } else {

@@ -46,9 +46,12 @@ impl CoBert {
     pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<CoBert, ModelError> {
         let first_round = dir.join(FIRST_ROUND_DIR);
         let (cross, own) = if first_round.is_dir() {
-            (CrossEncoder::load(&first_round, device, dtype)?, Some(CrossEncoder::load(dir, device, dtype)?))
+            (
+                CrossEncoder::load(&first_round, device, dtype, None)?,
+                Some(CrossEncoder::load(dir, device, dtype, None)?),
+            )
         } else {
-            (CrossEncoder::load(dir, device, dtype)?, None)
+            (CrossEncoder::load(dir, device, dtype, None)?, None)
         };
         let (backbone, _) = read_config(dir)?;
         let config: CoBertConfig = read_json(&dir.join(CONFIG_FILE))?;

@@ -8,18 +8,18 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::bert::Config;
 use serde::Deserialize;
 
-use super::bert::{Bert, Positions};
-use super::deberta::Deberta;
+use super::bert::Positions;
 use super::family::Family;
 use super::head::Head;
 use super::load::{load_err, read_config, read_json, weights};
-use super::modernbert::ModernBert;
+use super::network::{self, Network};
+use super::recipe::{Prompt, Recipe, RECIPES};
 use super::tokenize::{Encoded, Pieces};
 use super::ModelError;
 
-/// The encoder and tokenizer every model kind shares.
+/// The network and tokenizer every model kind shares.
 pub(super) struct Backbone {
-    pub(super) network: Network,
+    pub(super) network: Box<dyn Network>,
     pub(super) pieces: Pieces,
     pub(super) device: Device,
     pub(super) hidden_size: usize,
@@ -27,7 +27,8 @@ pub(super) struct Backbone {
 }
 
 impl Backbone {
-    /// Loads the BERT weights (with or without a `bert.` prefix) and returns the variables for the heads.
+    /// Loads the network's weights (with or without their family's prefix) and returns the variables for the
+    /// heads.
     pub(super) fn load(
         dir: &Path,
         device: &Device,
@@ -40,13 +41,7 @@ impl Backbone {
 
     pub(super) fn new(vb: VarBuilder, config: &Config, pieces: Pieces, origin: &Path) -> Result<Backbone, ModelError> {
         let device = vb.device().clone();
-        let network = match Family::from_config(config) {
-            Family::ModernBert => Network::ModernBert(ModernBert::load(vb, origin)?),
-            Family::Deberta => Network::Deberta(Deberta::load(vb, origin)?),
-            _ => Network::Bert(
-                Bert::load(vb, config).map_err(|e| load_err(origin, format!("loading BERT weights: {e}")))?,
-            ),
-        };
+        let network = network::load(Family::from_config(config), vb, config, origin)?;
         Ok(Backbone { network, pieces, device, hidden_size: config.hidden_size, config: config.clone() })
     }
 
@@ -55,44 +50,23 @@ impl Backbone {
     /// hidden]`); the other networks compute every position's.
     pub(super) fn forward(&self, batch: &[Encoded], positions: Positions) -> Result<(Tensor, Tensor), ModelError> {
         let inputs = Inputs::new(batch, self.pieces.pad_id, &self.device)?;
-        let hidden = match &self.network {
-            Network::Bert(bert) => {
-                bert.forward(&inputs.ids, &inputs.types, inputs.padded.then_some(&inputs.mask), positions)?
-            }
-            Network::ModernBert(model) => model.forward(&inputs.ids, &inputs.mask)?,
-            Network::Deberta(model) => model.forward(&inputs.ids, &inputs.types, &inputs.mask)?,
-        };
-        Ok((hidden, inputs.mask))
+        Ok((self.network.forward(&inputs, positions)?, inputs.mask))
     }
 
-    /// Whether inputs must be computed one at a time for their outputs not to depend on their batch
-    /// (`Bert::computes_alone`); candle's ModernBERT and DeBERTa sum in batch-shaped products everywhere.
+    /// Whether inputs must be computed one at a time for their outputs not to depend on their batch.
     pub(super) fn computes_alone(&self) -> bool {
-        match &self.network {
-            Network::Bert(bert) => bert.computes_alone(),
-            Network::ModernBert(_) | Network::Deberta(_) => self.device.is_cpu(),
-        }
+        self.network.computes_alone(&self.device)
     }
 
-    /// Makes the encoder's linear layers int8 (our BERT encoder's: the families it runs).
+    /// FLOPs of one pass over `len` positions.
+    pub(super) fn flops(&self, len: usize) -> f64 {
+        self.network.flops(&self.config, len)
+    }
+
+    /// Makes the network's linear layers int8 (our BERT encoder's: the families it runs).
     pub(super) fn quantize(&mut self) -> Result<(), ModelError> {
-        match &mut self.network {
-            Network::Bert(bert) => Ok(bert.quantize()?),
-            Network::ModernBert(_) | Network::Deberta(_) => {
-                Err(ModelError::Unsupported("int8 takes BERT-family encoders, not ModernBERT or DeBERTa".into()))
-            }
-        }
+        self.network.quantize()
     }
-}
-
-/// The layers a backbone runs: our BERT encoder (BERT, RoBERTa, ELECTRA, DistilBERT), or candle's ModernBERT
-/// or DeBERTa.
-// One per loaded model: the variants' sizes do not matter, and boxing one would cost every pass a deref.
-#[allow(clippy::large_enum_variant)]
-pub(super) enum Network {
-    Bert(Bert),
-    ModernBert(ModernBert),
-    Deberta(Deberta),
 }
 
 /// FLOPs of one encoder pass over `len` positions (multiply-adds counted as two): per layer the four attention
@@ -134,17 +108,21 @@ impl Inputs {
     }
 }
 
-/// A sequence classifier scoring (query, segment) pairs: the final states through its family's head (`head`).
+/// A reranker scoring (query, segment) pairs: a sequence classifier (the final states through its family's
+/// head, `head`), or a causal decoder answering through its recipe (`recipe`: the template builds the input, the
+/// head reads the answer at the last token).
 pub struct CrossEncoder {
     pub(super) backbone: Backbone,
     pub(super) head: Head,
+    pub(super) prompt: Option<Prompt>,
 }
 
 impl CrossEncoder {
-    pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<CrossEncoder, ModelError> {
+    /// The model in `dir`; a decoder's recipe is `recipe`, else detected (`Recipe::detect`).
+    pub fn load(dir: &Path, device: &Device, dtype: DType, recipe: Option<Recipe>) -> Result<CrossEncoder, ModelError> {
         let (config, pieces) = read_config(dir)?;
         let dtype = Family::from_config(&config).dtype(dtype);
-        CrossEncoder::new(weights(dir, device, dtype)?, &config, pieces, dir)
+        CrossEncoder::new(weights(dir, device, dtype)?, &config, pieces, dir, recipe)
     }
 
     /// The model over the variables of `vb`; `origin` names where they came from in errors.
@@ -153,13 +131,42 @@ impl CrossEncoder {
         config: &Config,
         pieces: Pieces,
         origin: &Path,
+        recipe: Option<Recipe>,
     ) -> Result<CrossEncoder, ModelError> {
-        let head = Head::load(&vb, config, origin)?;
-        Ok(CrossEncoder { backbone: Backbone::new(vb, config, pieces, origin)?, head })
+        let family = Family::from_config(config);
+        if !family.is_decoder() {
+            if let Some(recipe) = recipe {
+                return Err(load_err(origin, format!("the {recipe:?} recipe reads causal decoders, not {family:?}")));
+            }
+            let head = Head::load(&vb, config, origin)?;
+            return Ok(CrossEncoder { backbone: Backbone::new(vb, config, pieces, origin)?, head, prompt: None });
+        }
+        let path = origin.join("config.json");
+        let architectures = match path.exists() {
+            true => read_json::<Architectures>(&path)?.architectures,
+            false => Vec::new(),
+        };
+        let recipe = recipe.or_else(|| Recipe::detect(&origin.to_string_lossy(), &architectures)).ok_or_else(|| {
+            let message = format!(
+                "a causal language model ({family:?}) reranks through a recipe, and none was set or detected from \
+                 the hub id: set recipe to one of {RECIPES}"
+            );
+            load_err(origin, message)
+        })?;
+        if recipe.family() != family {
+            let message = format!("the {recipe:?} recipe reads {:?} models, and this is {family:?}", recipe.family());
+            return Err(load_err(origin, message));
+        }
+        let prompt =
+            Prompt::new(recipe, &pieces, pieces.pad_id).map_err(|e| load_err(&origin.join("tokenizer.json"), e))?;
+        let answer = prompt.answer(&vb, config.hidden_size).map_err(|e| load_err(origin, e))?;
+        let head = Head::answer(answer)?;
+        Ok(CrossEncoder { backbone: Backbone::new(vb, config, pieces, origin)?, head, prompt: Some(prompt) })
     }
 
     /// Encodes a pair by the tokenizer's template (BERT's `[CLS] query [SEP] segment [SEP]`), the query cut to
-    /// `max_query_tokens`, the segment cut so the whole fits `max_len`.
+    /// `max_query_tokens`, the segment cut so the whole fits `max_len`; a decoder's by its recipe, with its
+    /// default instruction.
     pub fn encode(
         &self,
         query: &str,
@@ -167,7 +174,43 @@ impl CrossEncoder {
         max_len: usize,
         max_query_tokens: usize,
     ) -> Result<Encoded, ModelError> {
-        self.backbone.pieces.pair(query, segment, max_len, max_query_tokens)
+        self.encode_with(None, query, segment, max_len, max_query_tokens)
+    }
+
+    /// `encode` with an instruction for a decoder's recipe (`Recipe::default_instruction` when none); an
+    /// encoder has no place for one and refuses it.
+    pub fn encode_with(
+        &self,
+        instruction: Option<&str>,
+        query: &str,
+        segment: &str,
+        max_len: usize,
+        max_query_tokens: usize,
+    ) -> Result<Encoded, ModelError> {
+        let pieces = &self.backbone.pieces;
+        match &self.prompt {
+            Some(prompt) => {
+                prompt.encode(pieces, (instruction, query, segment), (max_len.min(pieces.max_len), max_query_tokens))
+            }
+            None if instruction.is_some() => {
+                Err(ModelError::Unsupported("an instruction is read by decoder rerankers only".into()))
+            }
+            None => pieces.pair(query, segment, max_len, max_query_tokens),
+        }
+    }
+
+    /// The most word pieces a segment may have so that it is never cut.
+    pub(super) fn segment_budget(&self, max_len: usize, max_query_tokens: usize) -> usize {
+        let pieces = &self.backbone.pieces;
+        match &self.prompt {
+            Some(prompt) => max_len.min(pieces.max_len).saturating_sub(prompt.fixed + max_query_tokens).max(1),
+            None => pieces.segment_budget(max_len, max_query_tokens),
+        }
+    }
+
+    /// The recipe a decoder reranker reads with.
+    pub fn recipe(&self) -> Option<Recipe> {
+        self.prompt.as_ref().map(|p| p.recipe)
     }
 
     /// Logits of a batch of encoded pairs.
@@ -215,9 +258,7 @@ impl CrossEncoder {
 
     /// FLOPs of scoring one pair of `len` word pieces: the encoder and the head's two layers.
     pub fn pair_flops(&self, len: usize) -> f64 {
-        let config = &self.backbone.config;
-        let h = config.hidden_size as f64;
-        encoder_flops(config, config.num_hidden_layers, len) + 2.0 * h * h + 2.0 * h * self.head.labels() as f64
+        self.backbone.flops(len) + self.head.flops(self.backbone.hidden_size)
     }
 
     /// Token counts as this model's tokenizer sees them (for the segmenter's budget).
@@ -325,6 +366,13 @@ struct PoolingConfig {
     /// sentence-transformers 6 and later: `mean`, `cls`, …
     #[serde(default)]
     pooling_mode: Option<String>,
+}
+
+/// `config.json`'s architectures (a converted checkpoint's tell its recipe).
+#[derive(Deserialize)]
+struct Architectures {
+    #[serde(default)]
+    architectures: Vec<String>,
 }
 
 #[derive(Deserialize)]

@@ -3,7 +3,8 @@
 //! token types in use, their classification head; ELECTRA: embeddings narrower than the encoder, projected, and
 //! its head; DistilBERT: other names, no token types, a pre-classifier). Each runs through `bert::Bert`, whose
 //! CPU kernels pay for all of them; what differs is read here. ModernBERT and DeBERTa are other architectures:
-//! candle's backbones (`modernbert`, `deberta`).
+//! candle's backbones (`modernbert`, `deberta`). Qwen2, Qwen3 and Gemma are causal decoders (`decoder`), loaded
+//! as rerankers through a recipe (`recipe`).
 
 use candle_core::DType;
 use candle_nn::VarBuilder;
@@ -22,10 +23,15 @@ pub enum Family {
     ModernBert,
     /// DeBERTa-v2 and v3: candle-transformers' backbone (`deberta`).
     Deberta,
+    /// Causal decoders (`decoder`), read by a reranker recipe.
+    Qwen2,
+    Qwen3,
+    Gemma,
 }
 
 /// `model_type`s longrank loads, as a refusal lists them.
-pub const LOADED: &str = "bert, roberta, xlm-roberta, camembert, electra, distilbert, modernbert, deberta-v2";
+pub const LOADED: &str =
+    "bert, roberta, xlm-roberta, camembert, electra, distilbert, modernbert, deberta-v2, qwen2, qwen3, gemma";
 
 /// How a family's classification head reads the first token's final state: a dense layer, an activation, and
 /// the output layer (one or two labels).
@@ -45,6 +51,9 @@ impl Family {
             "distilbert" => Some(Family::DistilBert),
             "modernbert" => Some(Family::ModernBert),
             "deberta-v2" => Some(Family::Deberta),
+            "qwen2" => Some(Family::Qwen2),
+            "qwen3" => Some(Family::Qwen3),
+            "gemma" => Some(Family::Gemma),
             _ => None,
         }
     }
@@ -57,6 +66,11 @@ impl Family {
             Family::ModernBert | Family::Deberta => DType::F32,
             _ => asked,
         }
+    }
+
+    /// Whether the family is a causal decoder (scored through a recipe, not a classification head).
+    pub fn is_decoder(self) -> bool {
+        matches!(self, Family::Qwen2 | Family::Qwen3 | Family::Gemma)
     }
 
     /// The family of a BERT-shaped configuration (`config`'s `model_type`, as `configuration` wrote it).
@@ -80,13 +94,20 @@ impl Family {
             ],
             Family::ModernBert => &[("hidden_activation", "hidden_act"), ("norm_eps", "layer_norm_eps")],
             Family::Bert | Family::Roberta | Family::Electra | Family::Deberta => &[],
+            Family::Qwen2 | Family::Qwen3 | Family::Gemma => {
+                // The decoder reads its own configuration (`decoder`); the BERT shape keeps the sizes, and
+                // settings it cannot hold (null ids, SiLU) give way to defaults it does not read.
+                raw.retain(|_, value| !value.is_null());
+                raw.insert("hidden_act".into(), "gelu".into());
+                &[]
+            }
         };
         for (from, to) in renamed {
             if let Some(value) = raw.remove(*from) {
                 raw.insert(to.to_string(), value);
             }
         }
-        if matches!(family, Family::DistilBert | Family::ModernBert) {
+        if matches!(family, Family::DistilBert | Family::ModernBert) || family.is_decoder() {
             raw.insert("type_vocab_size".into(), 0.into());
         }
         for (name, value) in [
@@ -111,7 +132,7 @@ impl Family {
             Family::Roberta => "roberta",
             Family::Electra => "electra",
             Family::DistilBert => "distilbert",
-            Family::ModernBert => "model",
+            Family::ModernBert | Family::Qwen2 | Family::Qwen3 | Family::Gemma => "model",
             Family::Deberta => "deberta",
         }
     }
@@ -120,7 +141,7 @@ impl Family {
     pub fn position_offset(self, config: &Config) -> usize {
         match self {
             Family::Roberta => config.pad_token_id + 1,
-            Family::Bert | Family::Electra | Family::DistilBert | Family::ModernBert | Family::Deberta => 0,
+            _ => 0,
         }
     }
 
@@ -166,6 +187,8 @@ impl Family {
             Family::ModernBert => (&["head.dense"], Activation::Gelu, "classifier"),
             // The context pooler (its activation checked by `deberta`).
             Family::Deberta => (&["pooler.dense"], Activation::Gelu, "classifier"),
+            // A decoder's head is its recipe's answer (`Head::answer`); converted checkpoints name it `score`.
+            Family::Qwen2 | Family::Qwen3 | Family::Gemma => (&[], Activation::Gelu, "score"),
         }
     }
 }

@@ -1,7 +1,8 @@
 //! A cross-encoder's classification head, for every family: the final states pooled (the first token's, or
 //! their mean under the mask: ModernBERT's `classifier_pooling`), a dense layer and its activation (BERT's
 //! pooler and RoBERTa's head with tanh, ELECTRA's and ModernBERT's with GELU, DistilBERT's pre-classifier with
-//! ReLU), ModernBERT's LayerNorm, then the output layer; with two labels, label 1's logit is the score.
+//! ReLU), ModernBERT's LayerNorm, then the output layer; with two labels, label 1's logit is the score. A
+//! decoder reranker's head is its answer (`recipe`): the last real token's state times one folded vector.
 
 use std::path::Path;
 
@@ -19,12 +20,14 @@ use super::{modernbert, ModelError};
 pub enum HeadPooling {
     First,
     Mean,
+    /// The last real token's (a causal decoder's: the only one that has read the whole input).
+    Last,
 }
 
 pub struct Head {
     pooling: HeadPooling,
-    dense: Linear,
-    activation: Activation,
+    /// The dense layer and its activation (none in a decoder's answer head).
+    dense: Option<(Linear, Activation)>,
     norm: Option<LayerNorm>,
     classifier: Linear,
     /// The output read as the score: the last label's.
@@ -53,8 +56,7 @@ impl Head {
             let err = |e| load_err(origin, e);
             return Ok(Head {
                 pooling: options.pooling,
-                dense: dense.map_err(err)?,
-                activation: options.activation,
+                dense: Some((dense.map_err(err)?, options.activation)),
                 norm: Some(norm.map_err(err)?),
                 classifier,
                 label,
@@ -64,14 +66,27 @@ impl Head {
             .iter()
             .find_map(|n| candle_nn::linear(h, h, vb.pp(*n)).ok())
             .ok_or_else(|| load_err(origin, format!("no weights for {}", dense_names.join(" or "))))?;
-        Ok(Head { pooling: HeadPooling::First, dense, activation, norm: None, classifier, label })
+        Ok(Head { pooling: HeadPooling::First, dense: Some((dense, activation)), norm: None, classifier, label })
+    }
+
+    /// A decoder's answer: the last real token's final state times `answer` (`[hidden]`, `recipe::Answer`).
+    pub fn answer(answer: Tensor) -> candle_core::Result<Head> {
+        let classifier = Linear::new(answer.unsqueeze(0)?, None);
+        Ok(Head { pooling: HeadPooling::Last, dense: None, norm: None, classifier, label: 0 })
+    }
+
+    /// FLOPs of the head over one input's pooled state.
+    pub fn flops(&self, hidden: usize) -> f64 {
+        let h = hidden as f64;
+        let dense = if self.dense.is_some() { 2.0 * h * h } else { 0.0 };
+        dense + 2.0 * h * self.labels() as f64
     }
 
     /// The final states the head reads: the first position's alone, or every position's (mean pooling).
     pub fn positions(&self) -> Positions {
         match self.pooling {
             HeadPooling::First => Positions::First,
-            HeadPooling::Mean => Positions::All,
+            HeadPooling::Mean | HeadPooling::Last => Positions::All,
         }
     }
 
@@ -80,7 +95,7 @@ impl Head {
     }
 
     pub fn dtype(&self) -> DType {
-        self.dense.weight().dtype()
+        self.classifier.weight().dtype()
     }
 
     /// The scores `[batch]` of final states `[batch, len, hidden]` under `mask` `[batch, len]`.
@@ -91,12 +106,18 @@ impl Head {
                 let mask = mask.to_dtype(states.dtype())?.unsqueeze(D::Minus1)?;
                 states.broadcast_mul(&mask)?.sum(1)?.broadcast_div(&mask.sum(1)?)?
             }
+            HeadPooling::Last => last_states(states, mask)?,
         };
-        let dense = self.dense.forward(&pooled)?;
-        let activated = match self.activation {
-            Activation::Tanh => dense.tanh()?,
-            Activation::Gelu => dense.gelu_erf()?,
-            Activation::Relu => dense.relu()?,
+        let activated = match &self.dense {
+            Some((dense, activation)) => {
+                let dense = dense.forward(&pooled)?;
+                match activation {
+                    Activation::Tanh => dense.tanh()?,
+                    Activation::Gelu => dense.gelu_erf()?,
+                    Activation::Relu => dense.relu()?,
+                }
+            }
+            None => pooled,
         };
         let normed = match &self.norm {
             Some(norm) => norm.forward(&activated)?,
@@ -104,4 +125,15 @@ impl Head {
         };
         self.classifier.forward(&normed)?.i((.., self.label))
     }
+}
+
+/// Each input's state `[batch, hidden]` at its last real position (right padding: its length less one).
+pub fn last_states(states: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+    let lengths = mask.to_dtype(DType::U32)?.sum(1)?.to_vec1::<u32>()?;
+    let rows = lengths
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| states.i((i, len.saturating_sub(1) as usize)))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    Tensor::stack(&rows, 0)
 }

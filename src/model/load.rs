@@ -21,7 +21,8 @@ pub(super) fn read_config(dir: &Path) -> Result<(Config, Pieces), ModelError> {
     let raw: serde_json::Map<String, serde_json::Value> = read_json(&config_path)?;
     let (config, family) = Family::configuration(raw).map_err(|e| load_err(&config_path, e))?;
     let tokenizer_path = dir.join("tokenizer.json");
-    let pieces = Pieces::load(&tokenizer_path, family.max_len(&config), Some(config.pad_token_id as u32))?;
+    let pad_id = Some(config.pad_token_id as u32);
+    let pieces = Pieces::load(&tokenizer_path, family.max_len(&config), pad_id, family.is_decoder())?;
     if pieces.vocab_size() > config.vocab_size {
         let message = format!(
             "holds {} tokens where config.json's vocab_size is {}: the two files are of different models",

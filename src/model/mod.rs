@@ -9,12 +9,15 @@ pub mod cobert;
 mod cpu;
 pub use cpu::blas::gemm_path;
 mod deberta;
+mod decoder;
 mod encoder;
 mod family;
 mod head;
 mod hub;
 mod load;
 mod modernbert;
+mod network;
+mod recipe;
 mod serve;
 mod tokenize;
 mod trainable;
@@ -31,6 +34,7 @@ pub use encoder::{encoder_flops, BiEncoder, CrossEncoder, Pooling};
 pub use hub::resolve;
 pub use load::{device, dtype, outputs_hash, weights_hash};
 use load::{load_err, read_config, read_json, weights};
+pub use recipe::{Recipe, RECIPES};
 pub use serve::queue::{BatchStats, JobTiming};
 pub use serve::served::{Output, Scores, ServeOptions, Served};
 pub use serve::vectors::VectorFile;
@@ -53,6 +57,11 @@ pub enum ModelError {
     Overloaded { queued: usize, retry_after_s: u64 },
     #[error("cancelled")]
     Cancelled,
+    #[error(
+        "the query takes {tokens} tokens with its instruction and labels, over this model's budget of {budget} \
+         (max_query_tokens): a decoder reranker never cuts the query; shorten it or raise max_query_tokens"
+    )]
+    QueryOverBudget { tokens: usize, budget: usize },
     #[error("{0}")]
     Unsupported(String),
 }
@@ -114,20 +123,29 @@ impl Reranker {
         }
     }
 
-    /// Loads a directory as the given kind.
-    pub fn load(dir: &Path, device: &Device, dtype: DType, kind: Kind) -> Result<Reranker, ModelError> {
+    /// Loads a directory as the given kind; a decoder reranker reads by `recipe` (else detected).
+    pub fn load(
+        dir: &Path,
+        device: &Device,
+        dtype: DType,
+        kind: Kind,
+        recipe: Option<Recipe>,
+    ) -> Result<Reranker, ModelError> {
         let bi = match kind {
             Kind::Auto => dir.join("modules.json").exists(),
             Kind::CrossEncoder => false,
             Kind::BiEncoder => true,
         };
+        if recipe.is_some() && bi {
+            return Err(load_err(dir, "a recipe is for decoder rerankers, not bi-encoders"));
+        }
         if kind == Kind::Auto && dir.join(cobert::CONFIG_FILE).exists() {
             return Ok(Reranker::CoBert(cobert::CoBert::load(dir, device, dtype)?));
         }
         if bi {
             Ok(Reranker::Bi(BiEncoder::load(dir, device, dtype)?))
         } else {
-            Ok(Reranker::Cross(CrossEncoder::load(dir, device, dtype)?))
+            Ok(Reranker::Cross(CrossEncoder::load(dir, device, dtype, recipe)?))
         }
     }
 
@@ -156,6 +174,14 @@ impl Reranker {
         self.pieces().count(text)
     }
 
+    /// A decoder reranker's recipe (none for the encoders).
+    pub fn recipe(&self) -> Option<Recipe> {
+        match self {
+            Reranker::Cross(m) => m.recipe(),
+            Reranker::Bi(_) | Reranker::CoBert(_) => None,
+        }
+    }
+
     /// Which tokenizer (with its templates) the model reads with: models with equal ones cut text alike, and
     /// whatever is cut or counted for one may be shared with the others, never with a model of another.
     pub fn tokenizer_fingerprint(&self) -> u64 {
@@ -172,7 +198,7 @@ impl Reranker {
     pub fn segment_budget(&self, max_length: usize, max_query_tokens: usize) -> usize {
         match self {
             Reranker::Cross(m) | Reranker::CoBert(cobert::CoBert { cross: m, .. }) => {
-                m.backbone.pieces.segment_budget(max_length, max_query_tokens)
+                m.segment_budget(max_length, max_query_tokens)
             }
             Reranker::Bi(m) => m.layout.max_seq_length.saturating_sub(2),
         }

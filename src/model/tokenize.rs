@@ -34,8 +34,13 @@ pub(super) struct Pieces {
 impl Pieces {
     /// The tokenizer at `path` for a model of `max_len` positions; `pad_id` is the model's (`config.json`),
     /// else the tokenizer's padding token, `[PAD]` or `<pad>`. A tokenizer without a post-processor gets
-    /// BERT's, from its `[CLS]` and `[SEP]`.
-    pub(super) fn load(path: &Path, max_len: usize, pad_id: Option<u32>) -> Result<Pieces, ModelError> {
+    /// BERT's, from its `[CLS]` and `[SEP]`, unless it is a decoder's (`templated`: its recipe builds inputs).
+    pub(super) fn load(
+        path: &Path,
+        max_len: usize,
+        pad_id: Option<u32>,
+        templated: bool,
+    ) -> Result<Pieces, ModelError> {
         let mut tokenizer = Tokenizer::from_file(path).map_err(|e| load_err(path, e))?;
         let id = |token: &str| tokenizer.token_to_id(token);
         let pad_id = pad_id
@@ -43,7 +48,7 @@ impl Pieces {
             .or_else(|| id("[PAD]"))
             .or_else(|| id("<pad>"))
             .ok_or_else(|| load_err(path, "no padding token (config.json's pad_token_id, [PAD] or <pad>)"))?;
-        if tokenizer.get_post_processor().is_none() {
+        if tokenizer.get_post_processor().is_none() && !templated {
             let (Some(cls), Some(sep)) = (id("[CLS]"), id("[SEP]")) else {
                 return Err(load_err(path, "no post-processor, and no [CLS] and [SEP] to build BERT's"));
             };
@@ -63,6 +68,16 @@ impl Pieces {
     /// What the pieces depend on (see the field): a cache of anything cut or counted by them keys by it.
     pub(super) fn fingerprint(&self) -> u64 {
         self.fingerprint
+    }
+
+    /// The ids of `text` without special tokens added (`tokenizer(text, add_special_tokens=False)`).
+    pub(super) fn ids(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        Ok(self.encoding(text)?.get_ids().to_vec())
+    }
+
+    /// The id of one token of the vocabulary (`convert_tokens_to_ids`).
+    pub(super) fn token_id(&self, token: &str) -> Option<u32> {
+        self.tokenizer.token_to_id(token)
     }
 
     /// Token ids the tokenizer can give (added tokens included).

@@ -276,7 +276,7 @@ impl TrainableEncoder {
     /// An inference cross-encoder over a copy of the current weights, on another device or in another dtype.
     pub fn snapshot_on(&self, device: &Device, dtype: DType) -> Result<CrossEncoder, ModelError> {
         let vb = VarBuilder::from_tensors(self.weights()?, dtype, device);
-        CrossEncoder::new(vb, &self.config, self.pieces.clone(), &self.source)
+        CrossEncoder::new(vb, &self.config, self.pieces.clone(), &self.source, None)
     }
 
     /// An inference bi-encoder over a copy of the current weights, pooled as the model is served.
@@ -291,7 +291,7 @@ impl TrainableEncoder {
     pub fn snapshot_cobert(&self) -> Result<CoBert, ModelError> {
         let heads = self.cobert.as_ref().ok_or_else(|| load_err(&self.source, "the model has no Co-BERT heads"))?;
         let vb = VarBuilder::from_tensors(self.weights()?, self.dtype, &self.device);
-        let cross = CrossEncoder::new(vb.clone(), &self.config, self.pieces.clone(), &self.source)?;
+        let cross = CrossEncoder::new(vb.clone(), &self.config, self.pieces.clone(), &self.source, None)?;
         let heads = CoBertHeads::new(vb.pp("cobert"), &self.config, *heads.config(), false)
             .map_err(|e| load_err(&self.source, e))?;
         Ok(CoBert { cross, own: None, heads, backbone: self.config.clone() })

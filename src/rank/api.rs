@@ -155,6 +155,13 @@ pub struct RankParams {
     #[arg(long, value_parser = json_arg::<Preselect>, value_name = "JSON")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preselect: Option<Preselect>,
+    /// A decoder reranker's instruction, where its recipe reads one (Qwen3-Reranker's `<Instruct>` line,
+    /// mxbai-rerank-v2's instruction line, bge-reranker-v2-gemma's prompt); `instruct` too (sglang's name).
+    /// Default: the recipe's own. Encoders have no place for one and refuse it.
+    #[arg(long)]
+    #[serde(default, alias = "instruct", skip_serializing_if = "Option::is_none")]
+    #[schema(example = "Given a web search query, retrieve relevant passages that answer the query")]
+    pub instruction: Option<String>,
 }
 
 /// Parses an object-valued flag's JSON text (`--bm25 '{"k1": 1.2}'`).

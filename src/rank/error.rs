@@ -14,6 +14,8 @@ pub enum RankError {
     OutOfRange { field: &'static str, value: f64, min: f64, max: f64 },
     #[error("topic {qid}: {source}")]
     Topic { qid: String, source: Box<RankError> },
+    #[error("instruction: {0}")]
+    InvalidInstruction(String),
     #[error("run tag {0:?} must be one word")]
     InvalidTag(String),
     #[error("segments: {0}")]

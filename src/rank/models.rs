@@ -14,7 +14,7 @@ use utoipa::ToSchema;
 use super::RankError;
 use crate::config::ModelConfig;
 use crate::index::Collection;
-use crate::model::{self, Kind, Quantize, Reranker, ServeOptions, Served, VectorFile};
+use crate::model::{self, Kind, Quantize, Recipe, Reranker, ServeOptions, Served, VectorFile};
 
 /// The name of `[model] path`.
 pub const DEFAULT: &str = "default";
@@ -30,6 +30,8 @@ struct Slot {
     name: String,
     source: String,
     kind: Kind,
+    /// A decoder reranker's recipe, as configured (else detected from the source at load).
+    recipe: Option<Recipe>,
     quantize: Quantize,
     /// Its longest input (its own, or `[model] max_length`).
     max_length: usize,
@@ -69,6 +71,9 @@ pub struct ModelStatus {
     /// `cross-encoder` or `bi-encoder`, once loaded.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kind: Option<&'static str>,
+    /// A decoder reranker's recipe, once loaded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recipe: Option<Recipe>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// Inputs waiting for the model.
@@ -80,20 +85,21 @@ pub struct ModelStatus {
 
 impl Models {
     pub fn new(config: &ModelConfig) -> Models {
-        let slot = |name: String, source: String, kind, quantize, max_length: Option<usize>| Slot {
+        let slot = |name: String, source: String, kind, recipe, quantize, max_length: Option<usize>| Slot {
             name,
             source,
             kind,
+            recipe,
             quantize,
             max_length: max_length.unwrap_or(config.max_length),
             state: OnceLock::new(),
         };
         let default = (!config.path.is_empty())
-            .then(|| slot(DEFAULT.to_string(), config.path.clone(), config.kind, config.quantize, None));
+            .then(|| slot(DEFAULT.to_string(), config.path.clone(), config.kind, config.recipe, config.quantize, None));
         let named = config
             .named
             .iter()
-            .map(|(n, m)| slot(n.clone(), m.source().to_string(), m.kind(), m.quantize(), m.max_length()));
+            .map(|(n, m)| slot(n.clone(), m.source().to_string(), m.kind(), m.recipe(), m.quantize(), m.max_length()));
         let slots = default.into_iter().chain(named).collect();
         Models { slots, config: config.clone(), stores: Mutex::default() }
     }
@@ -137,7 +143,9 @@ impl Models {
         let dir = model::resolve(&slot.source, self.config.offline)?;
         let device = model::device(&self.config.device)?;
         let dtype = model::dtype(&self.config.dtype, &device)?;
-        let mut reranker = Reranker::load(&dir, &device, dtype, slot.kind)?;
+        // A hub id names its model line, where the directory (a local copy) may not.
+        let recipe = slot.recipe.or_else(|| Recipe::detect(&slot.source, &[]));
+        let mut reranker = Reranker::load(&dir, &device, dtype, slot.kind, recipe)?;
         if slot.quantize == Quantize::Int8 {
             reranker.quantize()?;
         }
@@ -179,7 +187,8 @@ impl Models {
                     Some(Err(reason)) => ("unavailable", None, Some(reason.clone()), 0, None),
                 };
                 let (name, source) = (slot.name.clone(), slot.source.clone());
-                ModelStatus { name, source, state, kind, reason, queued, batches }
+                let recipe = slot.state.get().and_then(|m| m.as_ref().ok()?.served.model().recipe());
+                ModelStatus { name, source, state, kind, recipe, reason, queued, batches }
             })
             .collect()
     }

@@ -34,6 +34,9 @@ pub struct RerankOptions {
     pub interpolate: Option<f32>,
     /// Which segments the model reads.
     pub preselect: Preselect,
+    /// A decoder reranker's instruction (its recipe's default when none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instruction: Option<String>,
 }
 
 /// The ranking parameters of a first stage, which `/rerank` (the client's own candidates) refuses.
@@ -90,10 +93,15 @@ impl Engine {
                 _ => Preselect::default(),
             });
             self.check_preselect(&preselect)?;
-            Some(RerankOptions { model, depth, segments, interpolate: params.interpolate, preselect })
+            let instruction = params.instruction.as_deref().map(|i| self.check_instruction(i)).transpose()?;
+            Some(RerankOptions { model, depth, segments, interpolate: params.interpolate, preselect, instruction })
         } else {
             if let Some(model) = &params.model {
                 self.models.check(Some(model))?;
+            }
+            if params.instruction.is_some() {
+                let what = format!("the {} pipeline (a model's instruction is for re-ranking)", pipeline.name());
+                return Err(RankError::NotApplicable { field: "instruction", what });
             }
             None
         };
@@ -121,6 +129,20 @@ impl Engine {
             self.models.check(Some(name))?;
         }
         Ok(())
+    }
+
+    /// An instruction's text, trimmed, bounded as a query is (it is read with one).
+    fn check_instruction(&self, instruction: &str) -> Result<String, RankError> {
+        let instruction = instruction.trim_matches(|c: char| c.is_whitespace() || c.is_control());
+        let len = instruction.chars().count();
+        match len {
+            0 => Err(RankError::InvalidInstruction("empty".into())),
+            _ if len > self.limits.max_query_chars => Err(RankError::InvalidInstruction(format!(
+                "{len} characters long; the limit is limits.max_query_chars, {}",
+                self.limits.max_query_chars
+            ))),
+            _ => Ok(instruction.to_string()),
+        }
     }
 
     /// A query's text, trimmed, checked against the limits.

@@ -212,7 +212,7 @@ impl Selecting<'_> {
             }
             SelectorScorer::Model { served, store } => {
                 let texts: Vec<&str> = inputs.iter().flatten().map(|(_, text)| text.as_ref()).collect();
-                served.score(query, &texts, *store, cancel).map_err(RankError::Model)?.scores
+                served.score(query, None, &texts, *store, cancel).map_err(RankError::Model)?.scores
             }
         };
         let mut flat = flat.into_iter();
@@ -270,7 +270,12 @@ fn score_segments<'d>(job: &Reranking<'_>, docs: &'d [Candidate]) -> Result<Scor
     };
     let texts: Vec<&str> =
         chosen.iter().zip(&inputs).flat_map(|(c, segments)| c.iter().map(|&i| segments[i].1.as_ref())).collect();
-    let scores = job.served.score(job.query, &texts, job.store, job.cancel).map_err(RankError::Model)?;
+    let instruction = job.options.instruction.as_deref();
+    if instruction.is_some() && job.served.model().recipe().is_none() {
+        let what = format!("model {} (an encoder: instructions are read by decoder rerankers)", job.name);
+        return Err(RankError::NotApplicable { field: "instruction", what });
+    }
+    let scores = job.served.score(job.query, instruction, &texts, job.store, job.cancel).map_err(RankError::Model)?;
     let mut model_scores = scores.scores.iter().copied();
     let mut per_doc: Vec<Vec<ScoredSegment>> = Vec::with_capacity(docs.len());
     let mut best_text: Vec<Option<Cow<'d, str>>> = Vec::with_capacity(docs.len());
@@ -447,7 +452,7 @@ mod tests {
         use crate::model::Kind;
         let load = |name: &str| {
             let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models").join(name);
-            Reranker::load(&dir, &candle_core::Device::Cpu, candle_core::DType::F32, Kind::Auto).unwrap()
+            Reranker::load(&dir, &candle_core::Device::Cpu, candle_core::DType::F32, Kind::Auto, None).unwrap()
         };
         let (xlmr, modern, modern_cls) = (load("xlm-roberta-bi"), load("modernbert-bi"), load("modernbert-cls"));
         let text = "Super Bowl 50 was an American football game. The Denver Broncos defeated the Carolina \

@@ -34,6 +34,9 @@ pub struct CohereV2Request {
     /// Cut each document after this many of the model's word pieces before segmenting (default: none).
     #[serde(default)]
     pub max_tokens_per_doc: Option<i64>,
+    /// A decoder reranker's instruction (vLLM's and llama.cpp's name; `instruct`, sglang's, too).
+    #[serde(default, alias = "instruct")]
+    pub instruction: Option<String>,
     /// Accepted and ignored: requests are served in their turn.
     #[serde(default)]
     #[allow(dead_code, reason = "accepted for Cohere's clients, which send it")]
@@ -56,6 +59,9 @@ pub struct V1Request {
     /// Echo each document's text in its result (default false).
     #[serde(default)]
     pub return_documents: Option<bool>,
+    /// A decoder reranker's instruction (vLLM's and llama.cpp's name; `instruct`, sglang's, too).
+    #[serde(default, alias = "instruct")]
+    pub instruction: Option<String>,
 }
 
 /// A v1 document: a text, or an object with one.
@@ -92,6 +98,9 @@ pub struct TeiRequest {
     /// segment (MaxP), where TEI would refuse a text longer than its input.
     #[serde(default)]
     pub truncate: bool,
+    /// A decoder reranker's instruction (vLLM's and llama.cpp's name; `instruct`, sglang's, too).
+    #[serde(default, alias = "instruct")]
+    pub instruction: Option<String>,
     /// Only `Right` (the start of the text is kept).
     #[serde(default)]
     #[allow(dead_code, reason = "one direction: deserializing it is the check")]
@@ -195,6 +204,7 @@ fn translate(
     query: String,
     texts: Vec<String>,
     model: Option<String>,
+    instruction: Option<String>,
     models: &[String],
     echo: bool,
 ) -> (RerankRequest, Translation) {
@@ -211,14 +221,15 @@ fn translate(
     });
     let echo = echo.then(|| texts.clone());
     let documents = texts.into_iter().map(|text| RerankDocument { id: None, title: None, text }).collect();
-    let params = RankParams { model, pipeline: Some("maxp".into()), ..RankParams::default() };
+    let params = RankParams { model, instruction, pipeline: Some("maxp".into()), ..RankParams::default() };
     let request = RerankRequest { query, documents: Some(documents), params, ..RerankRequest::default() };
     (request, Translation { warnings, echo })
 }
 
 impl CohereV2Request {
     pub fn translate(self, models: &[String]) -> (RerankRequest, Translation) {
-        let (mut request, translation) = translate(self.query, self.documents, self.model, models, false);
+        let (mut request, translation) =
+            translate(self.query, self.documents, self.model, self.instruction, models, false);
         request.params.k = self.top_n;
         request.max_tokens_per_doc = self.max_tokens_per_doc;
         (request, translation)
@@ -229,7 +240,7 @@ impl V1Request {
     pub fn translate(self, models: &[String]) -> (RerankRequest, Translation) {
         let texts = self.documents.into_iter().map(V1Document::into_text).collect();
         let echo = self.return_documents.unwrap_or(false);
-        let (mut request, translation) = translate(self.query, texts, self.model, models, echo);
+        let (mut request, translation) = translate(self.query, texts, self.model, self.instruction, models, echo);
         request.params.k = self.top_n;
         (request, translation)
     }
@@ -237,7 +248,8 @@ impl V1Request {
 
 impl TeiRequest {
     pub fn translate(self, models: &[String]) -> (RerankRequest, Translation) {
-        let (mut request, translation) = translate(self.query, self.texts, None, models, self.return_text);
+        let (mut request, translation) =
+            translate(self.query, self.texts, None, self.instruction, models, self.return_text);
         if self.truncate {
             request.params.pipeline = Some("firstp".into());
         }
@@ -328,10 +340,12 @@ mod tests {
             documents: vec!["a".into(), "b".into()],
             top_n: Some(1),
             max_tokens_per_doc: Some(7),
+            instruction: Some("judge".into()),
             priority: None,
         };
         let (known, translation) = request(Some("small")).translate(&models());
         assert_eq!(known.params.model.as_deref(), Some("small"));
+        assert_eq!(known.params.instruction.as_deref(), Some("judge"));
         assert!(translation.warnings.is_empty() && translation.echo.is_none());
         let (unknown, translation) = request(Some("rerank-v3.5")).translate(&models());
         assert_eq!(unknown.params.model, None);

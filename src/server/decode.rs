@@ -132,10 +132,29 @@ impl Fields {
     }
 }
 
-/// Decodes a JSON object into `T` after refusing fields `T` does not have.
-pub fn from_object<T: ToSchema + DeserializeOwned>(object: Map<String, Value>, code: ErrorCode) -> Result<T, ApiError> {
-    if let Some(unknown) = Fields::of::<T>().unknown(&object) {
-        let known: Vec<&str> = Fields::of::<T>().names().collect();
+/// Other servers' names for a field, read as the field's own (the schema has one name per field): sglang's
+/// `instruct`.
+const ALIASES: [(&str, &str); 1] = [("instruct", "instruction")];
+
+/// Decodes a JSON object into `T` after refusing fields `T` does not have (an alias of one of its fields is
+/// that field; both given is `duplicate_field`).
+pub fn from_object<T: ToSchema + DeserializeOwned>(
+    mut object: Map<String, Value>,
+    code: ErrorCode,
+) -> Result<T, ApiError> {
+    let fields = Fields::of::<T>();
+    for (alias, name) in ALIASES {
+        if fields.get(name).is_none() || !object.contains_key(alias) {
+            continue;
+        }
+        if object.contains_key(name) {
+            return Err(ApiError::new(ErrorCode::DuplicateField, format!("`{alias}` and `{name}` are one field")));
+        }
+        let value = object.remove(alias).expect("present");
+        object.insert(name.to_string(), value);
+    }
+    if let Some(unknown) = fields.unknown(&object) {
+        let known: Vec<&str> = fields.names().collect();
         return Err(ApiError::new(code, format!("unknown field `{unknown}`; expected one of {}", known.join(", "))));
     }
     serde_json::from_value(Value::Object(object)).map_err(|e| ApiError::new(code, e.to_string()))

@@ -59,7 +59,7 @@ codes! {
     InvalidQueryString = "invalid_query_string", 400, "A query parameter is unknown, mistyped, or an object.";
     InvalidPath = "invalid_path", 400, "A path parameter is malformed.";
     EmptyQuery = "empty_query", 400, "The query (or a topic's) has no text.";
-    QueryTooLong = "query_too_long", 400, "The query is longer than `limits.max_query_chars`.";
+    QueryTooLong = "query_too_long", 400, "The query is longer than `limits.max_query_chars`, or (decoder rerankers, which never cut it) than `model.max_query_tokens` with its instruction.";
     OutOfRange = "out_of_range", 400, "A number is outside its range (k, depth, bm25, rm3, interpolate, \
         preselect, documents, cluster settings).";
     InvalidTag = "invalid_tag", 400, "The run tag is not one word.";
@@ -312,6 +312,7 @@ impl RankError {
             RankError::OutOfRange { .. } => C::OutOfRange,
             RankError::Topic { source, .. } => source.code(),
             RankError::InvalidTag(_) => C::InvalidTag,
+            RankError::InvalidInstruction(_) => C::InvalidBody,
             RankError::InvalidSegments(_) => C::InvalidSegments,
             RankError::RerankingPipelineRequired { .. } => C::RerankingPipelineRequired,
             RankError::NotApplicable { .. } => C::NotApplicable,
@@ -330,6 +331,7 @@ impl RankError {
             RankError::Unresumable(_) => C::JobConflict,
             RankError::Model(ModelError::Overloaded { .. }) => C::Overloaded,
             RankError::Model(ModelError::Cancelled) | RankError::Index(IndexError::Cancelled) => C::Cancelled,
+            RankError::Model(ModelError::QueryOverBudget { .. }) => C::QueryTooLong,
             RankError::Model(_) => C::ModelError,
             RankError::Index(_) => C::IndexError,
         }

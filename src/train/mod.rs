@@ -517,7 +517,7 @@ impl Run<'_> {
                 }
             }
         }
-        let scorer = Scorer::cross(CrossEncoder::load(model_dir, self.device, self.dtype)?, self.options);
+        let scorer = Scorer::cross(CrossEncoder::load(model_dir, self.device, self.dtype, None)?, self.options);
         let phase = format!("selecting segments with {}", model_dir.display());
         self.progress.phase(&phase, pairs.len() as u64, Unit::Items);
         let mut file =

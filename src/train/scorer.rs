@@ -50,7 +50,14 @@ impl Scorer {
         // Segments as the server cuts them at the model's full budget, the title repeated as in training.
         let segments = SegmentOptions { repeat_title: options.repeat_title, ..SegmentOptions::default() };
         let (preselect, bm25) = (options.dev_preselect.clone().unwrap_or_default(), options.bm25);
-        let options = RerankOptions { model: NAME.into(), depth: usize::MAX, segments, interpolate: None, preselect };
+        let options = RerankOptions {
+            model: NAME.into(),
+            depth: usize::MAX,
+            segments,
+            interpolate: None,
+            preselect,
+            instruction: None,
+        };
         Scorer { served: Served::start(NAME, model, serve), segments: SegmentCache::default(), options, bm25 }
     }
 
@@ -95,7 +102,7 @@ impl Scorer {
     pub fn best_segment(&self, query: &str, doc: &TrainingDoc) -> Result<usize, TrainError> {
         let inputs: Vec<String> = (0..doc.segments.len()).map(|i| doc.input(i)).collect();
         let texts: Vec<&str> = inputs.iter().map(String::as_str).collect();
-        let scores = self.served.score(query, &texts, None, &Cancel::default())?;
+        let scores = self.served.score(query, None, &texts, None, &Cancel::default())?;
         Ok(rerank::best(&scores.scores).unwrap_or(0))
     }
 }

@@ -365,8 +365,13 @@ pub fn free_port() -> u16 {
 /// The `sh` block of README's section `heading` (a `### ` heading) that holds `marker`, made runnable in `tmp`:
 /// `/tmp/` paths moved into it, `cargo run --release --` replaced by the binary under test, the build line dropped.
 pub fn readme_block(heading: &str, marker: &str, tmp: &Path) -> String {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let section = readme.split(&format!("\n### {heading}\n")).nth(1).unwrap_or_else(|| panic!("README has {heading}"));
+    doc_block("README.md", heading, marker, tmp)
+}
+
+/// `readme_block` of another page (`docs/models.md`).
+pub fn doc_block(page: &str, heading: &str, marker: &str, tmp: &Path) -> String {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(page)).unwrap();
+    let section = readme.split(&format!("\n### {heading}\n")).nth(1).unwrap_or_else(|| panic!("{page} has {heading}"));
     let section = section.split("\n## ").next().unwrap().split("\n### ").next().unwrap();
     let block = section
         .split("```sh\n")

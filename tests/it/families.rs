@@ -11,19 +11,19 @@ use serde_json::{json, Value};
 
 use crate::common::{post_json, TestServer};
 
-fn fixture(name: &str) -> PathBuf {
+pub(crate) fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models").join(name)
 }
 
-fn references(dir: &Path) -> Value {
+pub(crate) fn references(dir: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("references.json")).unwrap()).unwrap()
 }
 
-fn close(got: f32, want: f64) -> bool {
+pub(crate) fn close(got: f32, want: f64) -> bool {
     (got as f64 - want).abs() <= 1e-4 * want.abs().max(1.0)
 }
 
-fn numbers(value: &Value) -> Vec<u32> {
+pub(crate) fn numbers(value: &Value) -> Vec<u32> {
     value.as_array().unwrap().iter().map(|n| n.as_u64().unwrap() as u32).collect()
 }
 
@@ -34,7 +34,7 @@ const CROSS: [&str; 7] =
 fn cross_encoder(name: &str, dtype: DType) -> (longrank::model::CrossEncoder, Value, Vec<Encoded>) {
     let dir = fixture(name);
     let refs = references(&dir);
-    let Reranker::Cross(model) = Reranker::load(&dir, &Device::Cpu, dtype, Kind::Auto).unwrap() else {
+    let Reranker::Cross(model) = Reranker::load(&dir, &Device::Cpu, dtype, Kind::Auto, None).unwrap() else {
         panic!("{name} is not a cross-encoder");
     };
     let (max_len, max_query) =
@@ -77,18 +77,42 @@ fn cross_encoders_of_each_family_read_their_templates_and_score_as_transformers(
 /// few layers. ModernBERT and DeBERTa compute in f32 whatever is asked (`Family::dtype`).
 #[test]
 fn cross_encoders_score_in_half_precision_within_bounds() {
+    assert_half_precision(&CROSS, [1e-2, 5e-2], |name, dtype| {
+        let (model, refs, inputs) = cross_encoder(name, dtype);
+        let wants = refs["pairs"].as_array().unwrap().iter().map(|pair| pair["logit"].as_f64().unwrap()).collect();
+        (model.score(&inputs).unwrap(), wants)
+    });
+}
+
+/// Asserts that the server's default model serves every re-ranking pipeline over its collection, with its
+/// evidence (the best segment's byte offsets).
+pub(crate) fn assert_reranking_pipelines(server: &TestServer) {
+    for pipeline in ["firstp", "maxp", "sump", "avgp"] {
+        let body = json!({"query": "boundary layer flow", "pipeline": pipeline, "depth": 5, "k": 5});
+        let reply = post_json(&server.url("/search"), &body.to_string());
+        assert_eq!(reply.status, 200, "{pipeline}: {}", reply.body);
+        let results = reply.json()["results"].as_array().unwrap().clone();
+        assert_eq!(results.len(), 5, "{pipeline}");
+        let best = &results[0]["best_segment"];
+        assert!(best["end"].as_u64().unwrap() > best["start"].as_u64().unwrap(), "{pipeline}: {}", reply.body);
+    }
+}
+
+/// Asserts that each model scores within `bounds` (f16's, bf16's) of its f32 references, relative beyond 1:
+/// `score(name, dtype)` gives the model's scores in that dtype and the references.
+pub(crate) fn assert_half_precision(
+    names: &[&str],
+    bounds: [f64; 2],
+    score: impl Fn(&str, DType) -> (Vec<f32>, Vec<f64>),
+) {
     let mut worst = Vec::new();
-    for (dtype, bound) in [(DType::F16, 1e-2), (DType::BF16, 5e-2)] {
-        for name in CROSS {
-            let (model, refs, inputs) = cross_encoder(name, dtype);
-            let scores = model.score(&inputs).unwrap();
-            let error = scores
+    for (dtype, bound) in [DType::F16, DType::BF16].into_iter().zip(bounds) {
+        for name in names {
+            let (got, want) = score(name, dtype);
+            let error = got
                 .iter()
-                .zip(refs["pairs"].as_array().unwrap())
-                .map(|(got, pair)| {
-                    let want = pair["logit"].as_f64().unwrap();
-                    (*got as f64 - want).abs() / want.abs().max(1.0)
-                })
+                .zip(want)
+                .map(|(got, want)| (*got as f64 - want).abs() / want.abs().max(1.0))
                 .fold(0.0, f64::max);
             worst.push((name, format!("{dtype:?}"), error, bound));
         }
@@ -101,7 +125,7 @@ fn bi_encoders_of_each_backbone_embed_as_sentence_transformers() {
     for name in ["xlm-roberta-bi", "modernbert-bi", "deberta-v3-bi"] {
         let dir = fixture(name);
         let refs = references(&dir);
-        let Reranker::Bi(model) = Reranker::load(&dir, &Device::Cpu, DType::F32, Kind::Auto).unwrap() else {
+        let Reranker::Bi(model) = Reranker::load(&dir, &Device::Cpu, DType::F32, Kind::Auto, None).unwrap() else {
             panic!("{name}: not a bi-encoder");
         };
         let texts = refs["texts"].as_array().unwrap();
@@ -138,12 +162,7 @@ fn families_serve_every_pipeline_and_preselect() {
     let cross = fixture("xlm-roberta");
     let env = [("LONGRANK_CONFIG", config_path.to_str().unwrap()), ("LONGRANK_MODEL_PATH", cross.to_str().unwrap())];
     let server = TestServer::start(dir.path(), &env).wait_ready();
-    for pipeline in ["firstp", "maxp", "sump", "avgp"] {
-        let body = json!({"query": "boundary layer flow", "pipeline": pipeline, "depth": 5, "k": 5});
-        let reply = post_json(&server.url("/search"), &body.to_string());
-        assert_eq!(reply.status, 200, "{pipeline}: {}", reply.body);
-        assert_eq!(reply.json()["results"].as_array().unwrap().len(), 5, "{pipeline}");
-    }
+    assert_reranking_pipelines(&server);
     let preselected = json!({"query": "boundary layer flow", "pipeline": "maxp", "depth": 5,
         "preselect": {"selector": "bi-encoder:bi", "per_doc": 1}});
     let reply = post_json(&server.url("/search"), &preselected.to_string());
@@ -223,13 +242,13 @@ fn what_cannot_load_names_the_file_and_the_families_that_do() {
         std::fs::copy(fixture("xlm-roberta").join(file), dir.path().join(file)).unwrap();
     }
     std::fs::copy(fixture("roberta").join("tokenizer.json"), dir.path().join("tokenizer.json")).unwrap();
-    let refused = Reranker::load(dir.path(), &Device::Cpu, DType::F32, Kind::Auto).err().unwrap().to_string();
+    let refused = Reranker::load(dir.path(), &Device::Cpu, DType::F32, Kind::Auto, None).err().unwrap().to_string();
     assert!(refused.contains("tokenizer.json") && refused.contains("vocab_size"), "{refused}");
     let mut config: Value =
         serde_json::from_str(&std::fs::read_to_string(fixture("xlm-roberta").join("config.json")).unwrap()).unwrap();
     config["model_type"] = json!("mpnet");
     std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
-    let refused = Reranker::load(dir.path(), &Device::Cpu, DType::F32, Kind::Auto).err().unwrap().to_string();
+    let refused = Reranker::load(dir.path(), &Device::Cpu, DType::F32, Kind::Auto, None).err().unwrap().to_string();
     assert!(
         refused.contains("config.json") && refused.contains("\"mpnet\"") && refused.contains("deberta-v2"),
         "{refused}"

@@ -7,6 +7,7 @@ mod clients;
 mod collections;
 mod common;
 mod corpus;
+mod decoders;
 mod docker;
 mod ecosystem;
 mod eval;

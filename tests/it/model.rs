@@ -54,7 +54,7 @@ fn cross_encoder_reproduces_reference_logits_including_truncated_pairs() {
     .collect();
     candle_core::safetensors::save(&head, dir.path().join("head.safetensors")).unwrap();
 
-    let model = CrossEncoder::load(dir.path(), &Device::Cpu, DType::F32).unwrap();
+    let model = CrossEncoder::load(dir.path(), &Device::Cpu, DType::F32, None).unwrap();
     let max_len = ce["max_length"].as_u64().unwrap() as usize;
     let pairs = ce["pairs"].as_array().unwrap();
     let encoded: Vec<_> = pairs
@@ -80,7 +80,7 @@ fn cross_encoder_reproduces_reference_logits_including_truncated_pairs() {
     }
 
     // int8 linear layers (`quantize = "int8"`): close to the reference, though not equal (really quantized).
-    let mut int8 = CrossEncoder::load(dir.path(), &Device::Cpu, DType::F32).unwrap();
+    let mut int8 = CrossEncoder::load(dir.path(), &Device::Cpu, DType::F32, None).unwrap();
     int8.quantize().unwrap();
     let got = int8.score(&encoded).unwrap();
     let errors: Vec<f64> =

@@ -37,7 +37,7 @@ fn every_variable_receives_a_gradient_and_training_scores_as_inference() {
     let inference = model.snapshot().unwrap().score(&encoded).unwrap();
     model.save(&dir.path().join("saved")).unwrap();
     let loaded =
-        CrossEncoder::load(&dir.path().join("saved"), &Device::Cpu, DType::F32).unwrap().score(&encoded).unwrap();
+        CrossEncoder::load(&dir.path().join("saved"), &Device::Cpu, DType::F32, None).unwrap().score(&encoded).unwrap();
     for ((a, b), c) in trained.iter().zip(&inference).zip(&loaded) {
         assert!((a - b).abs() < 1e-5 && (a - c).abs() < 1e-5, "{trained:?} {inference:?} {loaded:?}");
     }

@@ -91,17 +91,20 @@ impl Served {
         self.model.segment_budget(self.options.max_length, self.options.max_query_tokens)
     }
 
-    /// Scores every text against the query; `store` holds this model's outputs on disk (see the module).
+    /// Scores every text against the query (a decoder reranker's with `instruction`, else its recipe's
+    /// default); `store` holds this model's outputs on disk (see the module).
     pub fn score(
         &self,
         query: &str,
+        instruction: Option<&str>,
         texts: &[&str],
         store: Option<&VectorFile>,
         cancel: &Cancel,
     ) -> Result<Scores, ModelError> {
         match &*self.model {
             Reranker::Cross(m) | Reranker::CoBert(crate::model::cobert::CoBert { cross: m, .. }) => {
-                let (pairs, timing, computed) = self.pair_outputs(m, &self.queue, query, texts, store, cancel)?;
+                let (pairs, timing, computed) =
+                    self.pair_outputs(m, &self.queue, (query, instruction), texts, store, cancel)?;
                 // Each output ends with the pair's length, so FLOPs count cached pairs too.
                 let flops = pairs.iter().map(|o| m.pair_flops(o[o.len() - 1] as usize)).sum();
                 let scores = pairs.iter().map(|o| o[0]).collect();
@@ -143,21 +146,29 @@ impl Served {
         &self,
         m: &crate::model::CrossEncoder,
         queue: &Queue,
-        query: &str,
+        (query, instruction): (&str, Option<&str>),
         texts: &[&str],
         store: Option<&VectorFile>,
         cancel: &Cancel,
     ) -> Result<(Vec<Output>, JobTiming, usize), ModelError> {
         // The two queues' outputs differ, so their cache keys do; the store holds the first queue's only.
         let first = std::ptr::eq(queue, &self.queue);
-        let salt: &[u8] = if first { b"" } else { b"second" };
+        let mut salt: Vec<u8> = if first { Vec::new() } else { b"second".to_vec() };
+        // An instruction makes other pairs; without one the keys are those stores already hold.
+        if let Some(instruction) = instruction {
+            salt.extend_from_slice(b"instruction\xff");
+            salt.extend_from_slice(instruction.as_bytes());
+            salt.push(0xff);
+        }
         let store = store.filter(|_| first);
-        let keys: Vec<u64> = texts.iter().map(|t| key(Some((salt, query)), t)).collect();
+        let keys: Vec<u64> = texts.iter().map(|t| key(Some((&salt, query)), t)).collect();
         let (mut found, mut missing) = self.cached(&keys);
         from_store(store, &keys, |_| true, &mut found, &mut missing);
         let inputs = missing
             .iter()
-            .map(|&i| m.encode(query, texts[i], self.options.max_length, self.options.max_query_tokens))
+            .map(|&i| {
+                m.encode_with(instruction, query, texts[i], self.options.max_length, self.options.max_query_tokens)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let lengths: Vec<usize> = inputs.iter().map(|e| e.ids.len()).collect();
         let (mut outputs, timing) = match queue.run(inputs, cancel) {
@@ -194,7 +205,7 @@ impl Served {
             return Err(ModelError::Unsupported("the cobert pipeline needs a Co-BERT model".into()));
         };
         let queue = self.second.as_ref().unwrap_or(&self.queue);
-        let (outputs, _, _) = self.pair_outputs(m.interactions(), queue, query, texts, store, cancel)?;
+        let (outputs, _, _) = self.pair_outputs(m.interactions(), queue, (query, None), texts, store, cancel)?;
         Ok(outputs)
     }
 

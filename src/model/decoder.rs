@@ -1,0 +1,306 @@
+//! Causal decoders read as rerankers: Qwen2, Qwen3 and Gemma, our forward over transformers' weights and layout
+//! (candle-transformers' are generation bodies: a KV cache behind `&mut self`, no padding mask). Pre-norm layers:
+//! RMSNorm, grouped-query attention with rotary positions (Qwen3 normalizes each head's queries and keys; Qwen2
+//! adds biases to the projections), a gated feed-forward (SiLU; Gemma's tanh GELU); Gemma scales the embeddings
+//! by √hidden and its norms by 1 + weight. Inputs are right-padded: under the causal mask a real token never
+//! reads the padding after it, so a pair's states are those it has alone, whatever its batch, and rotary
+//! positions count from 0 as in the reference's left-padded batch (a shift that rotary attention cancels).
+
+use std::path::Path;
+
+use candle_core::{DType, Device, Module, Tensor, D};
+use candle_nn::{Embedding, VarBuilder};
+use serde::Deserialize;
+
+use super::bert::{Dense, Positions};
+use super::encoder::Inputs;
+use super::family::Family;
+use super::load::{load_err, read_json};
+use super::network::Network;
+use super::ModelError;
+
+/// What `config.json` says of a decoder's layers.
+#[derive(Deserialize)]
+struct Config {
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    rms_norm_eps: f64,
+    rope_theta: Option<f64>,
+    /// transformers 5 writes the rotary base here.
+    rope_parameters: Option<serde_json::Value>,
+    rope_scaling: Option<serde_json::Value>,
+    hidden_act: Option<String>,
+    /// Gemma's name for it.
+    hidden_activation: Option<String>,
+    #[serde(default)]
+    use_sliding_window: bool,
+    #[serde(default)]
+    attention_bias: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Activation {
+    Silu,
+    /// GELU's tanh approximation (`gelu_pytorch_tanh`).
+    GeluTanh,
+    Gelu,
+}
+
+struct RmsNorm {
+    /// The scale as the family applies it (Gemma's 1 + weight folded in at load).
+    alpha: Tensor,
+    eps: f32,
+}
+
+impl RmsNorm {
+    fn load(vb: VarBuilder, width: usize, eps: f64, family: Family) -> candle_core::Result<RmsNorm> {
+        let weight = vb.get(width, "weight")?;
+        let alpha = match family {
+            Family::Gemma => (weight + 1.0)?,
+            _ => weight,
+        };
+        Ok(RmsNorm { alpha, eps: eps as f32 })
+    }
+
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        candle_nn::ops::rms_norm(&x.contiguous()?, &self.alpha, self.eps)
+    }
+}
+
+struct Layer {
+    input_norm: RmsNorm,
+    /// The query, key and value projections as one product, and their biases (Qwen2's).
+    qkv: Dense,
+    qkv_bias: Option<Tensor>,
+    /// Qwen3's per-head norms of queries and keys.
+    head_norms: Option<(RmsNorm, RmsNorm)>,
+    out: Dense,
+    post_norm: RmsNorm,
+    /// The gate and up projections as one product.
+    gate_up: Dense,
+    down: Dense,
+}
+
+pub struct Decoder {
+    embed: Embedding,
+    /// Gemma's √hidden.
+    embed_scale: Option<f64>,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    hidden: usize,
+    intermediate: usize,
+    rope_theta: f64,
+    activation: Activation,
+}
+
+impl Decoder {
+    /// The decoder under `vb` (a causal LM's or a converted sequence classifier's root, `model.*`, or a bare
+    /// model's) of the configuration in `dir`; options it does not compute (rotary scaling, sliding windows) are
+    /// refused rather than ignored.
+    pub fn load(vb: VarBuilder, family: Family, dir: &Path) -> Result<Decoder, ModelError> {
+        let path = dir.join("config.json");
+        let c: Config = read_json(&path)?;
+        let refuse = |what: &str| Err(load_err(&path, format!("a {family:?} decoder with {what} is not supported")));
+        let rope = c.rope_parameters.as_ref().or(c.rope_scaling.as_ref());
+        if rope.and_then(|r| r.get("rope_type").or_else(|| r.get("type"))).is_some_and(|t| t != "default") {
+            return refuse("a rope_type other than default");
+        }
+        if c.use_sliding_window {
+            return refuse("use_sliding_window");
+        }
+        if c.attention_bias {
+            return refuse("attention_bias");
+        }
+        let activation = match c.hidden_activation.as_deref().or(c.hidden_act.as_deref()) {
+            Some("silu") | None if family != Family::Gemma => Activation::Silu,
+            // transformers reads Gemma's unset hidden_activation as the tanh approximation.
+            Some("gelu_pytorch_tanh") | None => Activation::GeluTanh,
+            Some("gelu") if family == Family::Gemma && c.hidden_activation.is_none() => Activation::GeluTanh,
+            Some("gelu") => Activation::Gelu,
+            Some(other) => return refuse(&format!("the activation {other:?}")),
+        };
+        let rope_theta =
+            c.rope_theta.or_else(|| c.rope_parameters.as_ref()?.get("rope_theta")?.as_f64()).unwrap_or(10_000.0);
+        let (h, heads) = (c.hidden_size, c.num_attention_heads);
+        let kv_heads = c.num_key_value_heads.unwrap_or(heads);
+        let head_dim = c.head_dim.unwrap_or(h / heads);
+        let vb = match vb.contains_tensor("model.embed_tokens.weight") {
+            true => vb.pp("model"),
+            false => vb,
+        };
+        let build = || -> candle_core::Result<Decoder> {
+            let embed = vb.get_unchecked("embed_tokens.weight")?;
+            let vocab = embed.dim(0)?;
+            let embed = Embedding::new(vb.get((vocab, h), "embed_tokens.weight")?, h);
+            let (q, kv) = (heads * head_dim, kv_heads * head_dim);
+            let layers = (0..c.num_hidden_layers)
+                .map(|i| {
+                    let vb = vb.pp(format!("layers.{i}"));
+                    let (attn, mlp) = (vb.pp("self_attn"), vb.pp("mlp"));
+                    let qkv = Tensor::cat(
+                        &[
+                            attn.get((q, h), "q_proj.weight")?,
+                            attn.get((kv, h), "k_proj.weight")?,
+                            attn.get((kv, h), "v_proj.weight")?,
+                        ],
+                        0,
+                    )?;
+                    let qkv_bias = (family == Family::Qwen2)
+                        .then(|| {
+                            let bias = [
+                                attn.get(q, "q_proj.bias")?,
+                                attn.get(kv, "k_proj.bias")?,
+                                attn.get(kv, "v_proj.bias")?,
+                            ];
+                            Tensor::cat(&bias, 0)
+                        })
+                        .transpose()?;
+                    let head_norms = (family == Family::Qwen3)
+                        .then(|| {
+                            let norm = |name| RmsNorm::load(attn.pp(name), head_dim, c.rms_norm_eps, family);
+                            Ok::<_, candle_core::Error>((norm("q_norm")?, norm("k_norm")?))
+                        })
+                        .transpose()?;
+                    let i = c.intermediate_size;
+                    let gate_up =
+                        Tensor::cat(&[mlp.get((i, h), "gate_proj.weight")?, mlp.get((i, h), "up_proj.weight")?], 0)?;
+                    Ok(Layer {
+                        input_norm: RmsNorm::load(vb.pp("input_layernorm"), h, c.rms_norm_eps, family)?,
+                        qkv: Dense::new(qkv, false)?,
+                        qkv_bias,
+                        head_norms,
+                        out: Dense::new(attn.get((h, q), "o_proj.weight")?, false)?,
+                        post_norm: RmsNorm::load(vb.pp("post_attention_layernorm"), h, c.rms_norm_eps, family)?,
+                        gate_up: Dense::new(gate_up, false)?,
+                        down: Dense::new(mlp.get((h, i), "down_proj.weight")?, false)?,
+                    })
+                })
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            Ok(Decoder {
+                embed,
+                embed_scale: (family == Family::Gemma).then(|| (h as f64).sqrt()),
+                layers,
+                norm: RmsNorm::load(vb.pp("norm"), h, c.rms_norm_eps, family)?,
+                heads,
+                kv_heads,
+                head_dim,
+                hidden: h,
+                intermediate: c.intermediate_size,
+                rope_theta,
+                activation,
+            })
+        };
+        build().map_err(|e| load_err(dir, format!("loading {family:?} weights: {e}")))
+    }
+
+    /// The rotary tables `[len, head_dim / 2]` (cosines, sines) in `dtype`, in f32 as transformers computes them.
+    fn rotary(&self, len: usize, dtype: DType, device: &Device) -> candle_core::Result<(Tensor, Tensor)> {
+        let half = self.head_dim / 2;
+        let base = self.rope_theta as f32;
+        let inverse: Vec<f32> = (0..half).map(|i| 1.0 / base.powf((2 * i) as f32 / self.head_dim as f32)).collect();
+        let angles: Vec<f32> = (0..len).flat_map(|p| inverse.iter().map(move |f| p as f32 * f)).collect();
+        let angles = Tensor::from_vec(angles, (len, half), device)?;
+        Ok((angles.cos()?.to_dtype(dtype)?, angles.sin()?.to_dtype(dtype)?))
+    }
+
+    fn attention(
+        &self,
+        layer: &Layer,
+        x: &Tensor,
+        lengths: &[usize],
+        rotary: &(Tensor, Tensor),
+        mask: &Tensor,
+    ) -> candle_core::Result<Tensor> {
+        let (b, len, _) = x.dims3()?;
+        let (d, q_width, kv_width) = (self.head_dim, self.heads * self.head_dim, self.kv_heads * self.head_dim);
+        let mut qkv = layer.qkv.forward(x, lengths)?;
+        if let Some(bias) = &layer.qkv_bias {
+            qkv = qkv.broadcast_add(bias)?;
+        }
+        let q = qkv.narrow(D::Minus1, 0, q_width)?.reshape((b, len, self.heads, d))?;
+        let k = qkv.narrow(D::Minus1, q_width, kv_width)?.reshape((b, len, self.kv_heads, d))?;
+        let v = qkv.narrow(D::Minus1, q_width + kv_width, kv_width)?.reshape((b, len, self.kv_heads, d))?;
+        let (q, k) = match &layer.head_norms {
+            Some((q_norm, k_norm)) => (q_norm.forward(&q)?, k_norm.forward(&k)?),
+            None => (q, k),
+        };
+        let (cos, sin) = rotary;
+        let q = candle_nn::rotary_emb::rope(&q.transpose(1, 2)?.contiguous()?, cos, sin)?;
+        let k = candle_nn::rotary_emb::rope(&k.transpose(1, 2)?.contiguous()?, cos, sin)?;
+        let v = v.transpose(1, 2)?;
+        // Each key and value head serves `group` query heads, next to each other.
+        let group = self.heads / self.kv_heads;
+        let repeat = |t: Tensor| -> candle_core::Result<Tensor> {
+            match group {
+                1 => t.contiguous(),
+                _ => t.unsqueeze(2)?.expand((b, self.kv_heads, group, len, d))?.reshape((b, self.heads, len, d)),
+            }
+        };
+        let (k, v) = (repeat(k)?, repeat(v)?);
+        let scores = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?;
+        let scores = scores.to_dtype(DType::F32)?.broadcast_add(mask)?;
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
+        let context = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, len, q_width))?;
+        layer.out.forward(&context, lengths)
+    }
+
+    fn feed_forward(&self, layer: &Layer, x: &Tensor, lengths: &[usize]) -> candle_core::Result<Tensor> {
+        let gate_up = layer.gate_up.forward(x, lengths)?;
+        let gate = gate_up.narrow(D::Minus1, 0, self.intermediate)?;
+        let up = gate_up.narrow(D::Minus1, self.intermediate, self.intermediate)?;
+        let gate = match self.activation {
+            Activation::Silu => candle_nn::ops::silu(&gate)?,
+            Activation::GeluTanh => gate.gelu()?,
+            Activation::Gelu => gate.gelu_erf()?,
+        };
+        layer.down.forward(&(gate * up)?, lengths)
+    }
+}
+
+/// The causal mask `[len, len]`: 0 where a position may read another, −∞ after it.
+fn causal_mask(len: usize, device: &Device) -> candle_core::Result<Tensor> {
+    let mask: Vec<f32> =
+        (0..len).flat_map(|i| (0..len).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 })).collect();
+    Tensor::from_vec(mask, (len, len), device)
+}
+
+impl Network for Decoder {
+    fn forward(&self, inputs: &Inputs, _: Positions) -> candle_core::Result<Tensor> {
+        let (_, len) = inputs.ids.dims2()?;
+        let lengths: Vec<usize> =
+            inputs.mask.to_dtype(DType::U32)?.sum(1)?.to_vec1::<u32>()?.into_iter().map(|n| n as usize).collect();
+        let mut x = self.embed.forward(&inputs.ids)?;
+        if let Some(scale) = self.embed_scale {
+            // transformers multiplies by √hidden in the states' dtype.
+            x = x.broadcast_mul(&Tensor::new(scale as f32, x.device())?.to_dtype(x.dtype())?)?;
+        }
+        let rotary = self.rotary(len, x.dtype(), x.device())?;
+        let mask = causal_mask(len, x.device())?;
+        for layer in &self.layers {
+            let attended = self.attention(layer, &layer.input_norm.forward(&x)?, &lengths, &rotary, &mask)?;
+            x = (x + attended)?;
+            x = (&x + self.feed_forward(layer, &layer.post_norm.forward(&x)?, &lengths)?)?;
+        }
+        self.norm.forward(&x)
+    }
+
+    /// Our BLAS products are exact in any batch, candle's attention products are not: alone on the CPU.
+    fn computes_alone(&self, device: &Device) -> bool {
+        device.is_cpu()
+    }
+
+    /// Per layer: the projections (queries and output `4·L·h·q`, keys and values `4·L·h·kv`), the gated
+    /// feed-forward (`6·L·h·i`) and the attention products (`4·L²·q`, counted whole though causal).
+    fn flops(&self, _: &candle_transformers::models::bert::Config, len: usize) -> f64 {
+        let (l, h, i) = (len as f64, self.hidden as f64, self.intermediate as f64);
+        let (q, kv) = ((self.heads * self.head_dim) as f64, (self.kv_heads * self.head_dim) as f64);
+        self.layers.len() as f64 * (4.0 * l * h * q + 4.0 * l * h * kv + 6.0 * l * h * i + 4.0 * l * l * q)
+    }
+}
