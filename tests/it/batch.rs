@@ -636,6 +636,14 @@ fn every_batch_field_means_the_same_over_json_multipart_and_the_cli() {
     crate::fixtures::tiny_cross_encoder(&model, 11);
     let model = model.to_str().unwrap();
     cli_ok(d, &["index", "--collection", "cranfield", data("cranfield/docs.jsonl").to_str().unwrap()]);
+    // A decoder reranker reads `instruction` (an encoder refuses it); the server and the CLI both read the data
+    // directory's config.toml. The tiny decoder's tokenizer spends many tokens on its prompt.
+    let decoder = crate::families::fixture("qwen3-reranker");
+    let config = format!(
+        "[model]\nmax_query_tokens = 200\n[model.named]\nqwen3 = {{ path = {:?}, max_length = 480 }}\n",
+        decoder.to_str().unwrap()
+    );
+    std::fs::write(d.join("config.toml"), config).unwrap();
     let server = TestServer::start(d, &[("LONGRANK_MODEL_PATH", model)]).wait_ready();
     let (_, spec) = get(&server.url("/openapi.json"));
     let spec: Value = serde_json::from_str(&spec).unwrap();
@@ -657,6 +665,9 @@ fn every_batch_field_means_the_same_over_json_multipart_and_the_cli() {
         if name == "rm3" {
             // RM3's settings belong to its pipeline (another refuses them).
             body.insert("pipeline".into(), json!("bm25+rm3"));
+        }
+        if name == "instruction" {
+            body.insert("model".into(), json!("qwen3"));
         }
 
         let via_json = post_json(&server.url("/batch?wait=true"), &Value::Object(body.clone()).to_string());
