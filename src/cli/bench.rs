@@ -361,9 +361,10 @@ fn model(b: ModelBench) -> anyhow::Result<()> {
     }
     for &length in &b.lengths {
         for &batch in &b.batches {
+            // The peers' documents, repeated past 512 tokens so that long inputs fill up too.
             let inputs = peer_docs(batch)
                 .iter()
-                .map(|doc| scorer.encode(QUERY, doc, length, length))
+                .map(|doc| scorer.encode(QUERY, &[doc.as_str()].repeat(length.div_ceil(512)).join(" "), length, length))
                 .collect::<Result<Vec<_>, _>>()?;
             if let Some(short) = inputs.iter().find(|e| e.ids.len() != length) {
                 bail!("a pair has {} word pieces, not {length}: the model's inputs are shorter", short.ids.len());

@@ -13,6 +13,7 @@ use candle_nn::{Embedding, VarBuilder};
 use serde::Deserialize;
 
 use super::bert::{Dense, Positions};
+use super::cpu::kernels;
 use super::encoder::Inputs;
 use super::family::Family;
 use super::load::{load_err, read_json};
@@ -144,9 +145,13 @@ impl Decoder {
                 .map(|i| {
                     let vb = vb.pp(format!("layers.{i}"));
                     let (attn, mlp) = (vb.pp("self_attn"), vb.pp("mlp"));
+                    // Attention's 1/√head_dim is folded into the queries: into Qwen3's query norm (which would
+                    // undo it in the projection), else into the query rows and bias.
+                    let scale = 1.0 / (head_dim as f64).sqrt();
+                    let query_scale = if family == Family::Qwen3 { 1.0 } else { scale };
                     let qkv = Tensor::cat(
                         &[
-                            attn.get((q, h), "q_proj.weight")?,
+                            (attn.get((q, h), "q_proj.weight")? * query_scale)?,
                             attn.get((kv, h), "k_proj.weight")?,
                             attn.get((kv, h), "v_proj.weight")?,
                         ],
@@ -155,7 +160,7 @@ impl Decoder {
                     let qkv_bias = (family == Family::Qwen2)
                         .then(|| {
                             let bias = [
-                                attn.get(q, "q_proj.bias")?,
+                                (attn.get(q, "q_proj.bias")? * query_scale)?,
                                 attn.get(kv, "k_proj.bias")?,
                                 attn.get(kv, "v_proj.bias")?,
                             ];
@@ -165,7 +170,9 @@ impl Decoder {
                     let head_norms = (family == Family::Qwen3)
                         .then(|| {
                             let norm = |name| RmsNorm::load(attn.pp(name), head_dim, c.rms_norm_eps, family);
-                            Ok::<_, candle_core::Error>((norm("q_norm")?, norm("k_norm")?))
+                            let mut q_norm = norm("q_norm")?;
+                            q_norm.alpha = (q_norm.alpha * scale)?;
+                            Ok::<_, candle_core::Error>((q_norm, norm("k_norm")?))
                         })
                         .transpose()?;
                     let i = c.intermediate_size;
@@ -216,7 +223,6 @@ impl Decoder {
         x: &Tensor,
         lengths: &[usize],
         rotary: &(Tensor, Tensor),
-        mask: &Tensor,
     ) -> candle_core::Result<Tensor> {
         let (b, len, _) = x.dims3()?;
         let (d, q_width, kv_width) = (self.head_dim, self.heads * self.head_dim, self.kv_heads * self.head_dim);
@@ -244,32 +250,38 @@ impl Decoder {
             }
         };
         let (k, v) = (repeat(k)?, repeat(v)?);
-        let scores = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?;
-        let scores = scores.to_dtype(DType::F32)?.broadcast_add(mask)?;
-        let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
-        let context = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, len, q_width))?;
+        // Queries in blocks: a block reads the keys up to its last position only (the square's upper right, all
+        // masked, is never computed), and its scores take a block's memory, not the whole square's.
+        let mut contexts = Vec::with_capacity(len.div_ceil(QUERY_BLOCK));
+        for start in (0..len).step_by(QUERY_BLOCK) {
+            let (rows, end) = (QUERY_BLOCK.min(len - start), (start + QUERY_BLOCK).min(len));
+            let (k, v) = (k.narrow(2, 0, end)?.contiguous()?, v.narrow(2, 0, end)?.contiguous()?);
+            let scores = q.narrow(2, start, rows)?.matmul(&k.t()?)?;
+            let probs = kernels::causal_softmax(&scores, start)?;
+            contexts.push(probs.matmul(&v)?);
+        }
+        let context = Tensor::cat(&contexts, 2)?.transpose(1, 2)?.reshape((b, len, q_width))?;
         layer.out.forward(&context, lengths)
     }
 
     fn feed_forward(&self, layer: &Layer, x: &Tensor, lengths: &[usize]) -> candle_core::Result<Tensor> {
         let gate_up = layer.gate_up.forward(x, lengths)?;
-        let gate = gate_up.narrow(D::Minus1, 0, self.intermediate)?;
-        let up = gate_up.narrow(D::Minus1, self.intermediate, self.intermediate)?;
-        let gate = match self.activation {
-            Activation::Silu => candle_nn::ops::silu(&gate)?,
-            Activation::GeluTanh => gate.gelu()?,
-            Activation::Gelu => gate.gelu_erf()?,
+        let gated = match self.activation {
+            Activation::Silu => kernels::silu_gate(&gate_up)?,
+            Activation::GeluTanh | Activation::Gelu => {
+                let gate = gate_up.narrow(D::Minus1, 0, self.intermediate)?;
+                let up = gate_up.narrow(D::Minus1, self.intermediate, self.intermediate)?;
+                let gate =
+                    if matches!(self.activation, Activation::GeluTanh) { gate.gelu()? } else { gate.gelu_erf()? };
+                (gate * up)?
+            }
         };
-        layer.down.forward(&(gate * up)?, lengths)
+        layer.down.forward(&gated, lengths)
     }
 }
 
-/// The causal mask `[len, len]`: 0 where a position may read another, −∞ after it.
-fn causal_mask(len: usize, device: &Device) -> candle_core::Result<Tensor> {
-    let mask: Vec<f32> =
-        (0..len).flat_map(|i| (0..len).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 })).collect();
-    Tensor::from_vec(mask, (len, len), device)
-}
+/// Query positions per attention block (`Decoder::attention`).
+const QUERY_BLOCK: usize = 256;
 
 impl Network for Decoder {
     fn forward(&self, inputs: &Inputs, _: Positions) -> candle_core::Result<Tensor> {
@@ -282,9 +294,8 @@ impl Network for Decoder {
             x = x.broadcast_mul(&Tensor::new(scale as f32, x.device())?.to_dtype(x.dtype())?)?;
         }
         let rotary = self.rotary(len, x.dtype(), x.device())?;
-        let mask = causal_mask(len, x.device())?;
         for layer in &self.layers {
-            let attended = self.attention(layer, &layer.input_norm.forward(&x)?, &lengths, &rotary, &mask)?;
+            let attended = self.attention(layer, &layer.input_norm.forward(&x)?, &lengths, &rotary)?;
             x = (x + attended)?;
             x = (&x + self.feed_forward(layer, &layer.post_norm.forward(&x)?, &lengths)?)?;
         }

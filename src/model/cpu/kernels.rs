@@ -27,6 +27,31 @@ pub fn softmax(x: &Tensor) -> candle_core::Result<Tensor> {
     }
 }
 
+/// Softmax over the last dimension under a causal mask, for attention scores whose rows are queries from
+/// position `first` on and whose columns are keys from position 0: row r of each `[rows, width]` matrix reads
+/// its first `first + r + 1` entries, and the rest are 0. Inference only.
+pub fn causal_softmax(x: &Tensor, first: usize) -> candle_core::Result<Tensor> {
+    if fused(x) {
+        return x.contiguous()?.apply_op1_no_bwd(&CausalSoftmax { first });
+    }
+    let (rows, width) = (x.dim(D::Minus2)?, x.dim(D::Minus1)?);
+    let mask: Vec<f32> =
+        (0..rows).flat_map(|r| (0..width).map(move |c| if c > first + r { f32::NEG_INFINITY } else { 0.0 })).collect();
+    let mask = Tensor::from_vec(mask, (rows, width), x.device())?.to_dtype(DType::F32)?;
+    candle_nn::ops::softmax_last_dim(&x.to_dtype(DType::F32)?.broadcast_add(&mask)?)?.to_dtype(x.dtype())
+}
+
+/// A gated feed-forward's activation: `silu(gate) ⊙ up` for `x` = `[…, gate | up]` (the two projections side by
+/// side along the last dimension), half as wide as `x`. Inference only.
+pub fn silu_gate(x: &Tensor) -> candle_core::Result<Tensor> {
+    if fused(x) {
+        x.contiguous()?.apply_op1_no_bwd(&SiluGate)
+    } else {
+        let half = x.dim(D::Minus1)? / 2;
+        candle_nn::ops::silu(&x.narrow(D::Minus1, 0, half)?)? * x.narrow(D::Minus1, half, half)?
+    }
+}
+
 /// LayerNorm over the last dimension with weight and bias.
 pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
     if fused(x) {
@@ -280,6 +305,53 @@ impl CustomOp1 for Softmax {
     }
 }
 
+struct CausalSoftmax {
+    first: usize,
+}
+
+impl CustomOp1 for CausalSoftmax {
+    fn name(&self) -> &'static str {
+        "causal-softmax"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let input = slice(s, l, self.name())?;
+        let (width, height) = (last_dim(l), l.shape().dims().iter().rev().nth(1).copied().unwrap_or(1));
+        let mut output = vec![0f32; input.len()];
+        let row_softmax = softmax_row_fn();
+        rows(input, width, &mut output, |first_row, inp, out| {
+            for (i, (row_in, row_out)) in inp.chunks(width).zip(out.chunks_mut(width)).enumerate() {
+                let read = (self.first + (first_row + i) % height + 1).min(width);
+                row_softmax(&row_in[..read], &mut row_out[..read]);
+            }
+        });
+        Ok((CpuStorage::F32(output), l.shape().clone()))
+    }
+}
+
+struct SiluGate;
+
+impl CustomOp1 for SiluGate {
+    fn name(&self) -> &'static str {
+        "silu-gate"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let input = slice(s, l, self.name())?;
+        let width = last_dim(l);
+        let mut dims = l.shape().dims().to_vec();
+        *dims.last_mut().expect("a last dimension") = width / 2;
+        let mut output = vec![0f32; input.len() / 2];
+        let gate_row = silu_gate_row_fn();
+        rows_mut(&mut output, width / 2, |first, out| {
+            for (row_out, row_in) in out.chunks_mut(width / 2).zip(input[first * width..].chunks(width)) {
+                gate_row(row_in, row_out);
+            }
+        });
+        Ok((CpuStorage::F32(output), Shape::from(dims)))
+    }
+}
+
 /// `pub(super) fn $name() -> fn(args) -> ret`: `$body` (an `#[inline(always)]` function) compiled for
 /// AVX-512 or AVX2 and FMA when the CPU has them, else for the crate's baseline (SSE2), where its passes
 /// vectorize a quarter as wide.
@@ -320,6 +392,10 @@ vectorized!(
     /// Attention's softmax of one row of scores with its additive mask, in place and not normalized: the sum
     /// it returns divides the row's context instead (`head_dim` values, not `len`).
     masked_exp_row_fn = masked_exp_row(row: &mut [f32], mask: &[f32]) -> f32
+);
+vectorized!(
+    /// `out = silu(gate) ⊙ up` for one row `[gate | up]`.
+    silu_gate_row_fn = silu_gate_row(row: &[f32], out: &mut [f32]) -> ()
 );
 vectorized!(
     /// Softmax's backward pass for one row, in place: `grad ← probs ⊙ (grad − Σ grad ⊙ probs)`.
@@ -388,6 +464,14 @@ fn add_norm_rows(x: &mut [f32], residual: &[f32], shift: &[f32], weight: &[f32],
         for ((v, &w), &b) in row.iter_mut().zip(weight).zip(bias) {
             *v = (*v - mean) * rstd * w + b;
         }
+    }
+}
+
+#[inline(always)]
+fn silu_gate_row(row: &[f32], out: &mut [f32]) {
+    let (gate, up) = row.split_at(out.len());
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = g / (1.0 + exp(-g)) * u;
     }
 }
 
