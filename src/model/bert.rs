@@ -139,7 +139,9 @@ impl Qkv {
     /// The projection; with `first`, the queries are read at each sequence's first position alone.
     fn forward(&self, x: &Tensor, lengths: &[usize], first: bool) -> candle_core::Result<Tensor> {
         match self {
-            Qkv::Fused { dense: Dense::Blas(linear), .. } if first => linear.forward_first_alone(x, lengths, x.dim(2)?),
+            Qkv::Fused { dense: Dense::Blas(linear), .. } if first => {
+                linear.forward_first_alone(x, lengths, linear.outputs() / 3)
+            }
             Qkv::Fused { dense, .. } => dense.forward(x, lengths),
             Qkv::Parts { weights: [wq, wk, wv], biases: [bq, bk, bv], scale } => {
                 let weight = Tensor::cat(&[&(wq * *scale)?, wk, wv], 0)?;
@@ -464,6 +466,28 @@ mod tests {
     use super::*;
     use candle_core::Device;
     use candle_nn::VarMap;
+
+    /// The fused projection with the queries at the first position alone reads the keys and values at every
+    /// position: the queries are the first third of its outputs, whatever the width of its inputs (here two of
+    /// the packed kernel's panels of queries over inputs three panels wide).
+    #[test]
+    fn a_first_alone_projection_reads_keys_and_values_everywhere() {
+        let (queries, inputs, len) = (96, 144, 5);
+        let value = |i: usize| (((i * 7919) % 2003) as f32 - 1001.0) / 997.0;
+        let weight =
+            Tensor::from_vec((0..3 * queries * inputs).map(value).collect(), (3 * queries, inputs), &Device::Cpu);
+        let dense = Dense::new(weight.unwrap(), false).unwrap();
+        if !matches!(dense, Dense::Blas(_)) {
+            return; // Only BLAS products read the first position alone (CI runs every test through them).
+        }
+        let qkv = Qkv::Fused { dense, bias: Tensor::zeros(3 * queries, DType::F32, &Device::Cpu).unwrap() };
+        let x = Tensor::from_vec((0..len * inputs).map(|i| value(i + 11)).collect(), (1, len, inputs), &Device::Cpu);
+        let x = x.unwrap();
+        let all = qkv.forward(&x, &[len], false).unwrap().narrow(2, queries, 2 * queries).unwrap();
+        let first = qkv.forward(&x, &[len], true).unwrap().narrow(2, queries, 2 * queries).unwrap();
+        let diff = (all - first).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap();
+        assert_eq!(diff.to_scalar::<f32>().unwrap(), 0.0);
+    }
 
     /// A random BERT of two layers (queries two whole panels of the packed kernels, which the last layer skips
     /// past the first position; the intermediate layer's second panel part full), built a second time over

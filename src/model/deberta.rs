@@ -8,7 +8,8 @@ use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::debertav2;
 
-use super::load::{load_err, read_json};
+use super::error::load_err;
+use super::load::read_json;
 use super::ModelError;
 
 pub struct Deberta {

@@ -14,10 +14,10 @@ use serde::Deserialize;
 
 use super::bert::{Dense, Positions};
 use super::cpu::kernels;
-use super::encoder::Inputs;
+use super::error::load_err;
 use super::family::Family;
-use super::load::{load_err, read_json};
-use super::network::Network;
+use super::load::read_json;
+use super::network::{Inputs, Network};
 use super::ModelError;
 
 /// What `config.json` says of a decoder's layers.

@@ -8,11 +8,15 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::bert::Config;
 use serde::Deserialize;
 
-use super::bert::Positions;
+use super::bert::{Bert, Positions};
+use super::deberta::Deberta;
+use super::decoder::Decoder;
+use super::error::load_err;
 use super::family::Family;
 use super::head::Head;
-use super::load::{load_err, read_config, read_json, weights};
-use super::network::{self, Network};
+use super::load::{read_config, read_json, weights};
+use super::modernbert::ModernBert;
+use super::network::{Inputs, Network};
 use super::recipe::{Prompt, Recipe, RECIPES};
 use super::tokenize::{Encoded, Pieces};
 use super::ModelError;
@@ -41,7 +45,7 @@ impl Backbone {
 
     pub(super) fn new(vb: VarBuilder, config: &Config, pieces: Pieces, origin: &Path) -> Result<Backbone, ModelError> {
         let device = vb.device().clone();
-        let network = network::load(Family::from_config(config), vb, config, origin)?;
+        let network = load_network(Family::from_config(config), vb, config, origin)?;
         Ok(Backbone { network, pieces, device, hidden_size: config.hidden_size, config: config.clone() })
     }
 
@@ -69,43 +73,22 @@ impl Backbone {
     }
 }
 
-/// FLOPs of one encoder pass over `len` positions (multiply-adds counted as two): per layer the four attention
-/// projections (8·L·h²), the feed-forward (4·L·h·i; ModernBERT's gated one 6·L·h·i) and the attention products
-/// (4·L²·h, counted whole for ModernBERT's local layers too: an upper bound there).
-pub fn encoder_flops(config: &Config, layers: usize, len: usize) -> f64 {
-    let (l, h, i) = (len as f64, config.hidden_size as f64, config.intermediate_size as f64);
-    let feed_forward = if Family::from_config(config) == Family::ModernBert { 6.0 } else { 4.0 };
-    layers as f64 * (8.0 * l * h * h + feed_forward * l * h * i + 4.0 * l * l * h)
-}
-
-/// A batch of encoded inputs as tensors, right-padded to the longest.
-pub(super) struct Inputs {
-    pub(super) ids: Tensor,
-    pub(super) types: Tensor,
-    pub(super) mask: Tensor,
-    /// Whether any input is shorter than the longest (without padding the mask changes nothing, so the
-    /// encoder skips it).
-    pub(super) padded: bool,
-}
-
-impl Inputs {
-    pub(super) fn new(batch: &[Encoded], pad_id: u32, device: &Device) -> Result<Inputs, ModelError> {
-        let len = batch.iter().map(|e| e.ids.len()).max().unwrap_or(0);
-        let (mut ids, mut types, mut mask) = (Vec::new(), Vec::new(), Vec::new());
-        for e in batch {
-            let pad = len - e.ids.len();
-            ids.extend(e.ids.iter().copied().chain(std::iter::repeat_n(pad_id, pad)));
-            types.extend(e.type_ids.iter().copied().chain(std::iter::repeat_n(0, pad)));
-            mask.extend(std::iter::repeat_n(1u32, e.ids.len()).chain(std::iter::repeat_n(0, pad)));
+/// The network of `family` over the weights under `vb`; `origin` (the model's directory) names it in errors and
+/// holds the configuration files an architecture reads beyond `config`.
+fn load_network(
+    family: Family,
+    vb: VarBuilder,
+    config: &Config,
+    origin: &Path,
+) -> Result<Box<dyn Network>, ModelError> {
+    Ok(match family {
+        Family::ModernBert => Box::new(ModernBert::load(vb, origin)?),
+        Family::Deberta => Box::new(Deberta::load(vb, origin)?),
+        Family::Qwen2 | Family::Qwen3 | Family::Gemma => Box::new(Decoder::load(vb, family, origin)?),
+        Family::Bert | Family::Roberta | Family::Electra | Family::DistilBert => {
+            Box::new(Bert::load(vb, config).map_err(|e| load_err(origin, format!("loading {family:?} weights: {e}")))?)
         }
-        let shape = (batch.len(), len);
-        Ok(Inputs {
-            ids: Tensor::from_vec(ids, shape, device)?,
-            types: Tensor::from_vec(types, shape, device)?,
-            mask: Tensor::from_vec(mask, shape, device)?,
-            padded: batch.iter().any(|e| e.ids.len() != len),
-        })
-    }
+    })
 }
 
 /// A reranker scoring (query, segment) pairs: a sequence classifier (the final states through its family's

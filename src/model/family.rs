@@ -183,7 +183,7 @@ impl Family {
             Family::Roberta => (&["classifier.dense"], Activation::Tanh, "classifier.out_proj"),
             Family::Electra => (&["classifier.dense"], Activation::Gelu, "classifier.out_proj"),
             Family::DistilBert => (&["pre_classifier"], Activation::Relu, "classifier"),
-            // Its activation and the rest of its head: `modernbert::head_options`.
+            // Its activation and the rest of its head: `head::modernbert_options`.
             Family::ModernBert => (&["head.dense"], Activation::Gelu, "classifier"),
             // The context pooler (its activation checked by `deberta`).
             Family::Deberta => (&["pooler.dense"], Activation::Gelu, "classifier"),

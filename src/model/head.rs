@@ -11,9 +11,9 @@ use candle_nn::{LayerNorm, Linear, VarBuilder};
 use candle_transformers::models::bert::Config;
 
 use super::bert::Positions;
+use super::error::load_err;
 use super::family::{Activation, Family};
-use super::load::load_err;
-use super::{modernbert, ModelError};
+use super::ModelError;
 
 /// How the head reads the final states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,7 +47,7 @@ impl Head {
         let classifier = candle_nn::linear(h, labels, vb.pp(output)).map_err(|e| load_err(origin, e))?;
         let label = labels - 1;
         if family == Family::ModernBert {
-            let options = modernbert::head_options(origin)?;
+            let options = modernbert_options(origin)?;
             let dense = match options.dense_bias {
                 true => candle_nn::linear(h, h, vb.pp(dense_names[0])),
                 false => candle_nn::linear_no_bias(h, h, vb.pp(dense_names[0])),
@@ -136,4 +136,55 @@ pub fn last_states(states: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor
         .map(|(i, &len)| states.i((i, len.saturating_sub(1) as usize)))
         .collect::<candle_core::Result<Vec<_>>>()?;
     Tensor::stack(&rows, 0)
+}
+
+/// What a ModernBERT checkpoint's `config.json` says of its head (transformers' defaults where it is silent).
+#[derive(serde::Deserialize)]
+struct ModernBertHead {
+    #[serde(default)]
+    classifier_bias: bool,
+    #[serde(default = "gelu")]
+    classifier_activation: String,
+    #[serde(default = "cls")]
+    classifier_pooling: String,
+    #[serde(default = "norm_eps")]
+    norm_eps: f64,
+}
+
+fn gelu() -> String {
+    "gelu".into()
+}
+
+fn cls() -> String {
+    "cls".into()
+}
+
+fn norm_eps() -> f64 {
+    1e-5
+}
+
+/// What the head of the ModernBERT checkpoint in `dir` is: its pooling, whether its dense layer has a bias, its
+/// activation, and its LayerNorm's epsilon.
+struct HeadOptions {
+    pooling: HeadPooling,
+    dense_bias: bool,
+    activation: Activation,
+    norm_eps: f64,
+}
+
+fn modernbert_options(dir: &Path) -> Result<HeadOptions, ModelError> {
+    let path = dir.join("config.json");
+    let options: ModernBertHead = super::load::read_json(&path)?;
+    let pooling = match options.classifier_pooling.as_str() {
+        "cls" => HeadPooling::First,
+        "mean" => HeadPooling::Mean,
+        other => return Err(load_err(&path, format!("classifier_pooling {other:?} is not supported"))),
+    };
+    let activation = match options.classifier_activation.as_str() {
+        "gelu" => Activation::Gelu,
+        "tanh" => Activation::Tanh,
+        "relu" => Activation::Relu,
+        other => return Err(load_err(&path, format!("classifier_activation {other:?} is not supported"))),
+    };
+    Ok(HeadOptions { pooling, dense_bias: options.classifier_bias, activation, norm_eps: options.norm_eps })
 }

@@ -11,7 +11,9 @@ pub use cpu::blas::gemm_path;
 mod deberta;
 mod decoder;
 mod encoder;
+mod error;
 mod family;
+mod fingerprint;
 mod head;
 mod hub;
 mod load;
@@ -22,18 +24,22 @@ mod serve;
 mod tokenize;
 mod trainable;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use candle_core::{DType, Device};
 use serde::Deserialize;
 
 pub use crate::cancel::Cancel;
 pub(crate) use crate::hash::Fnv;
-use encoder::Inputs;
-pub use encoder::{encoder_flops, BiEncoder, CrossEncoder, Pooling};
+pub use encoder::{BiEncoder, CrossEncoder, Pooling};
+pub(crate) use error::load_err;
+pub use error::ModelError;
+pub use fingerprint::{outputs_hash, weights_hash};
 pub use hub::resolve;
-pub use load::{device, dtype, outputs_hash, weights_hash};
-use load::{load_err, read_config, read_json, weights};
+pub use load::{device, dtype};
+use load::{read_config, read_json, weights};
+pub use network::encoder_flops;
+use network::Inputs;
 pub use recipe::{Recipe, RECIPES};
 pub use serve::queue::{BatchStats, JobTiming};
 pub use serve::served::{Output, Scores, ServeOptions, Served};
@@ -42,29 +48,6 @@ pub use tokenize::Encoded;
 use tokenize::Pieces;
 pub(crate) use trainable::replace_dir;
 pub use trainable::{CoBertInit, TrainableEncoder};
-
-#[derive(Debug, thiserror::Error)]
-pub enum ModelError {
-    #[error("{}: {message}", path.display())]
-    Load { path: PathBuf, message: String },
-    #[error("tokenizer: {0}")]
-    Tokenizer(String),
-    #[error("inference: {0}")]
-    Candle(#[from] candle_core::Error),
-    #[error("inference: {0}")]
-    Inference(String),
-    #[error("{queued} inputs are waiting for the model; retry in {retry_after_s} s")]
-    Overloaded { queued: usize, retry_after_s: u64 },
-    #[error("cancelled")]
-    Cancelled,
-    #[error(
-        "the query takes {tokens} tokens with its instruction and labels, over this model's budget of {budget} \
-         (max_query_tokens): a decoder reranker never cuts the query; shorten it or raise max_query_tokens"
-    )]
-    QueryOverBudget { tokens: usize, budget: usize },
-    #[error("{0}")]
-    Unsupported(String),
-}
 
 /// Makes this thread, and every thread it starts from now on (they inherit it), treat subnormal floats as zero
 /// and flush subnormal results to zero, as onnxruntime's threads do by default: a product that meets

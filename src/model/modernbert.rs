@@ -1,6 +1,7 @@
 //! ModernBERT (rotary positions, local attention in every layer but each `global_attn_every_n_layers`-th,
 //! GeGLU, inputs up to 8,192 tokens) through candle-transformers' backbone, and what its configuration says of
-//! its sequence-classification head (built by `head`: candle's answers probabilities, a reranker needs logits).
+//! its sequence-classification head (`head` builds and configures it: candle's answers probabilities, a reranker
+//! needs logits).
 //! Options candle's backbone does not read (biases) are refused rather than ignored.
 
 use std::path::Path;
@@ -10,16 +11,15 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::modernbert;
 use serde::Deserialize;
 
-use super::family::Activation;
-use super::head::HeadPooling;
-use super::load::{load_err, read_json};
+use super::error::load_err;
+use super::load::read_json;
 use super::ModelError;
 
 /// The backbone over a checkpoint's root (a sequence classifier's `model.*`, or a bare model's names).
 pub struct ModernBert(modernbert::ModernBert);
 
 /// What `config.json` says beyond candle's configuration: the options candle's backbone does not read and
-/// longrank refuses rather than ignores, and the head's.
+/// longrank refuses rather than ignores (the head's are `head`'s).
 #[derive(Deserialize)]
 struct Options {
     #[serde(default)]
@@ -28,54 +28,12 @@ struct Options {
     mlp_bias: bool,
     #[serde(default)]
     norm_bias: bool,
-    #[serde(default)]
-    classifier_bias: bool,
-    #[serde(default = "gelu")]
-    classifier_activation: String,
-    #[serde(default = "cls")]
-    classifier_pooling: String,
     #[serde(default = "gelu")]
     hidden_activation: String,
-    #[serde(default = "norm_eps")]
-    norm_eps: f64,
 }
 
 fn gelu() -> String {
     "gelu".into()
-}
-
-fn cls() -> String {
-    "cls".into()
-}
-
-fn norm_eps() -> f64 {
-    1e-5
-}
-
-/// What the head of the checkpoint in `dir` is: its pooling, whether its dense layer has a bias, its
-/// activation, and its LayerNorm's epsilon.
-pub struct HeadOptions {
-    pub pooling: HeadPooling,
-    pub dense_bias: bool,
-    pub activation: Activation,
-    pub norm_eps: f64,
-}
-
-pub fn head_options(dir: &Path) -> Result<HeadOptions, ModelError> {
-    let options = options(dir)?;
-    let path = dir.join("config.json");
-    let pooling = match options.classifier_pooling.as_str() {
-        "cls" => HeadPooling::First,
-        "mean" => HeadPooling::Mean,
-        other => return Err(load_err(&path, format!("classifier_pooling {other:?} is not supported"))),
-    };
-    let activation = match options.classifier_activation.as_str() {
-        "gelu" => Activation::Gelu,
-        "tanh" => Activation::Tanh,
-        "relu" => Activation::Relu,
-        other => return Err(load_err(&path, format!("classifier_activation {other:?} is not supported"))),
-    };
-    Ok(HeadOptions { pooling, dense_bias: options.classifier_bias, activation, norm_eps: options.norm_eps })
 }
 
 fn options(dir: &Path) -> Result<Options, ModelError> {

@@ -1,22 +1,17 @@
 //! The backbone trait: one architecture's layers, token ids in and final states out, one file each (`bert`,
-//! `modernbert`, `deberta`, `decoder`), as text-embeddings-inference keeps its candle models. A new architecture
-//! is a file implementing `Network` and a line in `load` (and its `model_type` in `family`); the heads, the
-//! templates and everything that serves a model stay as they are.
-
-use std::path::Path;
+//! `modernbert`, `deberta`, `decoder`), as text-embeddings-inference keeps its candle models, and the inputs they
+//! read. A new architecture is a file implementing `Network` and a line in `encoder::load_network` (and its
+//! `model_type` in `family`); the heads, the templates and everything that serves a model stay as they are.
 
 use candle_core::{Device, Tensor};
-use candle_nn::VarBuilder;
 use candle_transformers::models::bert::Config;
 
 use super::bert::{Bert, Positions};
 use super::deberta::Deberta;
-use super::decoder::Decoder;
-use super::encoder::{encoder_flops, Inputs};
+use super::error::ModelError;
 use super::family::Family;
-use super::load::load_err;
 use super::modernbert::ModernBert;
-use super::ModelError;
+use super::tokenize::Encoded;
 
 pub(super) trait Network: Send + Sync {
     /// Final states `[batch, len, hidden]` of right-padded inputs (`[batch, 1, hidden]` where an encoder computes
@@ -37,22 +32,43 @@ pub(super) trait Network: Send + Sync {
     }
 }
 
-/// The network of `family` over the weights under `vb`; `origin` (the model's directory) names it in errors and
-/// holds the configuration files an architecture reads beyond `config`.
-pub(super) fn load(
-    family: Family,
-    vb: VarBuilder,
-    config: &Config,
-    origin: &Path,
-) -> Result<Box<dyn Network>, ModelError> {
-    Ok(match family {
-        Family::ModernBert => Box::new(ModernBert::load(vb, origin)?),
-        Family::Deberta => Box::new(Deberta::load(vb, origin)?),
-        Family::Qwen2 | Family::Qwen3 | Family::Gemma => Box::new(Decoder::load(vb, family, origin)?),
-        Family::Bert | Family::Roberta | Family::Electra | Family::DistilBert => {
-            Box::new(Bert::load(vb, config).map_err(|e| load_err(origin, format!("loading {family:?} weights: {e}")))?)
+/// FLOPs of one encoder pass over `len` positions (multiply-adds counted as two): per layer the four attention
+/// projections (8·L·h²), the feed-forward (4·L·h·i; ModernBERT's gated one 6·L·h·i) and the attention products
+/// (4·L²·h, counted whole for ModernBERT's local layers too: an upper bound there).
+pub fn encoder_flops(config: &Config, layers: usize, len: usize) -> f64 {
+    let (l, h, i) = (len as f64, config.hidden_size as f64, config.intermediate_size as f64);
+    let feed_forward = if Family::from_config(config) == Family::ModernBert { 6.0 } else { 4.0 };
+    layers as f64 * (8.0 * l * h * h + feed_forward * l * h * i + 4.0 * l * l * h)
+}
+
+/// A batch of encoded inputs as tensors, right-padded to the longest.
+pub(super) struct Inputs {
+    pub(super) ids: Tensor,
+    pub(super) types: Tensor,
+    pub(super) mask: Tensor,
+    /// Whether any input is shorter than the longest (without padding the mask changes nothing, so the
+    /// encoder skips it).
+    pub(super) padded: bool,
+}
+
+impl Inputs {
+    pub(super) fn new(batch: &[Encoded], pad_id: u32, device: &Device) -> Result<Inputs, ModelError> {
+        let len = batch.iter().map(|e| e.ids.len()).max().unwrap_or(0);
+        let (mut ids, mut types, mut mask) = (Vec::new(), Vec::new(), Vec::new());
+        for e in batch {
+            let pad = len - e.ids.len();
+            ids.extend(e.ids.iter().copied().chain(std::iter::repeat_n(pad_id, pad)));
+            types.extend(e.type_ids.iter().copied().chain(std::iter::repeat_n(0, pad)));
+            mask.extend(std::iter::repeat_n(1u32, e.ids.len()).chain(std::iter::repeat_n(0, pad)));
         }
-    })
+        let shape = (batch.len(), len);
+        Ok(Inputs {
+            ids: Tensor::from_vec(ids, shape, device)?,
+            types: Tensor::from_vec(types, shape, device)?,
+            mask: Tensor::from_vec(mask, shape, device)?,
+            padded: batch.iter().any(|e| e.ids.len() != len),
+        })
+    }
 }
 
 impl Network for Bert {

@@ -226,3 +226,31 @@ impl Prompt {
         Ok(Encoded { type_ids: vec![0; ids.len()], ids })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recipes_are_told_by_hub_ids_cache_paths_and_converted_architectures() {
+        let none: &[String] = &[];
+        assert_eq!(Recipe::detect("Qwen/Qwen3-Reranker-4B", none), Some(Recipe::Qwen3Reranker));
+        let cached = "/root/.cache/huggingface/hub/models--mixedbread-ai--mxbai-rerank-large-v2/snapshots/0a1b";
+        assert_eq!(Recipe::detect(cached, none), Some(Recipe::MxbaiRerankV2));
+        assert_eq!(Recipe::detect("BAAI/bge-reranker-v2-gemma", none), Some(Recipe::BgeRerankerGemma));
+        let converted = ["Qwen3ForSequenceClassification".to_string()];
+        assert_eq!(Recipe::detect("/models/finetune", &converted), Some(Recipe::Qwen3Reranker));
+        // mxbai's v1 rerankers are DeBERTa classifiers; a plain Qwen3 is a chat model, not a reranker.
+        assert_eq!(Recipe::detect("mixedbread-ai/mxbai-rerank-base-v1", none), None);
+        assert_eq!(Recipe::detect("Qwen/Qwen3-0.6B", &["Qwen3ForCausalLM".to_string()]), None);
+    }
+
+    #[test]
+    fn recipe_names_are_the_configurations_and_the_refusals() {
+        let names: Vec<String> = [Recipe::Qwen3Reranker, Recipe::MxbaiRerankV2, Recipe::BgeRerankerGemma]
+            .iter()
+            .map(|r| serde_json::to_value(r).unwrap().as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(names.join(", "), RECIPES);
+    }
+}

@@ -8,7 +8,7 @@ use std::path::Path;
 use tokenizers::processors::bert::BertProcessing;
 use tokenizers::{Encoding, PostProcessor, Tokenizer, TruncationDirection};
 
-use super::{load_err, ModelError};
+use super::error::{load_err, ModelError};
 
 /// A model input: token ids with their token types.
 #[derive(Debug, Clone, PartialEq, Eq)]

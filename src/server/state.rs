@@ -130,7 +130,6 @@ impl AppState {
         self.inner.bound.get().is_some_and(|addr| addr.ip().is_loopback())
     }
 
-    /// This replica's name: `server.replica_id`, else the address it listens on.
     /// The URL other replicas reach this one at (forwarded uploads): `server.advertise_url`, else the address
     /// it listens on.
     pub fn advertised_url(&self) -> String {
@@ -142,6 +141,7 @@ impl AppState {
         }
     }
 
+    /// This replica's name: `server.replica_id`, else the address it listens on.
     pub fn replica(&self) -> String {
         match &self.inner.config.server.replica_id {
             id if id.is_empty() => self.inner.bound.get().map(|a| a.to_string()).unwrap_or_default(),

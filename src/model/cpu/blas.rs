@@ -45,7 +45,8 @@ enum Kernels {
     /// A CBLAS loaded at run time: its `cblas_sgemm`, its file name as loaded, and the library kept loaded for
     /// `sgemm`'s sake.
     Library { sgemm: Sgemm, name: String, _library: libloading::Library },
-    /// The `gemm` crate's, built in.
+    /// Built into the binary: our micro-kernel on weights packed at load where the CPU has AVX-512
+    /// (`packed.rs`), the `gemm` crate's elsewhere.
     Builtin,
 }
 
@@ -296,6 +297,11 @@ impl BlasLinear {
         };
         let weight = packed.map_or(Weight::Rows(rows), Weight::Packed);
         Ok(BlasLinear { weight, outputs, inputs })
+    }
+
+    /// Output width (the weight's rows).
+    pub fn outputs(&self) -> usize {
+        self.outputs
     }
 
     /// The weight as a tensor again (for quantizing).

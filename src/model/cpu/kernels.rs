@@ -680,8 +680,8 @@ impl CustomOp3 for LayerNormBackward {
                     })
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_default()).collect()
-        });
+            joined(handles)
+        })?;
         for partial in partials {
             for (s, p) in sums.iter_mut().zip(partial) {
                 *s += p;
@@ -691,8 +691,52 @@ impl CustomOp3 for LayerNormBackward {
     }
 }
 
+/// The partial results of scoped workers, or an error when one panicked (its part of the sums would be missing).
+fn joined<T>(handles: Vec<std::thread::ScopedJoinHandle<'_, T>>) -> candle_core::Result<Vec<T>> {
+    handles
+        .into_iter()
+        .map(|h| h.join().map_err(|_| candle_core::Error::Msg("a layer-norm-backward worker panicked".into())))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_panicked_worker_is_an_error_not_a_missing_part() {
+        let joined = std::thread::scope(|scope| {
+            let handles = (0..3)
+                .map(|i| {
+                    scope.spawn(move || {
+                        assert!(i != 1, "worker {i} fails");
+                        vec![i as f32]
+                    })
+                })
+                .collect();
+            super::joined(handles)
+        });
+        assert!(joined.is_err());
+        let fine = std::thread::scope(|scope| super::joined((0..3).map(|i| scope.spawn(move || i)).collect()));
+        assert_eq!(fine.unwrap(), [0, 1, 2]);
+    }
+
+    #[test]
+    fn causal_softmax_and_the_silu_gate_equal_candles_composites() {
+        let scores = random(&[2, 3, 4, 9], 7, 2.0);
+        // Queries from position 5 on, keys from 0: row r reads 6 + r keys.
+        let fused = causal_softmax(&scores, 5).unwrap();
+        let plain = causal_softmax(&scores.to_dtype(DType::F64).unwrap(), 5).unwrap().to_dtype(DType::F32).unwrap();
+        assert!(max_diff(&fused, &plain) < 1e-6, "{}", max_diff(&fused, &plain));
+        let last_row = fused.narrow(2, 3, 1).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert!(last_row.chunks(9).all(|row| row[..].iter().all(|p| *p > 0.0)), "the last row reads every key");
+        let first_row = fused.narrow(2, 0, 1).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert!(first_row.chunks(9).all(|row| row[6..].iter().all(|p| *p == 0.0)), "nothing after position 5");
+        let x = random(&[3, 2, 10], 8, 3.0);
+        let fused = silu_gate(&x).unwrap();
+        let plain = silu_gate(&x.to_dtype(DType::F64).unwrap()).unwrap().to_dtype(DType::F32).unwrap();
+        assert_eq!(fused.dims(), [3, 2, 5]);
+        assert!(max_diff(&fused, &plain) < 1e-5, "{}", max_diff(&fused, &plain));
+    }
+
     #[test]
     fn the_branch_free_exp_is_within_a_few_ulps() {
         let mut worst = 0f64;
