@@ -79,7 +79,7 @@ pub fn run(mut args: BatchArgs, model: Option<String>, mut config: Config) -> an
     let order: Vec<&str> = plan.topics.iter().map(|t| t.qid.as_str()).collect();
     let (run, text) = partial.finish(out, &order)?;
     eprintln!("wrote {} topics to {}", run.topics.len(), out.display());
-    for warning in eval::warnings::of_batch(&run, &order, qrels.as_ref()).list() {
+    for warning in run.batch_warnings(&order, qrels.as_ref()).list() {
         eprintln!("warning: {}", warning.message);
     }
     if let Some(qrels) = qrels {

@@ -269,6 +269,20 @@ pub struct Run {
 }
 
 impl Run {
+    /// A batch's warnings: the run's own, the topics run that retrieved nothing, and the qrels' topics it lacks.
+    pub fn batch_warnings(&self, topics: &[&str], qrels: Option<&Qrels>) -> super::Warnings {
+        let mut warnings = self.warnings.clone();
+        for qid in topics.iter().filter(|q| self.topics.get(**q).is_none_or(Vec::is_empty)) {
+            warnings.add(super::WarningKind::RetrievedNothing, *qid);
+        }
+        for qid in qrels.into_iter().flat_map(|q| q.topics.keys()) {
+            if !topics.contains(&qid.as_str()) {
+                warnings.add(super::WarningKind::QrelsTopicNotInRun, qid.clone());
+            }
+        }
+        warnings
+    }
+
     pub fn read(path: &Path) -> Result<Run, EvalError> {
         Run::parse(&read_text(path)?, path)
     }
@@ -456,6 +470,31 @@ pub fn upload_path(field: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_warning_per_kind_with_a_count_and_the_first_ids() {
+        let run = Run::parse("1 Q0 a 1 2 t\n1 Q0 a 2 1 t\n", std::path::Path::new("r")).unwrap();
+        let qrels = Qrels::parse("1 0 a 1\n9 0 b 1\n8 0 c 1\n", std::path::Path::new("q")).unwrap();
+        let topics: Vec<String> = (1..=8).map(|i| i.to_string()).collect();
+        let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+        let list = run.batch_warnings(&topics, Some(&qrels)).list();
+        assert_eq!(list.len(), 3);
+        assert_eq!(
+            (list[0].kind, list[0].count, list[0].first.clone()),
+            (super::super::WarningKind::DuplicateDocid, 1, vec!["1 a".to_string()])
+        );
+        assert_eq!((list[1].kind, list[1].count), (super::super::WarningKind::RetrievedNothing, 7));
+        assert_eq!(list[1].first, ["2", "3", "4", "5", "6"]);
+        assert!(
+            list[1].message.starts_with("7 topics retrieved nothing") && list[1].message.ends_with("6, …"),
+            "{}",
+            list[1].message
+        );
+        assert_eq!(
+            (list[2].kind, list[2].first.clone()),
+            (super::super::WarningKind::QrelsTopicNotInRun, vec!["9".to_string()])
+        );
+    }
 
     fn p() -> PathBuf {
         PathBuf::from("t")

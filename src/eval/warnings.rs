@@ -6,8 +6,6 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{Qrels, Run};
-
 /// Ids kept per kind.
 const FIRST: usize = 5;
 
@@ -89,46 +87,5 @@ fn them(count: usize) -> &'static str {
         "it"
     } else {
         "them"
-    }
-}
-
-/// A batch's warnings: the run's own, the topics run that retrieved nothing, and the qrels' topics it lacks.
-pub fn of_batch(run: &Run, topics: &[&str], qrels: Option<&Qrels>) -> Warnings {
-    let mut warnings = run.warnings.clone();
-    for qid in topics.iter().filter(|q| run.topics.get(**q).is_none_or(Vec::is_empty)) {
-        warnings.add(WarningKind::RetrievedNothing, *qid);
-    }
-    for qid in qrels.into_iter().flat_map(|q| q.topics.keys()) {
-        if !topics.contains(&qid.as_str()) {
-            warnings.add(WarningKind::QrelsTopicNotInRun, qid.clone());
-        }
-    }
-    warnings
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn one_warning_per_kind_with_a_count_and_the_first_ids() {
-        let run = Run::parse("1 Q0 a 1 2 t\n1 Q0 a 2 1 t\n", std::path::Path::new("r")).unwrap();
-        let qrels = Qrels::parse("1 0 a 1\n9 0 b 1\n8 0 c 1\n", std::path::Path::new("q")).unwrap();
-        let topics: Vec<String> = (1..=8).map(|i| i.to_string()).collect();
-        let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
-        let list = of_batch(&run, &topics, Some(&qrels)).list();
-        assert_eq!(list.len(), 3);
-        assert_eq!(
-            (list[0].kind, list[0].count, list[0].first.clone()),
-            (WarningKind::DuplicateDocid, 1, vec!["1 a".to_string()])
-        );
-        assert_eq!((list[1].kind, list[1].count), (WarningKind::RetrievedNothing, 7));
-        assert_eq!(list[1].first, ["2", "3", "4", "5", "6"]);
-        assert!(
-            list[1].message.starts_with("7 topics retrieved nothing") && list[1].message.ends_with("6, …"),
-            "{}",
-            list[1].message
-        );
-        assert_eq!((list[2].kind, list[2].first.clone()), (WarningKind::QrelsTopicNotInRun, vec!["9".to_string()]));
     }
 }

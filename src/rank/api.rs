@@ -5,7 +5,6 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::rerank::ScoredSegment;
 use crate::eval::TopicField;
 use crate::index::{Bm25Params, Rm3Params};
 use crate::preselect::Preselect;
@@ -370,4 +369,24 @@ pub struct RerankResponse {
     /// Which segments the model read: the preselection in effect (`selector: none`: every segment).
     pub preselect: Preselect,
     pub results: Vec<SearchHit>,
+}
+
+/// One segment with the model's score, and the selector's when a preselection ran.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ScoredSegment {
+    pub index: usize,
+    /// UTF-8 byte offsets into the document's text.
+    pub start: usize,
+    pub end: usize,
+    /// Whether the model read the segment: a preselection sends it only some.
+    pub scored: bool,
+    /// The model's score; absent when the model did not read the segment (`scored: false`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub score: Option<f32>,
+    /// The preselection's score, for every segment it saw.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub selector_score: Option<f32>,
+    /// The segment's text, when the request asks for it (`segment_text`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
 }

@@ -35,14 +35,14 @@ use crate::segment::SegmentOptions;
 
 pub use api::{
     json_arg, BatchParams, BestSegment, CollectionInfo, DocumentResponse, ExpansionTerm, ModelTiming, Pipeline,
-    PipelineInfo, RankParams, RerankDocument, RerankRequest, RerankResponse, SearchHit, SearchRequest, SearchResponse,
-    Timing,
+    PipelineInfo, RankParams, RerankDocument, RerankRequest, RerankResponse, ScoredSegment, SearchHit, SearchRequest,
+    SearchResponse, Timing,
 };
 pub use batch::{BatchPlan, TopicRun};
 pub use error::RankError;
 pub use models::{LoadedModel, ModelStatus, Models, DEFAULT as DEFAULT_MODEL};
 pub use options::{RankOptions, RerankOptions, Usage, DEFAULT_BATCH_K, FIRST_STAGE_FIELDS, MAX_K1};
-pub use rerank::{aggregate, interpolate, Evidence, ScoredSegment};
+pub use rerank::{aggregate, interpolate, Evidence};
 pub use snippet::snippet;
 
 /// A topic's ranked documents and what the model's passes cost.

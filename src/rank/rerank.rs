@@ -8,35 +8,13 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use serde::Serialize;
-use utoipa::ToSchema;
 
 use super::bags::{Bag, BagCache};
-use super::{Pipeline, RankError, Ranked, RerankOptions};
+use super::{Pipeline, RankError, Ranked, RerankOptions, ScoredSegment};
 use crate::index::{analyzer, bm25, Bm25Params, IndexError, Snapshot, StoredDoc};
 use crate::model::{Cancel, Output, Reranker, Scores, Served, VectorFile};
 use crate::preselect::Preselect;
 use crate::segment::{self, Segment, SegmentOptions, Strategy};
-
-/// One segment with the model's score, and the selector's when a preselection ran.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct ScoredSegment {
-    pub index: usize,
-    /// UTF-8 byte offsets into the document's text.
-    pub start: usize,
-    pub end: usize,
-    /// Whether the model read the segment: a preselection sends it only some.
-    pub scored: bool,
-    /// The model's score; absent when the model did not read the segment (`scored: false`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub score: Option<f32>,
-    /// The preselection's score, for every segment it saw.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub selector_score: Option<f32>,
-    /// The segment's text, when the request asks for it (`segment_text`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub text: Option<String>,
-}
 
 /// Why a re-ranked document scored what it did: its text, every segment's score, and the aggregated
 /// model score (before any interpolation with the first stage; none when the model read no segment of it).

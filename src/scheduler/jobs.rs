@@ -613,7 +613,7 @@ fn completion(plan: &BatchPlan, run: &str, qrels: Option<&str>) -> Result<Comple
     let run = Run::parse(run, &eval::formats::upload_path("run"))?;
     let qrels = qrels.map(|q| Qrels::parse(q, &eval::formats::upload_path("qrels"))).transpose()?;
     let topics: Vec<&str> = plan.topics.iter().map(|t| t.qid.as_str()).collect();
-    let warnings = eval::warnings::of_batch(&run, &topics, qrels.as_ref()).list();
+    let warnings = run.batch_warnings(&topics, qrels.as_ref()).list();
     let metrics = qrels.map(|qrels| {
         let evaluation = eval::evaluate(&run, &qrels, &Measure::all(), EvalOptions::default());
         let per_topic = evaluation.per_topic.iter().map(|(q, v)| (q.clone(), v.iter().cloned().collect())).collect();

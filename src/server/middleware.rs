@@ -198,17 +198,6 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 pub const REQUEST_ID: &str = "x-request-id";
 
-tokio::task_local! {
-    /// When the request being handled times out: its engine work is admitted, and its model inputs queued, only
-    /// if they can end by then.
-    static DEADLINE: Instant;
-}
-
-/// The deadline of the request being handled (none for uploads, which have no timeout).
-pub(super) fn deadline() -> Option<Instant> {
-    DEADLINE.try_with(|d| *d).ok()
-}
-
 /// The matched route, written by `label_route` (which runs after routing) and read by `observe` (which
 /// wraps everything, unmatched requests included).
 #[derive(Clone, Default)]
@@ -243,7 +232,7 @@ async fn observe(State(state): State<AppState>, mut request: Request, next: Next
         next.run(request).instrument(span.clone()).await
     } else {
         let deadline = Instant::now() + Duration::from_millis(timeout_ms);
-        let handled = DEADLINE.scope(deadline, next.run(request).instrument(span.clone()));
+        let handled = super::deadline::within(deadline, next.run(request).instrument(span.clone()));
         match tokio::time::timeout_at(deadline.into(), handled).await {
             Ok(response) => response,
             Err(_) => ApiError::timeout(timeout_ms).into_response(),

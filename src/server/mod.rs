@@ -6,6 +6,7 @@ mod access;
 mod admission;
 mod compat;
 mod connections;
+mod deadline;
 mod decode;
 mod error;
 mod forward;

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{admission, connections, metrics, middleware, query_log, ApiError};
+use super::{admission, connections, deadline, metrics, query_log, ApiError};
 use crate::config::Config;
 use crate::index::Catalog;
 use crate::model::Cancel;
@@ -192,7 +192,7 @@ impl AppState {
         // The request's deadline, from its arrival, travels with its work: admission and the model's queue
         // refuse what would time out.
         let timeout = Duration::from_millis(self.config().server.request_timeout_ms);
-        let deadline = middleware::deadline().unwrap_or_else(|| Instant::now() + timeout);
+        let deadline = deadline::deadline().unwrap_or_else(|| Instant::now() + timeout);
         let permit = self.inner.admission.admit(deadline).await?;
         let state = self.clone();
         let guard = CancelOnDrop(Cancel::until(deadline));

@@ -178,3 +178,37 @@ pub async fn compare(
 ) -> Result<Json<Vec<Comparison>>, ApiError> {
     Ok(Json(state.jobs().compare(&p.a, &p.b).await?))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::BatchRequest;
+    use crate::rank::SearchRequest;
+    use crate::server::decode::{Fields, Kind};
+
+    #[test]
+    fn fields_come_from_the_types_schema_through_flatten() {
+        let fields = Fields::of::<BatchRequest>();
+        let kind = |name: &str| fields.get(name).unwrap_or_else(|| panic!("no field {name}")).kind;
+        for (name, expected) in [
+            ("topics", Kind::Text),
+            ("qrels", Kind::Text),
+            ("collection", Kind::Text),
+            ("pipeline", Kind::Text),
+            ("field", Kind::Text),
+            ("tag", Kind::Text),
+            ("k", Kind::Scalar),
+            ("depth", Kind::Scalar),
+            ("interpolate", Kind::Scalar),
+            ("bm25", Kind::Object),
+            ("rm3", Kind::Object),
+            ("segments", Kind::Object),
+        ] {
+            assert_eq!(kind(name), expected, "{name}");
+        }
+        assert!(fields.get("topics").unwrap().required);
+        assert!(!fields.get("k").unwrap().required);
+        let search = Fields::of::<SearchRequest>();
+        assert_eq!(search.get("segment_text").unwrap().kind, Kind::Scalar);
+        assert!(search.get("query").unwrap().required);
+    }
+}
