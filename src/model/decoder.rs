@@ -119,13 +119,17 @@ impl Decoder {
         if c.attention_bias {
             return refuse("attention_bias");
         }
-        let activation = match c.hidden_activation.as_deref().or(c.hidden_act.as_deref()) {
-            Some("silu") | None if family != Family::Gemma => Activation::Silu,
-            // transformers reads Gemma's unset hidden_activation as the tanh approximation.
-            Some("gelu_pytorch_tanh") | None => Activation::GeluTanh,
-            Some("gelu") if family == Family::Gemma && c.hidden_activation.is_none() => Activation::GeluTanh,
-            Some("gelu") => Activation::Gelu,
-            Some(other) => return refuse(&format!("the activation {other:?}")),
+        // transformers reads Gemma's `hidden_activation` (unset: the tanh approximation, whatever `hidden_act`
+        // says), Qwen's `hidden_act`.
+        let activation = match family {
+            Family::Gemma => c.hidden_activation.as_deref().unwrap_or("gelu_pytorch_tanh"),
+            _ => c.hidden_act.as_deref().unwrap_or("silu"),
+        };
+        let activation = match activation {
+            "silu" => Activation::Silu,
+            "gelu_pytorch_tanh" => Activation::GeluTanh,
+            "gelu" => Activation::Gelu,
+            other => return refuse(&format!("the activation {other:?}")),
         };
         let rope_theta =
             c.rope_theta.or_else(|| c.rope_parameters.as_ref()?.get("rope_theta")?.as_f64()).unwrap_or(10_000.0);
@@ -138,8 +142,10 @@ impl Decoder {
         };
         let build = || -> candle_core::Result<Decoder> {
             let embed = vb.get_unchecked("embed_tokens.weight")?;
-            let vocab = embed.dim(0)?;
-            let embed = Embedding::new(vb.get((vocab, h), "embed_tokens.weight")?, h);
+            if embed.dim(1)? != h {
+                candle_core::bail!("embed_tokens.weight is {:?} wide, not hidden_size {h}", embed.dim(1)?);
+            }
+            let embed = Embedding::new(embed, h);
             let (q, kv) = (heads * head_dim, kv_heads * head_dim);
             let layers = (0..c.num_hidden_layers)
                 .map(|i| {

@@ -187,7 +187,8 @@ impl Family {
             Family::ModernBert => (&["head.dense"], Activation::Gelu, "classifier"),
             // The context pooler (its activation checked by `deberta`).
             Family::Deberta => (&["pooler.dense"], Activation::Gelu, "classifier"),
-            // A decoder's head is its recipe's answer (`Head::answer`); converted checkpoints name it `score`.
+            // Never read: `CrossEncoder::new` gives a decoder its recipe's answer (`Head::answer`, a converted
+            // checkpoint's `score` row).
             Family::Qwen2 | Family::Qwen3 | Family::Gemma => (&[], Activation::Gelu, "score"),
         }
     }

@@ -65,7 +65,7 @@ impl Recipe {
 
     /// The recipe of a hub id or a hub cache path naming a known model line, or of a converted checkpoint's
     /// architecture.
-    pub fn detect(source: &str, architectures: &[String]) -> Option<Recipe> {
+    pub(super) fn detect(source: &str, architectures: &[String]) -> Option<Recipe> {
         let name = source.to_ascii_lowercase().replace("--", "/");
         if name.contains("qwen3-reranker") || architectures.iter().any(|a| a == "Qwen3ForSequenceClassification") {
             Some(Recipe::Qwen3Reranker)
@@ -182,10 +182,11 @@ impl Prompt {
                 false => Ok(()),
             }
         };
+        let instruction = instruction.or(self.recipe.default_instruction());
         let ids = match self.recipe {
             Recipe::Qwen3Reranker => {
                 // The card tokenizes the instruction, query and document as one text and cuts its end.
-                let instruction = instruction.unwrap_or(QWEN3_INSTRUCTION);
+                let instruction = instruction.unwrap_or_default();
                 let head = format!("<Instruct>: {instruction}\n<Query>: {query}\n");
                 over(pieces.ids(&head)?.len(), max_query_tokens)?;
                 let mut text = pieces.ids(&format!("{head}<Document>: {segment}"))?;
@@ -210,7 +211,7 @@ impl Prompt {
                 // The prompt follows the pair, after a line; the query may take 3/4 of `max_length`, the input
                 // less the fixed parts (counted twice there: FlagEmbedding cuts the pair to `max_length` plus
                 // them, then adds them).
-                let prompt = pieces.ids(instruction.unwrap_or(GEMMA_PROMPT))?;
+                let prompt = pieces.ids(instruction.unwrap_or_default())?;
                 let tail = [&self.sep[..], &prompt].concat();
                 let content = max_len.saturating_sub(2 * tail.len());
                 let head = pieces.ids(&format!("A: {query}"))?;

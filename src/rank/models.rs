@@ -143,9 +143,7 @@ impl Models {
         let dir = model::resolve(&slot.source, self.config.offline)?;
         let device = model::device(&self.config.device)?;
         let dtype = model::dtype(&self.config.dtype, &device)?;
-        // A hub id names its model line, where the directory (a local copy) may not.
-        let recipe = slot.recipe.or_else(|| Recipe::detect(&slot.source, &[]));
-        let mut reranker = Reranker::load(&dir, &device, dtype, slot.kind, recipe)?;
+        let mut reranker = Reranker::load(&dir, &device, dtype, slot.kind, slot.recipe)?;
         if slot.quantize == Quantize::Int8 {
             reranker.quantize()?;
         }

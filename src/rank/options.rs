@@ -133,7 +133,7 @@ impl Engine {
 
     /// An instruction's text, trimmed, bounded as a query is (it is read with one).
     fn check_instruction(&self, instruction: &str) -> Result<String, RankError> {
-        let instruction = instruction.trim_matches(|c: char| c.is_whitespace() || c.is_control());
+        let instruction = trimmed(instruction);
         let len = instruction.chars().count();
         match len {
             0 => Err(RankError::InvalidInstruction("empty".into())),
@@ -147,8 +147,7 @@ impl Engine {
 
     /// A query's text, trimmed, checked against the limits.
     pub fn check_query<'q>(&self, query: &'q str) -> Result<&'q str, RankError> {
-        // Control characters (NUL say) are no more a query than spaces are.
-        let query = query.trim_matches(|c: char| c.is_whitespace() || c.is_control());
+        let query = trimmed(query);
         if query.is_empty() {
             return Err(RankError::EmptyQuery);
         }
@@ -158,6 +157,12 @@ impl Engine {
         }
         Ok(query)
     }
+}
+
+/// A text without the spaces and control characters around it: control characters (NUL say) are no more a
+/// query or an instruction than spaces are.
+fn trimmed(text: &str) -> &str {
+    text.trim_matches(|c: char| c.is_whitespace() || c.is_control())
 }
 
 /// A count between 1 and `max`, or `default` (capped at `max`) when none is given.
