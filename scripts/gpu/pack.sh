@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Packs what the GPU machine needs into one git-ignored folder (default .gpu-pack/, at most 60 MiB so that it
 # travels with the device tool's 64 MiB): the release binary built with `--features cuda` (CUDA 13.0 from PyPI,
-# scripts/check-cuda.sh build), stripped and compressed; the MiniLM's uncased vocabulary (it fits BERT-base too); ModernBERT's and XLM-R's
-# configurations and tokenizers from the tests' fixtures; device.sh,
+# scripts/check-cuda.sh build), stripped and compressed; the MiniLM's uncased vocabulary (it fits BERT-base too); the other families'
+# test fixtures (a Qwen3-Reranker among them); device.sh,
 # device.py and synth.py. The device run is then one command, from the repository's root:
 #     run(command="bash .gpu-pack/device.sh", carry=[".gpu-pack"], timeout_s=330)
 #   bash scripts/gpu/pack.sh                     # build with CUDA, then pack
@@ -31,10 +31,12 @@ echo "binary: $(($(stat -c %s "$pack/longrank") / 1024 / 1024)) MiB stripped"
 xz -T0 -3 "$pack/longrank"
 cp scripts/gpu/device.sh scripts/gpu/device.py scripts/gpu/synth.py "$pack/"
 cp "$minilm"/{tokenizer.json,vocab.txt,tokenizer_config.json,special_tokens_map.json} "$pack/vocab/"
-# The other families' configurations and tokenizers (the tests' fixtures), which device.py grows to a real shape.
-for family in modernbert-cls xlm-roberta; do
+# The other families' fixtures (configuration, tokenizer, tiny weights), which device.py grows to a real shape
+# (the CPU rehearsal scores the tiny ones as they are).
+for family in modernbert-cls xlm-roberta electra distilbert deberta-v3 qwen3-reranker; do
     mkdir -p "$pack/families/$family"
-    cp tests/fixtures/models/$family/{config.json,tokenizer*.json} "$pack/families/$family/"
+    cp tests/fixtures/models/$family/{config.json,model.safetensors,tokenizer*.json} "$pack/families/$family/"
+    cp tests/fixtures/models/$family/special_tokens_map.json "$pack/families/$family/" 2>/dev/null || true
 done
 size=$(du -sb "$pack" | cut -f1)
 echo "pack: $pack, $((size / 1024 / 1024)) MiB (binary $(($(stat -c %s "$pack/longrank.xz") / 1024 / 1024)) MiB compressed)"

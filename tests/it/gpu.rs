@@ -1,6 +1,7 @@
 //! The GPU machine's device run (scripts/gpu), rehearsed on the CPU so that it can fail there only for GPU
 //! reasons: the pack's layout from this build's binary, then the device script with `--device cpu` on a tiny
-//! cross-encoder, without PyTorch (longrank's side of every part, and the summary).
+//! cross-encoder (and the packed decoder and ModernBERT fixtures), without PyTorch (longrank's side of every part,
+//! and the summary).
 
 use std::path::Path;
 use std::process::Command;
@@ -45,7 +46,7 @@ fn the_device_run_rehearses_on_the_cpu_and_reports_every_part() {
     let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["errors"], serde_json::json!([]), "{summary}");
     let parts = &summary["parts"];
-    for name in ["env", "models", "correctness", "speed", "e2e", "train"] {
+    for name in ["env", "models", "correctness", "speed", "e2e", "train", "decoder", "long"] {
         assert!(parts[name]["seconds"].is_number() && parts[name]["error"].is_null(), "{name}: {summary}");
     }
     assert!(parts["env"]["longrank_version"].as_str().unwrap().starts_with("longrank "), "{summary}");
@@ -74,6 +75,11 @@ fn the_device_run_rehearses_on_the_cpu_and_reports_every_part() {
     assert_eq!(parts["env"]["gpu_state"]["absent"], "not a GPU run", "{summary}");
     assert!(e2e["batch"]["pairs"].as_f64().unwrap() > 0.0, "{e2e}");
     assert!(parts["train"]["longrank_step_s"].as_f64().unwrap() > 0.0, "{summary}");
+    // The decoder reranker and the long-input encoder: the packed fixtures, scored and timed.
+    let decoder = &parts["decoder"];
+    assert_eq!(decoder["longrank_f32_scores"].as_array().map(Vec::len), Some(10), "{decoder}");
+    assert!(decoder["speed"][0]["longrank_pairs_per_s"].as_f64().unwrap() > 0.0, "{decoder}");
+    assert!(parts["long"]["speed"][0]["longrank_f32_pairs_per_s"].as_f64().unwrap() > 0.0, "{summary}");
     let files = walk(&out);
     assert!(files.len() <= 8, "at most 8 files come back from the device: {files:?}");
 }
