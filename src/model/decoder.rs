@@ -246,25 +246,22 @@ impl Decoder {
         let (cos, sin) = rotary;
         let q = candle_nn::rotary_emb::rope(&q.transpose(1, 2)?.contiguous()?, cos, sin)?;
         let k = candle_nn::rotary_emb::rope(&k.transpose(1, 2)?.contiguous()?, cos, sin)?;
-        let v = v.transpose(1, 2)?;
-        // Each key and value head serves `group` query heads, next to each other.
+        let v = v.transpose(1, 2)?.contiguous()?;
+        // Each key and value head serves `group` query heads, next to each other: the query heads of one key
+        // head are taken as one matrix of `group` blocks of rows, so keys and values are never repeated.
         let group = self.heads / self.kv_heads;
-        let repeat = |t: Tensor| -> candle_core::Result<Tensor> {
-            match group {
-                1 => t.contiguous(),
-                _ => t.unsqueeze(2)?.expand((b, self.kv_heads, group, len, d))?.reshape((b, self.heads, len, d)),
-            }
-        };
-        let (k, v) = (repeat(k)?, repeat(v)?);
+        let q = q.reshape((b, self.kv_heads, group, len, d))?;
         // Queries in blocks: a block reads the keys up to its last position only (the square's upper right, all
-        // masked, is never computed), and its scores take a block's memory, not the whole square's.
+        // masked, is never computed), and its scores take a block's memory, not the whole square's. Keys and
+        // values are read in place (a narrowed prefix of each head's rows).
         let mut contexts = Vec::with_capacity(len.div_ceil(QUERY_BLOCK));
         for start in (0..len).step_by(QUERY_BLOCK) {
             let (rows, end) = (QUERY_BLOCK.min(len - start), (start + QUERY_BLOCK).min(len));
-            let (k, v) = (k.narrow(2, 0, end)?.contiguous()?, v.narrow(2, 0, end)?.contiguous()?);
-            let scores = q.narrow(2, start, rows)?.matmul(&k.t()?)?;
-            let probs = kernels::causal_softmax(&scores, start)?;
-            contexts.push(probs.matmul(&v)?);
+            let (k, v) = (k.narrow(2, 0, end)?, v.narrow(2, 0, end)?);
+            let block = q.narrow(3, start, rows)?.contiguous()?.reshape((b, self.kv_heads, group * rows, d))?;
+            let scores = block.matmul(&k.t()?)?.reshape((b, self.kv_heads, group, rows, end))?;
+            let probs = kernels::causal_softmax(&scores, start)?.reshape((b, self.kv_heads, group * rows, end))?;
+            contexts.push(probs.matmul(&v)?.reshape((b, self.heads, rows, d))?);
         }
         let context = Tensor::cat(&contexts, 2)?.transpose(1, 2)?.reshape((b, len, q_width))?;
         layer.out.forward(&context, lengths)
