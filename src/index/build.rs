@@ -65,6 +65,9 @@ pub struct BuildReport {
     pub indexed: u64,
     /// Documents skipped as malformed.
     pub skipped: u64,
+    /// Documents left out as empty (title and text whitespace alone): nothing to match or score, as Anserini
+    /// leaves them out (its `empty` counter).
+    pub empty: u64,
     /// Input files skipped because they hold no documents (topics, qrels or runs beside the documents, or a
     /// format not recognized).
     pub skipped_files: u64,
@@ -240,6 +243,11 @@ pub fn build(
                 return Err(IndexError::Cancelled);
             }
             match doc {
+                Ok(doc) if doc.title.trim().is_empty() && doc.text.trim().is_empty() => {
+                    report.empty += 1;
+                    let message = "empty document (no text): left out, nothing to match or score".to_string();
+                    report.note("", Problem { docid: Some(doc.id.clone()), ..Problem::in_file(file, message) });
+                }
                 Ok(doc) => {
                     let first_time = seen.insert(hash_id(&doc.id));
                     if !first_time {

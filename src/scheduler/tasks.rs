@@ -110,7 +110,7 @@ pub struct TaskDocuments {
     /// Documents read from the upload (indexed and skipped).
     pub read: i64,
     pub indexed: i64,
-    /// Malformed documents left out.
+    /// Documents left out: malformed (under `on_error=skip`), or empty (title and text whitespace alone).
     pub skipped: i64,
     /// Documents deleted (of the docids given, those the collection held).
     pub deleted: i64,
@@ -627,14 +627,15 @@ impl Tasks {
             })
             .collect::<Vec<serde_json::Value>>();
         // An upload that held nothing to index says so (an empty body, or a file of another kind: topics, a run).
-        if input.file.is_some() && report.indexed + report.skipped == 0 {
+        let skipped = report.skipped + report.empty;
+        if input.file.is_some() && report.indexed + skipped == 0 {
             let why = errors.first().and_then(|e| e["message"].as_str()).map(|m| format!(": {m}"));
             return Err(TaskError::NoDocuments(why.unwrap_or_default()));
         }
         Ok(TaskOutcome {
-            read: (report.indexed + report.skipped) as i64,
+            read: (report.indexed + skipped) as i64,
             indexed: report.indexed as i64,
-            skipped: report.skipped as i64,
+            skipped: skipped as i64,
             errors,
             ..Default::default()
         })

@@ -58,16 +58,22 @@ fn collections_are_created_fed_updated_and_deleted_over_http_by_tasks_in_order()
         send(&server, "PUT", bad, "application/json", None).assert_error(400, "invalid_collection_name");
     }
 
-    // JSON lines, one of them malformed: reported with its line and skipped.
+    // JSON lines, one of them malformed: reported with its line and skipped; one empty (whitespace alone): left
+    // out with its docid, as Anserini leaves empty documents out, so that no model scores an empty segment.
     let lines = "{\"id\": \"d1\", \"text\": \"harbor lantern\"}\n{\"id\": \"d2\", \"text\": \"copper meadow\"}\n\
-                 not json\n{\"id\": \"d3\", \"text\": \"harbor copper\"}\n";
+                 not json\n{\"id\": \"d3\", \"text\": \"harbor copper\"}\n{\"id\": \"d0\", \"text\": \" \\n \"}\n";
     let added =
         task(send(&server, "POST", "/collections/news/documents?wait=true", "application/x-ndjson", Some(lines)));
     assert_eq!(added["status"], "succeeded", "{added}");
-    assert_eq!(added["documents"], json!({"read": 4, "indexed": 3, "skipped": 1, "deleted": 0}), "{added}");
+    assert_eq!(added["documents"], json!({"read": 5, "indexed": 3, "skipped": 2, "deleted": 0}), "{added}");
     let problem = &added["errors"][0];
     assert_eq!((&problem["file"], &problem["line"], &problem["offset"]), (&json!("upload"), &json!(3), &json!(77)));
     assert!(problem["message"].as_str().unwrap().contains("invalid JSON"), "{problem}");
+    let empty = &added["errors"][1];
+    assert_eq!((&empty["file"], &empty["docid"]), (&json!("upload"), &json!("d0")), "{added}");
+    assert!(empty["message"].as_str().unwrap().starts_with("empty document"), "{empty}");
+    send(&server, "GET", "/documents/d0?collection=news", "application/json", None)
+        .assert_error(404, "unknown_document");
     assert_eq!(docids(&server, "news", "harbor"), ["d1", "d3"], "searchable once succeeded");
 
     // A JSON array, replacing d2 (same docid) and adding d4; then a TREC SGML file, its format detected.

@@ -20,13 +20,15 @@ fn malformed_documents_are_reported_with_file_and_offset_then_skipped_or_abort()
     let file = dir.path().join("bad.trec");
     let good = trec_doc("OK-1", "fine text");
     let bad = "<DOC>\n<TEXT>\nno docno here\n</TEXT>\n</DOC>\n";
-    std::fs::write(&file, format!("{good}{bad}{}", trec_doc("OK-2", "more text"))).unwrap();
+    // An empty document (whitespace alone) is left out and counted apart, as Anserini does, under abort too.
+    let empty = trec_doc("EMPTY-1", " \n\t ");
+    std::fs::write(&file, format!("{good}{empty}{bad}{}", trec_doc("OK-2", "more text"))).unwrap();
     let path = file.to_str().unwrap();
 
     let out = cli(dir.path(), &["index", "--collection", "c", "--on-error", "abort", path]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let at = format!("{path} at byte {}: no <DOCNO>", good.len());
+    let at = format!("{path} at byte {}: no <DOCNO>", good.len() + empty.len());
     assert!(stderr.contains(&at), "{stderr}");
     // A first build that aborts leaves no collection behind, empty or partial.
     let (catalog, _) = Catalog::open(dir.path()).unwrap();
@@ -34,7 +36,7 @@ fn malformed_documents_are_reported_with_file_and_offset_then_skipped_or_abort()
     assert!(!dir.path().join("collections/c").exists());
 
     let out = cli_ok(dir.path(), &["index", "--collection", "c", path]);
-    assert!(out.contains("indexed 2 documents, skipped 1 document and 0 files, duplicates 0"), "{out}");
+    assert!(out.contains("indexed 2 documents, skipped 1 document and 0 files, 1 empty, duplicates 0"), "{out}");
     assert_eq!(count(dir.path(), "c"), 2);
 }
 
@@ -110,7 +112,7 @@ fn duplicates_are_reported_and_reruns_add_and_replace() {
     std::fs::write(&a, format!("{}{}{}", trec_doc("D1", "apples"), trec_doc("D2", "pears"), trec_doc("D1", "plums")))
         .unwrap();
     let out = cli_ok(dir.path(), &["index", "--collection", "c", a.to_str().unwrap()]);
-    assert!(out.contains("indexed 3 documents, skipped 0 documents and 0 files, duplicates 1"), "{out}");
+    assert!(out.contains("indexed 3 documents, skipped 0 documents and 0 files, 0 empty, duplicates 1"), "{out}");
     assert!(out.contains("2 documents in the collection"), "{out}");
     // The later D1 won.
     let search = cli_ok(dir.path(), &["search", "--collection", "c", "plums"]);
