@@ -63,13 +63,15 @@ pub fn run(args: IndexArgs, mut config: Config) -> anyhow::Result<()> {
     let report = index::build(&config.data_dir, &args.collection, &corpus, &options, &bar)?;
     bar.finish();
     println!(
-        "collection {}: indexed {}, skipped {} and {}, {} empty, duplicates {}, {} files already indexed; \
+        "collection {}: indexed {}, skipped {} and {}, {} empty, {} read as windows-1252, duplicates {}, \
+         {} files already indexed; \
          {} documents in the collection ({:.1} s, {:.0} docs/s, {:.1} MB/s, peak RSS {:.0} MB)",
         report.collection,
         counted(report.indexed as usize, "document"),
         counted(report.skipped as usize, "document"),
         counted(report.skipped_files as usize, "file"),
         report.empty,
+        report.guessed_encoding,
         report.duplicates,
         report.files_already_indexed,
         report.documents_in_collection,

@@ -300,15 +300,18 @@ pub const PARAGRAPH_MARK: char = '\u{1}';
 pub const PARAGRAPH: &str = "\u{1}";
 
 /// Decodes bytes as UTF-8 when valid, else with the given label's encoding, else windows-1252 (what
-/// browsers assume for Latin-1 pages).
-pub fn decode_bytes(bytes: &[u8], label: Option<&str>) -> String {
+/// browsers assume for Latin-1 pages); with the encoding's name when it was that guess (the bytes not UTF-8
+/// and no known label), for the build to report.
+pub fn decode_bytes(bytes: &[u8], label: Option<&str>) -> (String, Option<&'static str>) {
     if let Ok(s) = std::str::from_utf8(bytes) {
-        return s.to_string();
+        return (s.to_string(), None);
     }
-    let encoding =
-        label.and_then(|l| encoding_rs::Encoding::for_label(l.trim().as_bytes())).unwrap_or(encoding_rs::WINDOWS_1252);
+    let (encoding, guessed) = match label.and_then(|l| encoding_rs::Encoding::for_label(l.trim().as_bytes())) {
+        Some(named) => (named, None),
+        None => (encoding_rs::WINDOWS_1252, Some(encoding_rs::WINDOWS_1252.name())),
+    };
     let (text, _, _) = encoding.decode(bytes);
-    text.into_owned()
+    (text.into_owned(), guessed)
 }
 
 #[cfg(test)]
@@ -343,9 +346,10 @@ mod tests {
     }
 
     #[test]
-    fn decoding_falls_back_to_windows_1252() {
-        assert_eq!(decode_bytes(b"caf\xe9 \xa9", None), "café ©");
-        assert_eq!(decode_bytes("café".as_bytes(), Some("iso-8859-1")), "café");
-        assert_eq!(decode_bytes(b"\xe9", Some("iso-8859-2")), "é");
+    fn decoding_falls_back_to_windows_1252_and_says_so() {
+        assert_eq!(decode_bytes(b"caf\xe9 \xa9", None), ("café ©".into(), Some("windows-1252")));
+        assert_eq!(decode_bytes(b"caf\xe9", Some("no-such-charset")), ("café".into(), Some("windows-1252")));
+        assert_eq!(decode_bytes("café".as_bytes(), Some("iso-8859-1")), ("café".into(), None));
+        assert_eq!(decode_bytes(b"\xe9", Some("iso-8859-2")), ("é".into(), None));
     }
 }

@@ -22,6 +22,10 @@ pub struct Document {
     pub id: String,
     pub title: String,
     pub text: String,
+    /// The encoding the document's bytes were read as where they were not UTF-8 and named none: a guess,
+    /// which the build reports.
+    #[serde(skip)]
+    pub guessed_encoding: Option<&'static str>,
 }
 
 /// Where a document (or a problem) sits: the file, the line for line-based formats, and the byte offset
@@ -206,8 +210,8 @@ pub fn read(mut reader: Box<dyn BufRead + Send>, path: &Path, format: Format) ->
                 parse(&raw, &Location { path: file.clone(), line: None, offset })
             }))
         }
-        Format::Jsonl => Box::new(Lines::new(reader, path).map(|l| l.and_then(|(at, line)| parse_jsonl(&line, at)))),
-        Format::Tsv => Box::new(Lines::new(reader, path).map(|l| l.and_then(|(at, line)| parse_tsv(&line, at)))),
+        Format::Jsonl => Lines::new(reader, path).parsed(parse_jsonl),
+        Format::Tsv => Lines::new(reader, path).parsed(parse_tsv),
         Format::Auto => unreachable!("resolved above"),
     })
 }
@@ -263,10 +267,18 @@ impl Lines {
     fn new(reader: Box<dyn BufRead + Send>, path: PathBuf) -> Self {
         Lines { reader, path, line: 0, offset: 0 }
     }
+
+    /// Each line's document through `parse`, with the encoding its bytes were guessed to be in.
+    fn parsed(self, parse: fn(&str, Location) -> Result<Document, CorpusError>) -> Documents {
+        Box::new(self.map(move |line| {
+            let (at, line, guessed_encoding) = line?;
+            parse(&line, at).map(|doc| Document { guessed_encoding, ..doc })
+        }))
+    }
 }
 
 impl Iterator for Lines {
-    type Item = Result<(Location, String), CorpusError>;
+    type Item = Result<(Location, String, Option<&'static str>), CorpusError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         let mut buf = Vec::new();
@@ -282,10 +294,10 @@ impl Iterator for Lines {
             self.line += 1;
             let at = Location { path: self.path.clone(), line: Some(self.line), offset: self.offset };
             self.offset += n as u64;
-            let text = markup::decode_bytes(&buf, None);
+            let (text, guessed) = markup::decode_bytes(&buf, None);
             let text = text.trim_end_matches(['\n', '\r']);
             if !text.trim().is_empty() {
-                return Some(Ok((at, text.to_string())));
+                return Some(Ok((at, text.to_string(), guessed)));
             }
         }
     }
@@ -313,7 +325,7 @@ fn parse_jsonl(line: &str, at: Location) -> Result<Document, CorpusError> {
         return Err(malformed("empty \"id\"".into()));
     }
     let text = doc.text.ok_or_else(|| malformed("no \"text\" (or \"contents\") field".into()))?;
-    Ok(Document { id, title: doc.title.unwrap_or_default(), text })
+    Ok(Document { id, title: doc.title.unwrap_or_default(), text, guessed_encoding: None })
 }
 
 fn parse_tsv(line: &str, at: Location) -> Result<Document, CorpusError> {
@@ -330,7 +342,12 @@ fn parse_tsv(line: &str, at: Location) -> Result<Document, CorpusError> {
     if id.trim().is_empty() {
         return Err(CorpusError::Malformed { at, message: "empty document id".into() });
     }
-    Ok(Document { id: id.trim().to_string(), title: title.trim().to_string(), text: text.to_string() })
+    Ok(Document {
+        id: id.trim().to_string(),
+        title: title.trim().to_string(),
+        text: text.to_string(),
+        guessed_encoding: None,
+    })
 }
 
 /// The demo collection the quick start serves when no other collection is indexed: thirty short

@@ -92,7 +92,7 @@ impl<R: BufRead> Iterator for DocChunks<R> {
 
 /// Parses one TREC SGML document.
 pub fn parse(raw: &[u8], at: &Location) -> Result<Document, CorpusError> {
-    let s = decode_bytes(raw, None);
+    let (s, guessed_encoding) = decode_bytes(raw, None);
     let id = docno(&s, at)?;
     let mut pieces = Vec::new();
     let mut pos = 0;
@@ -115,7 +115,7 @@ pub fn parse(raw: &[u8], at: &Location) -> Result<Document, CorpusError> {
     }
     let title = TITLE_FIELDS.iter().find_map(|f| markup::element_text(&s, f)).unwrap_or_default();
     let text = normalize_whitespace(&pieces.join(PARAGRAPH));
-    Ok(Document { id, title, text })
+    Ok(Document { id, title, text, guessed_encoding })
 }
 
 /// The trimmed `<DOCNO>`, required of every TREC document.

@@ -61,7 +61,7 @@ pub fn parse(raw: &[u8], at: &Location) -> Result<Document, CorpusError> {
 
     let sniff = String::from_utf8_lossy(&body[..body.len().min(4096)]).to_ascii_lowercase();
     let charset = content_type.as_deref().and_then(charset_of).or_else(|| meta_charset(&sniff));
-    let page = decode_bytes(body, charset.as_deref());
+    let (page, guessed_encoding) = decode_bytes(body, charset.as_deref());
 
     let is_html = match content_type.as_deref() {
         Some(ct) if ct.contains("html") || ct.contains("xml") => true,
@@ -69,11 +69,11 @@ pub fn parse(raw: &[u8], at: &Location) -> Result<Document, CorpusError> {
         _ => ["<html", "<body", "<!doctype html", "<head", "<title"].iter().any(|t| sniff.contains(t)),
     };
     if !is_html {
-        return Ok(Document { id, title: String::new(), text: normalize_whitespace(&page) });
+        return Ok(Document { id, title: String::new(), text: normalize_whitespace(&page), guessed_encoding });
     }
     let title = markup::element_text(&page, "title").unwrap_or_default();
     let stripped = strip_markup(&page, block_separator, &["script", "style", "head", "noscript", "title"]);
-    Ok(Document { id, title, text: normalize_whitespace(&decode_entities(&stripped)) })
+    Ok(Document { id, title, text: normalize_whitespace(&decode_entities(&stripped)), guessed_encoding })
 }
 
 fn block_separator(tag: &Tag) -> &'static str {

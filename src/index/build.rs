@@ -68,6 +68,8 @@ pub struct BuildReport {
     /// Documents left out as empty (title and text whitespace alone): nothing to match or score, as Anserini
     /// leaves them out (its `empty` counter).
     pub empty: u64,
+    /// Documents indexed whose bytes were not UTF-8 and named no encoding, read as windows-1252 (a guess).
+    pub guessed_encoding: u64,
     /// Input files skipped because they hold no documents (topics, qrels or runs beside the documents, or a
     /// format not recognized).
     pub skipped_files: u64,
@@ -249,6 +251,11 @@ pub fn build(
                     report.note("", Problem { docid: Some(doc.id.clone()), ..Problem::in_file(file, message) });
                 }
                 Ok(doc) => {
+                    if let Some(encoding) = doc.guessed_encoding {
+                        report.guessed_encoding += 1;
+                        let message = format!("not UTF-8 and no encoding named: read as {encoding}");
+                        report.note("", Problem { docid: Some(doc.id.clone()), ..Problem::in_file(file, message) });
+                    }
                     let first_time = seen.insert(hash_id(&doc.id));
                     if !first_time {
                         report.duplicates += 1;

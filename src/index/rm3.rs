@@ -53,7 +53,7 @@ impl Snapshot<'_> {
         for hit in feedback.iter().take(rm3.fb_docs) {
             self.go_on()?;
             let stored = self.document(hit.address)?;
-            let doc = Document { id: stored.docid, title: stored.title, text: stored.text };
+            let doc = Document { id: stored.docid, title: stored.title, text: stored.text, guessed_encoding: None };
             let mut tf: BTreeMap<String, f32> = BTreeMap::new();
             for term in analyzer::terms(&searchable_text(&doc)) {
                 if !feedback_term(&term) {

@@ -89,16 +89,20 @@ fn collections_are_created_fed_updated_and_deleted_over_http_by_tasks_in_order()
     let trec = "<DOC>\n<DOCNO> d5 </DOCNO>\n<TEXT>\nharbor pilots\n</TEXT>\n</DOC>\n";
     let added = task(send(&server, "POST", "/collections/news/documents?wait=true", "text/plain", Some(trec)));
     assert_eq!(added["documents"]["indexed"], 1, "{added}");
-    // Gzipped (known by its bytes), TSV (known by its content).
+    // Gzipped (known by its bytes), TSV (known by its content), in Latin-1: read as windows-1252, and the task
+    // says so.
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    std::io::Write::write_all(&mut gz, b"d8\tgzipped tab separated pilots\n").unwrap();
+    std::io::Write::write_all(&mut gz, b"d8\tgzipped tab separated pilots caf\xe9\n").unwrap();
     let reply = ureq::post(&server.url("/collections/news/documents?wait=true"))
         .set("content-type", "application/gzip")
         .send_bytes(&gz.finish().unwrap())
         .unwrap();
     let added: Value = serde_json::from_str(&reply.into_string().unwrap()).unwrap();
     assert_eq!(added["documents"]["indexed"], 1, "{added}");
+    assert_eq!(added["errors"][0]["docid"], "d8", "{added}");
+    assert!(added["errors"][0]["message"].as_str().unwrap().ends_with("read as windows-1252"), "{added}");
     assert_eq!(docids(&server, "news", "pilots"), ["d5", "d8"]);
+    assert_eq!(docids(&server, "news", "café"), ["d8"]);
     assert_eq!(docids(&server, "news", "copper"), ["d3"], "d2's old text is gone");
     assert_eq!(docids(&server, "news", "lantern"), ["d1", "d2"]);
     let (_, document) = get(&server.url("/documents/d2?collection=news"));

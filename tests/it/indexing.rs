@@ -22,7 +22,10 @@ fn malformed_documents_are_reported_with_file_and_offset_then_skipped_or_abort()
     let bad = "<DOC>\n<TEXT>\nno docno here\n</TEXT>\n</DOC>\n";
     // An empty document (whitespace alone) is left out and counted apart, as Anserini does, under abort too.
     let empty = trec_doc("EMPTY-1", " \n\t ");
-    std::fs::write(&file, format!("{good}{empty}{bad}{}", trec_doc("OK-2", "more text"))).unwrap();
+    // A document in Latin-1 (not UTF-8, no encoding named) is read as windows-1252 and counted.
+    let latin = trec_doc("OK-2", "caf@").into_bytes().into_iter().map(|b| if b == b'@' { 0xe9 } else { b });
+    let bytes: Vec<u8> = format!("{good}{empty}{bad}").into_bytes().into_iter().chain(latin).collect();
+    std::fs::write(&file, bytes).unwrap();
     let path = file.to_str().unwrap();
 
     let out = cli(dir.path(), &["index", "--collection", "c", "--on-error", "abort", path]);
@@ -36,7 +39,14 @@ fn malformed_documents_are_reported_with_file_and_offset_then_skipped_or_abort()
     assert!(!dir.path().join("collections/c").exists());
 
     let out = cli_ok(dir.path(), &["index", "--collection", "c", path]);
-    assert!(out.contains("indexed 2 documents, skipped 1 document and 0 files, 1 empty, duplicates 0"), "{out}");
+    assert!(
+        out.contains(
+            "indexed 2 documents, skipped 1 document and 0 files, 1 empty, 1 read as windows-1252, duplicates 0"
+        ),
+        "{out}"
+    );
+    let search = cli_ok(dir.path(), &["search", "--collection", "c", "café"]);
+    assert!(search.contains("OK-2"), "{search}");
     assert_eq!(count(dir.path(), "c"), 2);
 }
 
@@ -112,7 +122,12 @@ fn duplicates_are_reported_and_reruns_add_and_replace() {
     std::fs::write(&a, format!("{}{}{}", trec_doc("D1", "apples"), trec_doc("D2", "pears"), trec_doc("D1", "plums")))
         .unwrap();
     let out = cli_ok(dir.path(), &["index", "--collection", "c", a.to_str().unwrap()]);
-    assert!(out.contains("indexed 3 documents, skipped 0 documents and 0 files, 0 empty, duplicates 1"), "{out}");
+    assert!(
+        out.contains(
+            "indexed 3 documents, skipped 0 documents and 0 files, 0 empty, 0 read as windows-1252, duplicates 1"
+        ),
+        "{out}"
+    );
     assert!(out.contains("2 documents in the collection"), "{out}");
     // The later D1 won.
     let search = cli_ok(dir.path(), &["search", "--collection", "c", "plums"]);
