@@ -253,8 +253,12 @@ pub fn build(
                 Ok(doc) => {
                     if let Some(encoding) = doc.guessed_encoding {
                         report.guessed_encoding += 1;
-                        let message = format!("not UTF-8 and no encoding named: read as {encoding}");
-                        report.note("", Problem { docid: Some(doc.id.clone()), ..Problem::in_file(file, message) });
+                        // Counted always, named (and logged) the first times: a web crawl can hold millions.
+                        if report.guessed_encoding <= MAX_PROBLEMS_KEPT as u64 {
+                            let message = format!("not UTF-8 and no encoding named: read as {encoding}");
+                            let docid = Some(doc.id.clone());
+                            report.note("", Problem { docid, ..Problem::in_file(file, message) });
+                        }
                     }
                     let first_time = seen.insert(hash_id(&doc.id));
                     if !first_time {
