@@ -37,17 +37,33 @@ fn list(config: &Config) -> anyhow::Result<()> {
         return Ok(());
     }
     let width = collections.iter().map(|c| c.name.chars().count()).max().unwrap_or(0).max("collection".len());
-    let header = ("collection", "documents", "mean length", "size (MB)", "fingerprint");
+    let header = ("collection", "documents", "mean length", "size", "fingerprint");
     println!("{:<width$}  {:>12}  {:>11}  {:>10}  {:<16}", header.0, header.1, header.2, header.3, header.4);
     for c in &collections {
-        let mb = c.size_bytes as f64 / 1e6;
         let fingerprint = c.fingerprint.as_deref().unwrap_or("-");
         println!(
-            "{:<width$}  {:>12}  {:>11.1}  {:>10.1}  {fingerprint:<16}",
-            c.name, c.documents, c.average_length, mb
+            "{:<width$}  {:>12}  {:>11.1}  {:>10}  {fingerprint:<16}",
+            c.name,
+            c.documents,
+            c.average_length,
+            size(c.size_bytes)
         );
     }
     Ok(())
+}
+
+/// A size in the unit that shows it with two or three figures (a small collection is kilobytes, not "0.0 MB").
+fn size(bytes: u64) -> String {
+    let units = ["B", "kB", "MB", "GB", "TB"];
+    let (mut value, mut unit) = (bytes as f64, 0);
+    while value >= 1000.0 && unit + 1 < units.len() {
+        (value, unit) = (value / 1000.0, unit + 1);
+    }
+    match unit {
+        0 => format!("{bytes} B"),
+        _ if value < 10.0 => format!("{value:.1} {}", units[unit]),
+        _ => format!("{value:.0} {}", units[unit]),
+    }
 }
 
 fn delete(config: &Config, name: &str) -> anyhow::Result<()> {

@@ -1,5 +1,5 @@
 //! The images' build, checked without a Docker engine: the context `.dockerignore` lets through holds what each
-//! Dockerfile copies and nothing built, and every documented `docker run` gives the server an admin key (in a
+//! Dockerfile copies and nothing built, the binary is stripped, and every documented `docker run` gives the server an admin key (in a
 //! container it listens beyond loopback, where a keyless server serves reads only).
 
 use std::path::Path;
@@ -26,6 +26,10 @@ fn the_build_context_holds_what_the_images_copy_and_runs_have_an_admin_key() {
                 assert!(Path::new(env!("CARGO_MANIFEST_DIR")).join(source).exists(), "{source}");
             }
         }
+        // The binary an image carries is stripped where it is built (the release profile keeps line tables).
+        let built = text.find("cargo build --release").expect("a release build");
+        let stripped = text.find("strip --strip-all target/release/longrank");
+        assert!(stripped.is_some_and(|at| at > built), "{dockerfile} copies an unstripped binary");
         let runs: Vec<&str> = text.lines().filter(|l| l.contains("docker run")).collect();
         assert!(!runs.is_empty() && runs.iter().all(|l| l.contains("LONGRANK_SERVER_ADMIN_KEYS")), "{dockerfile}");
     }

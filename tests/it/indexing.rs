@@ -47,6 +47,10 @@ fn malformed_documents_are_reported_with_file_and_offset_then_skipped_or_abort()
     );
     let search = cli_ok(dir.path(), &["search", "--collection", "c", "café"]);
     assert!(search.contains("OK-2"), "{search}");
+    // A small collection's size in the unit that shows it (it read "0.0" in megabytes).
+    let list = cli_ok(dir.path(), &["collections"]);
+    let row = list.lines().nth(1).unwrap();
+    assert!(row.contains(" kB ") && !row.contains(" 0.0 "), "{list}");
     assert_eq!(count(dir.path(), "c"), 2);
 }
 
