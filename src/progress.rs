@@ -16,6 +16,12 @@ pub trait Progress: Sync {
     fn phase(&self, name: &str, total: u64, unit: Unit);
     /// Units done so far in the phase, with a short note (a loss, a rate).
     fn set(&self, done: u64, message: &str);
+    /// A phase taken up again with `done` units behind it (after another phase interrupted it, or in a resumed
+    /// run): its rate counts from here.
+    fn resume(&self, name: &str, total: u64, unit: Unit, done: u64) {
+        self.phase(name, total, unit);
+        self.set(done, "");
+    }
 }
 
 /// Reports nothing.

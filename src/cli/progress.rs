@@ -19,6 +19,8 @@ struct Log {
     total: u64,
     unit: Unit,
     started: Instant,
+    /// Units done when the phase started (a resumed one's), which its rate leaves out.
+    first: u64,
     /// When the last line was printed, and at which tenth of the phase.
     last: Instant,
     tenth: u64,
@@ -33,7 +35,7 @@ impl Bar {
             return Bar { bar: ProgressBar::new(0), log: None };
         }
         let now = Instant::now();
-        let log = Log { name: String::new(), total: 0, unit: Unit::Items, started: now, last: now, tenth: 0 };
+        let log = Log { name: String::new(), total: 0, unit: Unit::Items, started: now, first: 0, last: now, tenth: 0 };
         Bar { bar: ProgressBar::hidden(), log: Some(Mutex::new(log)) }
     }
 
@@ -71,7 +73,7 @@ impl Log {
     /// `name: done/total (p %), rate, ETA; message`.
     fn describe(&self, done: u64, message: &str) -> String {
         let elapsed = self.started.elapsed().as_secs_f64();
-        let rate = done as f64 / elapsed.max(1e-9);
+        let rate = done.saturating_sub(self.first) as f64 / elapsed.max(1e-9);
         let amount = |n: u64| match self.unit {
             Unit::Items => n.to_string(),
             Unit::Bytes => format!("{:.1} MB", n as f64 / 1e6),
@@ -84,7 +86,7 @@ impl Log {
             Unit::Items => format!(", {rate:.1}/s"),
             Unit::Bytes => format!(", {:.1} MB/s", rate / 1e6),
         };
-        if self.total > done && done > 0 {
+        if self.total > done && rate > 0.0 {
             line += &format!(", ETA {:.0} s", (self.total - done) as f64 / rate);
         }
         if !message.is_empty() {
@@ -96,6 +98,10 @@ impl Log {
 
 impl Progress for Bar {
     fn phase(&self, name: &str, total: u64, unit: Unit) {
+        self.resume(name, total, unit, 0);
+    }
+
+    fn resume(&self, name: &str, total: u64, unit: Unit, done: u64) {
         let counts = match unit {
             Unit::Items => "{pos}/{len}",
             Unit::Bytes => "{bytes}/{total_bytes} {bytes_per_sec}",
@@ -103,12 +109,13 @@ impl Progress for Bar {
         let template = format!("{{prefix}}: {{bar:30}} {counts} · {{msg}} · ETA {{eta}}");
         self.bar.set_style(ProgressStyle::with_template(&template).unwrap_or_else(|_| ProgressStyle::default_bar()));
         self.bar.set_length(total);
-        self.bar.set_position(0);
+        self.bar.set_position(done);
         self.bar.reset_eta();
         self.bar.set_prefix(name.to_string());
         if let Some(log) = &self.log {
             let now = Instant::now();
-            *log.lock() = Log { name: name.to_string(), total, unit, started: now, last: now, tenth: 0 };
+            let tenth = (done * 10).checked_div(total).unwrap_or(0);
+            *log.lock() = Log { name: name.to_string(), total, unit, started: now, first: done, last: now, tenth };
             eprintln!("{name}");
         }
     }

@@ -456,7 +456,7 @@ impl Run<'_> {
                 learner.evaluate_initial(self)?;
             }
         }
-        self.progress.phase(&phase, self.options.steps as u64, Unit::Items);
+        self.progress.resume(&phase, self.options.steps as u64, Unit::Items, start as u64);
         let started = std::time::Instant::now();
         for step in start + 1..=self.options.steps {
             if learners.iter().all(|l| l.done()) {
@@ -488,9 +488,8 @@ impl Run<'_> {
                 }
             }
             if evaluating {
-                // Dev scoring showed its own phase: back to training.
-                self.progress.phase(&phase, self.options.steps as u64, Unit::Items);
-                self.progress.set(step as u64, "");
+                // Dev scoring showed its own phase: back to training, its rate from here.
+                self.progress.resume(&phase, self.options.steps as u64, Unit::Items, step as u64);
             }
         }
         for learner in learners.iter_mut() {

@@ -10,7 +10,7 @@ use candle_core::{DType, Device};
 use longrank::model::{CrossEncoder, TrainableEncoder};
 use serde_json::{json, Value};
 
-use crate::common::{cli_ok, post_json, tsv_value, TestServer};
+use crate::common::{cli, cli_ok, post_json, tsv_value, TestServer};
 use crate::fixtures::{buried_sentence_collection, tiny_bi_encoder, tiny_cross_encoder};
 
 #[test]
@@ -131,7 +131,17 @@ fn best_segment_training_learns_a_buried_sentence_beats_firstp_and_teaches_a_sel
     let d = dir.path();
     buried_sentence_collection(d);
     let model = models.path().to_str().unwrap();
-    cli_ok(d, &train_args(model, "firstp", "firstp", "80"));
+    let firstp_run = cli(d, &train_args(model, "firstp", "firstp", "80"));
+    let said = String::from_utf8_lossy(&firstp_run.stderr);
+    assert!(firstp_run.status.success(), "{said}");
+    // Off a terminal, progress comes as log lines: training's rate counts the steps since it took up again after
+    // a dev evaluation (it read millions of steps a second there, counting those before).
+    let rates: Vec<f64> = said
+        .lines()
+        .filter(|l| l.starts_with("training "))
+        .filter_map(|l| l.split(", ").nth(1)?.strip_suffix("/s")?.parse().ok())
+        .collect();
+    assert!(rates.len() >= 4 && rates.iter().all(|r| *r < 10_000.0), "{rates:?}\n{said}");
     let best_out = cli_ok(d, &train_args(model, "best", "best", "80"));
     let (firstp, best) = (summary(&d.join("firstp")), summary(&d.join("best")));
     let firstp_mrr = best_dev(&firstp, "firstp");
