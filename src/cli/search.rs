@@ -13,6 +13,9 @@ pub struct SearchArgs {
     pub global: super::Global,
     #[command(flatten)]
     params: RankParams,
+    /// Results to skip before the k shown (paging: ranks offset + 1 to offset + k).
+    #[arg(long)]
+    offset: Option<i64>,
     /// Print the response as JSON (as `/search` answers) instead of a table.
     #[arg(long)]
     json: bool,
@@ -28,7 +31,12 @@ pub struct SearchArgs {
 pub fn run(mut args: SearchArgs, model: Option<String>, config: &Config) -> anyhow::Result<()> {
     let engine = super::open_engine(config)?;
     args.params.model = model;
-    let request = SearchRequest { query: args.query.join(" "), params: args.params, segment_text: args.segment_text };
+    let request = SearchRequest {
+        query: args.query.join(" "),
+        params: args.params,
+        offset: args.offset,
+        segment_text: args.segment_text,
+    };
     let response = engine.search(request, &Cancel::default())?;
     let mut out = std::io::stdout().lock();
     if args.json {

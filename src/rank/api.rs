@@ -176,6 +176,11 @@ pub struct SearchRequest {
     pub query: String,
     #[serde(flatten)]
     pub params: RankParams,
+    /// Results to skip before the `k` returned (paging, as Elasticsearch's `from` beside `size`): ranks
+    /// `offset + 1` to `offset + k`, with `offset + k` at most `limits.max_k`. Default: 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = 0)]
+    pub offset: Option<i64>,
     /// Include every segment's text in `segments` (default false: offsets only).
     #[serde(default)]
     #[schema(example = false)]

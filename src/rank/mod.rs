@@ -177,7 +177,10 @@ impl Engine {
     pub fn search(&self, request: SearchRequest, cancel: &Cancel) -> Result<SearchResponse, RankError> {
         let started = Instant::now();
         let query = self.check_query(&request.query)?;
-        let options = self.options(&request.params, Usage::Search)?;
+        let mut options = self.options(&request.params, Usage::Search)?;
+        // A page is the ranking's top `offset + k`, less its first `offset`.
+        let (page, offset) = (options.k, options::offset(request.offset, options.k, self.limits.max_k)?);
+        options.k += offset;
         let collection = self.collection(request.params.collection.as_deref())?;
         // The model first: an unavailable one fails before any work.
         let model = self.model_for(&options)?;
@@ -199,6 +202,8 @@ impl Engine {
             .into_iter()
             .take(options.k)
             .enumerate()
+            .skip(offset)
+            .take(page)
             .map(|(i, ranked)| self.search_hit(i + 1, ranked, Some(&snapshot), &query_terms, request.segment_text))
             .collect::<Result<Vec<_>, RankError>>()?;
         let total_ms = ms(started);

@@ -179,6 +179,16 @@ pub(super) fn in_range(
     Ok(value as usize)
 }
 
+/// How many results a page skips: 0 and up, with the page (`k` results) ending within `max_k`.
+pub(super) fn offset(value: Option<i64>, k: usize, max_k: usize) -> Result<usize, RankError> {
+    let max = max_k.saturating_sub(k);
+    match value {
+        None => Ok(0),
+        Some(value) if (0..=max as i64).contains(&value) => Ok(value as usize),
+        Some(value) => Err(RankError::OutOfRange { field: "offset", value: value as f64, min: 0.0, max: max as f64 }),
+    }
+}
+
 /// A weight between 0 and 1.
 fn unit(field: &'static str, value: f32) -> Result<(), RankError> {
     if (0.0..=1.0).contains(&value) {
@@ -214,5 +224,14 @@ mod tests {
         assert!(within("bm25.k1", f32::INFINITY as f64, 0.0, MAX_K1).is_err());
         let err = within("bm25.k1", -1.0, 0.0, MAX_K1).unwrap_err();
         assert_eq!(err.to_string(), "bm25.k1 must be between 0 and 100, got -1");
+    }
+
+    #[test]
+    fn a_page_ends_within_max_k() {
+        assert_eq!(offset(None, 10, 100).unwrap(), 0);
+        assert_eq!(offset(Some(90), 10, 100).unwrap(), 90);
+        let err = offset(Some(91), 10, 100).unwrap_err();
+        assert_eq!(err.to_string(), "offset must be between 0 and 90, got 91");
+        assert!(offset(Some(-1), 10, 100).is_err());
     }
 }

@@ -110,6 +110,8 @@ enum Place {
     Schema(&'static str),
     /// Query parameters.
     Query,
+    /// Query parameters of one path (a name two paths use differently).
+    QueryOf(&'static str),
     /// Path parameters.
     Path,
 }
@@ -121,6 +123,8 @@ fn bounds(limits: &Limits) -> Vec<(Place, &'static str, Value)> {
     // A query has a character that is neither blank nor a control character (those are trimmed).
     let query = json!({"minLength": 1, "maxLength": limits.max_query_chars, "pattern": "[^\\s\\x00-\\x1f\\x7f-\\x9f]"});
     let candidates = json!({"minItems": 1, "maxItems": limits.max_depth});
+    // A search's page ends within max_k, so its offset is below it (k is 1 or more).
+    let offset = json!({"minimum": 0, "maximum": limits.max_k.saturating_sub(1)});
     let mut bounds = Vec::new();
     for place in [Place::Bodies, Place::Query] {
         bounds.extend([
@@ -147,7 +151,9 @@ fn bounds(limits: &Limits) -> Vec<(Place, &'static str, Value)> {
         (Place::Schema("SegmentOptions"), "words", json!({"minimum": 1})),
         (Place::Schema("SegmentOptions"), "stride", json!({"minimum": 1})),
         (Place::Query, "limit", count(crate::server::routes::batch::MAX_PAGE)),
-        (Place::Query, "offset", json!({"minimum": 0, "maximum": i64::MAX})),
+        (Place::QueryOf("/batch"), "offset", json!({"minimum": 0, "maximum": i64::MAX})),
+        (Place::QueryOf("/search"), "offset", offset.clone()),
+        (Place::Bodies, "offset", offset),
         (Place::Path, "name", json!({"pattern": crate::index::NAME_PATTERN})),
     ]);
     bounds
@@ -167,11 +173,13 @@ fn state(document: &mut Value, place: Place, field: &str, bounds: &Value) {
     let owned = |name: &str| match place {
         Place::Bodies => name.ends_with("Request") || name.ends_with("Params"),
         Place::Schema(owner) => name == owner,
-        Place::Query | Place::Path => false,
+        Place::Query | Place::QueryOf(_) | Place::Path => false,
     };
-    if let Place::Query | Place::Path = place {
-        let located = if let Place::Query = place { "query" } else { "path" };
-        let operations = document["paths"].as_object_mut().into_iter().flat_map(|p| p.values_mut());
+    if let Place::Query | Place::QueryOf(_) | Place::Path = place {
+        let located = if let Place::Path = place { "path" } else { "query" };
+        let paths = document["paths"].as_object_mut().into_iter().flatten();
+        let paths = paths.filter(|(path, _)| !matches!(place, Place::QueryOf(only) if only != path.as_str()));
+        let operations = paths.map(|(_, methods)| methods);
         for operation in operations.flat_map(|methods| methods.as_object_mut().into_iter().flat_map(|m| m.values_mut()))
         {
             let parameters = operation.get_mut("parameters").and_then(Value::as_array_mut);

@@ -176,6 +176,37 @@ fn get_search_and_query_syntax_is_plain_text() {
     assert!(ids.contains(&"FT921-14537"), "{ids:?}");
 }
 
+/// Paging: `offset` beside `k` (Elasticsearch's `from` and `size`), in the JSON body and the query string: the
+/// pages, put together, are the ranking, ranks counted from the top; a page ends within `limits.max_k`.
+#[test]
+fn offset_pages_through_the_ranking() {
+    let s = &fixture().server;
+    let ranking = |v: &serde_json::Value| -> Vec<(u64, String)> {
+        let results = v["results"].as_array().unwrap();
+        results.iter().map(|h| (h["rank"].as_u64().unwrap(), h["docid"].as_str().unwrap().to_string())).collect()
+    };
+    let whole = post_json(&s.url("/search"), r#"{"query": "wing flutter", "collection": "cranfield", "k": 9}"#);
+    let whole = ranking(&whole.json());
+    assert_eq!(whole.len(), 9);
+    let mut pages = Vec::new();
+    for offset in [0, 3] {
+        let body = format!(r#"{{"query": "wing flutter", "collection": "cranfield", "k": 3, "offset": {offset}}}"#);
+        pages.extend(ranking(&post_json(&s.url("/search"), &body).json()));
+    }
+    let (status, body) = get(&s.url("/search?q=wing+flutter&collection=cranfield&k=3&offset=6"));
+    assert_eq!(status, 200, "{body}");
+    pages.extend(ranking(&serde_json::from_str(&body).unwrap()));
+    assert_eq!(pages, whole);
+    // Past the last match: an empty page, not an error.
+    let (_, body) = get(&s.url("/search?q=wing+flutter&collection=cranfield&k=10&offset=9000"));
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&body).unwrap()["results"], serde_json::json!([]));
+    let past = request("GET", &s.url("/search?q=wing&collection=cranfield&k=10&offset=9991"), &[], None);
+    past.assert_error(400, "out_of_range");
+    assert!(past.body.contains("offset must be between 0 and 9990"), "{}", past.body);
+    post_json(&s.url("/search"), r#"{"query": "wing", "collection": "cranfield", "offset": -1}"#)
+        .assert_error(400, "out_of_range");
+}
+
 #[test]
 fn documents_by_docid_with_ambiguity_and_not_found() {
     let s = &fixture().server;
@@ -290,6 +321,15 @@ fn openapi_states_the_limits_the_server_enforces() {
         (p["minimum"].as_f64(), p["maximum"].as_f64())
     };
     assert_eq!(bounds("SearchRequest", "k"), (Some(1.0), Some(10000.0)));
+    assert_eq!(bounds("SearchRequest", "offset"), (Some(0.0), Some(9999.0)));
+    // `offset` in a query string: a search's page, or the batch list's.
+    let offset = |path: &str| {
+        let parameters = spec["paths"][path]["get"]["parameters"].as_array().unwrap();
+        let p = &parameters.iter().find(|p| p["name"] == "offset").unwrap()["schema"];
+        (p["minimum"].as_f64(), p["maximum"].as_f64())
+    };
+    assert_eq!(offset("/search"), (Some(0.0), Some(9999.0)));
+    assert_eq!(offset("/batch"), (Some(0.0), Some(i64::MAX as f64)));
     assert_eq!(bounds("BatchRequest", "depth"), (Some(1.0), Some(10000.0)));
     assert_eq!(bounds("SearchRequest", "interpolate"), (Some(0.0), Some(1.0)));
     assert_eq!(bounds("Bm25Params", "k1"), (Some(0.0), Some(100.0)));

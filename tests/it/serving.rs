@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use serde_json::{json, Value};
 
 use crate::common::{cli_env, post_json, TestServer};
-use crate::fixtures::{gov2_data_dir, tiny_cobert, tiny_cross_encoder, StandInHub, COMMIT};
+use crate::fixtures::{cranfield_data_dir, gov2_data_dir, tiny_cobert, tiny_cross_encoder, StandInHub, COMMIT};
 
 #[test]
 fn hub_models_are_fetched_once_then_served_from_the_cache_offline() {
@@ -286,6 +286,28 @@ fn the_configuration_sets_a_model_kind_that_detection_would_get_wrong() {
     let v =
         post_json(&server.url("/search"), r#"{"query": "oil", "pipeline": "maxp", "model": "ce", "depth": 3}"#).json();
     assert_eq!(v["model"], "ce", "{v}");
+}
+
+/// A page of a re-ranked ranking is that ranking's slice, across the depth where the model's order gives way to
+/// BM25's: the model re-scores the top `depth` whatever the page.
+#[test]
+fn a_page_of_a_reranked_ranking_is_its_slice() {
+    let models = tempfile::tempdir().unwrap();
+    tiny_cross_encoder(models.path(), 31);
+    let dir = cranfield_data_dir();
+    let server =
+        TestServer::start(dir.path(), &[("LONGRANK_MODEL_PATH", models.path().to_str().unwrap())]).wait_ready();
+    let search = |k: u64, offset: u64| {
+        let body =
+            json!({"query": "wing flutter", "pipeline": "maxp", "depth": 4, "k": k, "offset": offset}).to_string();
+        let v = post_json(&server.url("/search"), &body).json();
+        let results = v["results"].as_array().unwrap().clone();
+        results.iter().map(|h| (h["rank"].as_u64().unwrap(), h["docid"].as_str().unwrap().to_string())).collect()
+    };
+    let whole: Vec<(u64, String)> = search(6, 0);
+    assert_eq!(whole.len(), 6, "{whole:?}");
+    assert_eq!(search(3, 2), whole[2..5].to_vec());
+    assert_eq!(search(2, 4), whole[4..6].to_vec());
 }
 
 #[test]
