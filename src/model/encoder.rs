@@ -381,6 +381,12 @@ impl BiEncoder {
         self.backbone.pieces.count(text)
     }
 
+    /// A text's input length in word pieces, special tokens included, and the most the model reads (`encode`
+    /// cuts the rest).
+    pub fn input_len(&self, text: &str) -> Result<(usize, usize), ModelError> {
+        self.backbone.pieces.single_len(text, self.layout.max_seq_length)
+    }
+
     /// Embedding dimensions.
     pub fn dims(&self) -> usize {
         self.backbone.hidden_size

@@ -93,6 +93,12 @@ impl Pieces {
         Ok(self.encoding(text)?.len())
     }
 
+    /// `text`'s pieces as one sequence with its special tokens (before `single` cuts any), and the most
+    /// `single` keeps of them with `max_len`.
+    pub(super) fn single_len(&self, text: &str, max_len: usize) -> Result<(usize, usize), ModelError> {
+        Ok((self.count(text)? + self.single_added, max_len.min(self.max_len)))
+    }
+
     /// The bytes of `text` that hold its first `n` pieces (all of it when it has no more).
     pub(super) fn prefix_bytes(&self, text: &str, n: usize) -> Result<usize, ModelError> {
         let encoding = self.encoding(text)?;

@@ -330,6 +330,28 @@ pub struct CollectionInfo {
     pub bm25: Bm25Params,
 }
 
+/// Texts to embed with a served bi-encoder (what `/embed` and `/v1/embeddings` ask for).
+#[derive(Debug, Clone)]
+pub struct EmbedRequest {
+    pub inputs: Vec<String>,
+    /// A served model's name (`GET /pipelines` lists them); the default model when absent.
+    pub model: Option<String>,
+    /// Scale each embedding to unit length (else as the model gives it).
+    pub normalize: bool,
+    /// Cut a text longer than the model's input to its start (else refuse it).
+    pub truncate: bool,
+}
+
+/// Embeddings, one per input in order.
+#[derive(Debug, Clone)]
+pub struct Embeddings {
+    /// The model's name.
+    pub model: String,
+    pub vectors: Vec<Vec<f32>>,
+    /// Word pieces the model read, special tokens included.
+    pub tokens: usize,
+}
+
 /// `POST /rerank`: the client's own candidates, re-ranked with evidence (text-embeddings-inference's
 /// `/rerank` for long documents). Give either `documents` (texts) or `docids` (stored documents). Of the
 /// ranking parameters, those of the first stage (`depth`, `bm25`, `rm3`, `interpolate`) do not apply.

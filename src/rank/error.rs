@@ -40,14 +40,19 @@ pub enum RankError {
     UnknownDocument { docid: String, collection: Option<String> },
     #[error("document {docid:?} exists in several collections ({}); name one with ?collection=", collections.join(", "))]
     AmbiguousDocument { docid: String, collections: Vec<String> },
-    #[error("pipeline {pipeline} re-ranks with a model, and none is configured (set [model] path or --model)")]
-    ModelRequired { pipeline: &'static str },
+    /// `what`: a pipeline's name, or "embeddings".
+    #[error("{what} needs a model, and none is configured (set [model] path or --model)")]
+    ModelRequired { what: &'static str },
     #[error("unknown model {name:?}; available: {}", available.join(", "))]
     UnknownModel { name: String, available: Vec<String> },
     #[error("model {name:?} is unavailable: {reason}")]
     ModelUnavailable { name: String, reason: String },
-    #[error("model {name:?} is a {kind}; only a bi-encoder's embeddings can be computed ahead")]
+    #[error("model {name:?} is a {kind}; only a bi-encoder computes embeddings")]
     NotABiEncoder { name: String, kind: &'static str },
+    #[error(
+        "input {index} is {tokens} word pieces long; model {model:?} reads at most {max} (set truncate to cut it)"
+    )]
+    InputTooLong { index: usize, tokens: usize, max: usize, model: String },
     #[error("the job cannot resume as it was submitted: {0}")]
     Unresumable(String),
     #[error("model: {0}")]

@@ -34,9 +34,9 @@ use crate::progress::Progress;
 use crate::segment::SegmentOptions;
 
 pub use api::{
-    json_arg, BatchParams, BestSegment, CollectionInfo, DocumentResponse, ExpansionTerm, ModelTiming, Pipeline,
-    PipelineInfo, RankParams, RerankDocument, RerankRequest, RerankResponse, ScoredSegment, SearchHit, SearchRequest,
-    SearchResponse, Timing,
+    json_arg, BatchParams, BestSegment, CollectionInfo, DocumentResponse, EmbedRequest, Embeddings, ExpansionTerm,
+    ModelTiming, Pipeline, PipelineInfo, RankParams, RerankDocument, RerankRequest, RerankResponse, ScoredSegment,
+    SearchHit, SearchRequest, SearchResponse, Timing,
 };
 pub use batch::{BatchPlan, TopicRun};
 pub use error::RankError;
@@ -345,8 +345,8 @@ impl Engine {
         progress: &dyn Progress,
     ) -> Result<(usize, usize), RankError> {
         let name = self.models.check(model)?;
-        let model = self.models.get(&name, "embed")?;
-        let reader = reader.map(|r| self.models.get(&self.models.check(Some(r))?, "embed")).transpose()?;
+        let model = self.models.get(&name, "embeddings")?;
+        let reader = reader.map(|r| self.models.get(&self.models.check(Some(r))?, "embeddings")).transpose()?;
         let segmenter = &reader.as_ref().unwrap_or(&model).served;
         let store = match model.served.model() {
             crate::model::Reranker::Bi(_) => self.models.store_to_fill(collection, &model)?,
@@ -376,6 +376,37 @@ impl Engine {
         })?;
         flush(&mut pending)?;
         Ok((computed, vectors.len()))
+    }
+
+    /// Embeddings of the client's texts by a served bi-encoder: 1 to `limits.max_depth` texts, each within the
+    /// model's input unless `truncate` (as text-embeddings-inference refuses or cuts it).
+    pub fn embed(&self, request: EmbedRequest, cancel: &Cancel) -> Result<Embeddings, RankError> {
+        let count = request.inputs.len();
+        if count == 0 || count > self.limits.max_depth {
+            let max = self.limits.max_depth as f64;
+            return Err(RankError::OutOfRange { field: "inputs", value: count as f64, min: 1.0, max });
+        }
+        let name = request.model.unwrap_or_else(|| models::DEFAULT.to_string());
+        let model = self.models.get(&name, "embeddings")?;
+        let crate::model::Reranker::Bi(encoder) = model.served.model() else {
+            return Err(RankError::NotABiEncoder { name, kind: model.kind() });
+        };
+        let mut tokens = 0;
+        for (index, text) in request.inputs.iter().enumerate() {
+            let (len, max) = encoder.input_len(text).map_err(RankError::Model)?;
+            if len > max && !request.truncate {
+                return Err(RankError::InputTooLong { index, tokens: len, max, model: name });
+            }
+            tokens += len.min(max);
+        }
+        let texts: Vec<&str> = request.inputs.iter().map(String::as_str).collect();
+        let embedded = model.served.embed(&texts, cancel).map_err(RankError::Model)?;
+        let unit = |v: &[f32]| {
+            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+            v.iter().map(|x| x / norm).collect()
+        };
+        let vectors = embedded.iter().map(|v| if request.normalize { unit(v) } else { v.to_vec() }).collect();
+        Ok(Embeddings { model: name, vectors, tokens })
     }
 
     /// First stage, then the model for re-ranking pipelines: the candidates, best first.

@@ -118,10 +118,11 @@ impl Models {
     }
 
     /// The named model, loaded on first use; a failure to load is kept and reported on every use.
-    pub fn get(&self, name: &str, pipeline: &'static str) -> Result<Arc<LoadedModel>, RankError> {
+    /// `what` uses it: a pipeline's name, or "embeddings".
+    pub fn get(&self, name: &str, what: &'static str) -> Result<Arc<LoadedModel>, RankError> {
         let Some(slot) = self.slots.iter().find(|s| s.name == name) else {
             return Err(if self.slots.is_empty() {
-                RankError::ModelRequired { pipeline }
+                RankError::ModelRequired { what }
             } else {
                 RankError::UnknownModel { name: name.to_string(), available: self.names() }
             });

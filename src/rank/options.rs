@@ -78,7 +78,7 @@ impl Engine {
         }
         let rerank = if pipeline.needs_model() {
             if self.models.names().is_empty() {
-                return Err(RankError::ModelRequired { pipeline: pipeline.name() });
+                return Err(RankError::ModelRequired { what: pipeline.name() });
             }
             let segments = params.segments.unwrap_or(self.default_segments);
             segments.validate().map_err(RankError::InvalidSegments)?;

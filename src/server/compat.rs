@@ -2,17 +2,23 @@
 //! (`/v1/rerank`) and text-embeddings-inference's (`/tei/rerank`). Each request becomes one `RerankRequest`
 //! (every document segmented and scored MaxP by a longrank model) and its answer takes the other API's shape,
 //! with the best segment in an extra field those clients ignore. Their error bodies are `error::Dialect`'s.
+//! And their embedding APIs over a served bi-encoder: text-embeddings-inference's `/embed` and OpenAI's
+//! `/v1/embeddings`, each one `EmbedRequest`.
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::rank::{BestSegment, RankParams, RerankDocument, RerankRequest, RerankResponse, SearchHit};
+use crate::rank::{
+    BestSegment, EmbedRequest, Embeddings, RankParams, RerankDocument, RerankRequest, RerankResponse, SearchHit,
+};
 
 /// The compatible routes, where their handlers and their errors' dialect find them.
 pub mod paths {
     pub const COHERE_V1: &str = "/v1/rerank";
     pub const COHERE_V2: &str = "/v2/rerank";
     pub const TEI: &str = "/tei/rerank";
+    pub const TEI_EMBED: &str = "/embed";
+    pub const OPENAI_EMBEDDINGS: &str = "/v1/embeddings";
 }
 
 /// `POST /v2/rerank`: Cohere's rerank API v2.
@@ -110,6 +116,145 @@ pub struct TeiRequest {
 #[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
 pub enum TruncationDirection {
     Right,
+}
+
+/// Texts to embed: one, or a list (text-embeddings-inference's and OpenAI's `input(s)`).
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged, expecting = "a text or a list of texts")]
+pub enum Inputs {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Inputs {
+    fn into_texts(self) -> Vec<String> {
+        match self {
+            Inputs::One(text) => vec![text],
+            Inputs::Many(texts) => texts,
+        }
+    }
+}
+
+/// `POST /embed`: text-embeddings-inference's `/embed`, answered with one embedding per input.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TeiEmbedRequest {
+    #[schema(example = "What is Deep Learning?")]
+    pub inputs: Inputs,
+    /// Scale each embedding to unit length (default true); false: as the model gives it (normalized when its
+    /// sentence-transformers modules end in `Normalize`, as sentence-transformers' `encode` does).
+    #[serde(default = "yes")]
+    pub normalize: bool,
+    /// Cut an input longer than the model reads to its start (default false: refused, `input_too_long`).
+    #[serde(default)]
+    pub truncate: bool,
+    /// Only `Right` (the start of the text is kept).
+    #[serde(default)]
+    #[allow(dead_code, reason = "one direction: deserializing it is the check")]
+    pub truncation_direction: Option<TruncationDirection>,
+    /// longrank's: the bi-encoder, by a served model's name (`GET /pipelines` lists them). Default: `default`.
+    #[serde(default)]
+    #[schema(example = "default")]
+    pub model: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl From<TeiEmbedRequest> for EmbedRequest {
+    fn from(request: TeiEmbedRequest) -> EmbedRequest {
+        let TeiEmbedRequest { inputs, normalize, truncate, model, .. } = request;
+        EmbedRequest { inputs: inputs.into_texts(), model, normalize, truncate }
+    }
+}
+
+/// `POST /v1/embeddings`: OpenAI's embeddings API, with a served bi-encoder; embeddings of unit length, as
+/// OpenAI's are, and an input longer than the model reads refused (`input_too_long`), as OpenAI refuses one.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpenAiEmbeddingsRequest {
+    #[schema(example = "What is Deep Learning?")]
+    pub input: Inputs,
+    /// A served model's name (`GET /pipelines` lists them); another name is refused (`unknown_model`): vectors
+    /// of another model than the one asked for would not compare with the client's. Default: `default`.
+    #[serde(default)]
+    #[schema(example = "default")]
+    pub model: Option<String>,
+    /// `float` (default) or `base64` (little-endian 32-bit floats, as OpenAI's Python client asks for).
+    #[serde(default)]
+    pub encoding_format: EncodingFormat,
+    /// Accepted and ignored: OpenAI's end-user id.
+    #[serde(default)]
+    #[allow(dead_code, reason = "accepted for OpenAI's clients, which may send it")]
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum EncodingFormat {
+    #[default]
+    Float,
+    Base64,
+}
+
+impl OpenAiEmbeddingsRequest {
+    pub fn translate(self) -> (EmbedRequest, EncodingFormat) {
+        let request =
+            EmbedRequest { inputs: self.input.into_texts(), model: self.model, normalize: true, truncate: false };
+        (request, self.encoding_format)
+    }
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct OpenAiEmbeddingsResponse {
+    #[schema(example = "list")]
+    pub object: &'static str,
+    pub data: Vec<OpenAiEmbedding>,
+    /// The longrank model that answered.
+    pub model: String,
+    pub usage: OpenAiUsage,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct OpenAiEmbedding {
+    #[schema(example = "embedding")]
+    pub object: &'static str,
+    /// The input's position in the request.
+    pub index: usize,
+    pub embedding: OpenAiVector,
+}
+
+/// The numbers, or their little-endian 32-bit floats in base64 (`encoding_format`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum OpenAiVector {
+    Float(Vec<f32>),
+    Base64(String),
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct OpenAiUsage {
+    /// Word pieces the model read, special tokens included.
+    pub prompt_tokens: usize,
+    pub total_tokens: usize,
+}
+
+impl OpenAiEmbeddingsResponse {
+    pub fn new(embeddings: Embeddings, format: EncodingFormat) -> OpenAiEmbeddingsResponse {
+        use base64::Engine;
+        let vector = |v: Vec<f32>| match format {
+            EncodingFormat::Float => OpenAiVector::Float(v),
+            EncodingFormat::Base64 => {
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                OpenAiVector::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
+            }
+        };
+        let data = embeddings.vectors.into_iter().enumerate();
+        let data = data.map(|(index, v)| OpenAiEmbedding { object: "embedding", index, embedding: vector(v) });
+        let usage = OpenAiUsage { prompt_tokens: embeddings.tokens, total_tokens: embeddings.tokens };
+        OpenAiEmbeddingsResponse { object: "list", data: data.collect(), model: embeddings.model, usage }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

@@ -73,6 +73,8 @@ codes! {
         characters.";
     InvalidCollectionName = "invalid_collection_name", 400, "A collection name must be letters, digits, '-', '_' \
         and '.' (not leading), at most 128.";
+    InputTooLong = "input_too_long", 400, "An input to embed is longer than the model reads, and the request does \
+        not ask to cut it (`truncate`).";
     MissingKey = "missing_key", 401, "The route needs a key (`Authorization: Bearer KEY`) and none was sent.";
     InvalidKey = "invalid_key", 403, "The key is not one of this server's.";
     InsufficientKey = "insufficient_key", 403, "A search key on a route that needs an admin key.";
@@ -100,10 +102,10 @@ codes! {
     UnsupportedMediaType = "unsupported_media_type", 415, "The body is not JSON (or multipart where taken).";
     UnknownPipeline = "unknown_pipeline", 422, "No pipeline of that name.";
     PipelineUnavailable = "pipeline_unavailable", 422, "The pipeline cannot run now: its model could not be loaded, or is not what it needs (cobert without a Co-BERT model); the message says why.";
-    ModelRequired = "model_required", 422, "A re-ranking pipeline, and no model is configured.";
+    ModelRequired = "model_required", 422, "A re-ranking pipeline or embeddings, and no model is configured.";
     UnknownModel = "unknown_model", 422, "No model of that name.";
-    NotABiEncoder = "not_a_bi_encoder", 422, "The model named is not a bi-encoder (embeddings computed ahead, a \
-        `bi-encoder:NAME` selector).";
+    NotABiEncoder = "not_a_bi_encoder", 422, "The model named is not a bi-encoder (embeddings computed ahead or \
+        asked for, a `bi-encoder:NAME` selector).";
     IdempotencyKeyReused = "idempotency_key_reused", 422, "The Idempotency-Key was given to a job or task submitted \
         with another route, parameters or files (the message names it): a new write needs a new key.";
     MalformedFile = "malformed_file", 422, "A topic, qrels or run file does not parse (the message names the line).";
@@ -177,7 +179,7 @@ impl Dialect {
         use super::compat::paths;
         match path {
             paths::COHERE_V1 | paths::COHERE_V2 => Dialect::Cohere,
-            paths::TEI => Dialect::Tei,
+            paths::TEI | paths::TEI_EMBED => Dialect::Tei,
             _ => Dialect::Longrank,
         }
     }
@@ -328,6 +330,7 @@ impl RankError {
             RankError::UnknownModel { .. } => C::UnknownModel,
             RankError::ModelUnavailable { .. } => C::ModelUnavailable,
             RankError::NotABiEncoder { .. } => C::NotABiEncoder,
+            RankError::InputTooLong { .. } => C::InputTooLong,
             RankError::Unresumable(_) => C::JobConflict,
             RankError::Model(ModelError::Overloaded { .. }) => C::Overloaded,
             RankError::Model(ModelError::Cancelled) | RankError::Index(IndexError::Cancelled) => C::Cancelled,
@@ -488,6 +491,12 @@ route_errors! {
     TeiErrors(Read, Tei): [MalformedJson, InvalidBody, BodyTooLarge, UnsupportedMediaType, ForbiddenOrigin,
         EmptyQuery, QueryTooLong, OutOfRange, PipelineUnavailable, ModelRequired, NotABiEncoder, Overloaded,
         ModelError];
+    /// `/embed` (text-embeddings-inference's API).
+    TeiEmbedErrors(Read, Tei): [MalformedJson, InvalidBody, BodyTooLarge, UnsupportedMediaType, ForbiddenOrigin,
+        OutOfRange, InputTooLong, ModelRequired, UnknownModel, NotABiEncoder, Overloaded, ModelUnavailable, ModelError];
+    /// `/v1/embeddings` (OpenAI's API, whose clients read longrank's own error body: `error.message`).
+    EmbedErrors(Read): [MalformedJson, InvalidBody, BodyTooLarge, UnsupportedMediaType, ForbiddenOrigin,
+        OutOfRange, InputTooLong, ModelRequired, UnknownModel, NotABiEncoder, Overloaded, ModelUnavailable, ModelError];
     /// `POST /batch`.
     SubmitErrors(Admin): [MalformedJson, InvalidBody, DuplicateField, BodyTooLarge, UnsupportedMediaType,
         ForbiddenOrigin, EmptyQuery, QueryTooLong, OutOfRange, InvalidTag, InvalidSegments, NotApplicable,

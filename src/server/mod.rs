@@ -47,6 +47,8 @@ pub fn router(state: AppState) -> Router {
         .route(self::compat::paths::COHERE_V2, post(compat::cohere_v2))
         .route(self::compat::paths::COHERE_V1, post(compat::v1))
         .route(self::compat::paths::TEI, post(compat::tei))
+        .route(self::compat::paths::TEI_EMBED, post(compat::tei_embed))
+        .route(self::compat::paths::OPENAI_EMBEDDINGS, post(compat::openai_embeddings))
         .route("/documents/{docid}", get(documents::get_document))
         .route("/collections", get(collections::list_collections))
         .route("/pipelines", get(pipelines::list_pipelines))

@@ -28,6 +28,8 @@ use super::routes::{batch, cluster, collections, compat, documents, pipelines, r
         compat::cohere_v2,
         compat::v1,
         compat::tei,
+        compat::tei_embed,
+        compat::openai_embeddings,
         batch::submit,
         batch::list,
         batch::get,
@@ -55,7 +57,7 @@ use super::routes::{batch, cluster, collections, compat, documents, pipelines, r
         (name = "collections", description = "Indexed collections, and the tasks that write them"),
         (name = "batch", description = "Batch runs over TREC topic files, with trec_eval metrics"),
         (name = "system", description = "Health, metrics, and the replicas sharing the store"),
-        (name = "compatible", description = "Other servers' rerank APIs: Cohere v2 and v1, Jina, text-embeddings-inference"),
+        (name = "compatible", description = "Other servers' rerank and embedding APIs: Cohere v2 and v1, Jina, text-embeddings-inference, OpenAI's embeddings"),
     )
 )]
 pub struct ApiDoc;

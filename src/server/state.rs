@@ -11,7 +11,9 @@ use super::{admission, connections, deadline, metrics, query_log, ApiError};
 use crate::config::Config;
 use crate::index::Catalog;
 use crate::model::Cancel;
-use crate::rank::{Engine, RankError, RerankRequest, RerankResponse, SearchRequest, SearchResponse};
+use crate::rank::{
+    EmbedRequest, Embeddings, Engine, RankError, RerankRequest, RerankResponse, SearchRequest, SearchResponse,
+};
 use crate::replication::Replication;
 use crate::scheduler::jobs::Jobs;
 use crate::scheduler::tasks;
@@ -105,6 +107,11 @@ impl AppState {
     /// Re-ranks the client's candidates (`/rerank` and its compatible forms).
     pub(super) async fn rerank(&self, request: RerankRequest) -> Result<RerankResponse, ApiError> {
         self.run(move |engine, cancel| engine.rerank_documents(request, cancel)).await
+    }
+
+    /// Embeds the client's texts (`/embed`, `/v1/embeddings`).
+    pub(super) async fn embed(&self, request: EmbedRequest) -> Result<Embeddings, ApiError> {
+        self.run(move |engine, cancel| engine.embed(request, cancel)).await
     }
 
     pub fn config(&self) -> &Config {

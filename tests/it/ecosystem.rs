@@ -1,7 +1,7 @@
 //! The tools longrank's users already run, installed from PyPI (ci/requirements.txt), against the real server:
 //! PyTerrier's `pt.Experiment` over the Python package in `clients/python`, Cohere's SDK and LangChain's
-//! reranker over the compatible routes, and text-embeddings-inference's request bodies. The server has a
-//! search key, which every client sends as `Authorization: Bearer KEY`.
+//! reranker over the compatible routes, text-embeddings-inference's request bodies, and OpenAI's client for
+//! embeddings. The server has a search key, which every client sends as `Authorization: Bearer KEY`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -38,6 +38,45 @@ fn cohere_langchain_and_tei_clients_rerank_long_documents_by_maxp() {
     assert_eq!(seen["key_error"], "invalid_key");
     assert_eq!(seen["v1"], seen["langchain"], "{seen}");
     assert_eq!(seen["tei_error"], "out_of_range");
+}
+
+/// TEI's `/embed` and OpenAI's client on `/v1/embeddings` get sentence-transformers' embeddings of the real
+/// MiniLM (within 1e-5 a component), long texts refused or cut as they ask; `normalize: false` gives the
+/// model's own output (a copy of the MiniLM without its Normalize module); a cross-encoder embeds nothing.
+#[test]
+fn tei_and_openai_clients_get_the_reference_embeddings() {
+    let models = tempfile::tempdir().unwrap();
+    let minilm = crate::common::minilm();
+    let raw = models.path().join("raw");
+    std::fs::create_dir(&raw).unwrap();
+    for entry in std::fs::read_dir(&minilm).unwrap() {
+        let path = entry.unwrap().path();
+        std::os::unix::fs::symlink(&path, raw.join(path.file_name().unwrap())).unwrap();
+    }
+    let modules: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(minilm.join("modules.json")).unwrap()).unwrap();
+    let unnormalized: Vec<_> =
+        modules.into_iter().filter(|m| !m["type"].as_str().unwrap().ends_with("Normalize")).collect();
+    assert_eq!(unnormalized.len(), 2, "the MiniLM's modules: transformer, pooling, normalize");
+    std::fs::remove_file(raw.join("modules.json")).unwrap();
+    std::fs::write(raw.join("modules.json"), serde_json::to_string(&unnormalized).unwrap()).unwrap();
+    let ce = models.path().join("ce");
+    tiny_cross_encoder(&ce, 5);
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!("[model.named]\nraw = {:?}\nce = {:?}\n", raw.to_str().unwrap(), ce.to_str().unwrap());
+    std::fs::write(dir.path().join("longrank.toml"), config).unwrap();
+    let env = [
+        ("LONGRANK_CONFIG", "longrank.toml"),
+        ("LONGRANK_MODEL_PATH", minilm.to_str().unwrap()),
+        ("LONGRANK_SERVER_SEARCH_KEYS", KEY),
+    ];
+    let server = TestServer::start(dir.path(), &env).wait_ready();
+    let reference = crate::common::shared().join("reference/models/minilm-l6.json");
+    let seen = script("embedding_clients.py", &[&server.url(""), KEY, reference.to_str().unwrap()], models.path());
+    assert!(seen["tei_worst"].as_f64().unwrap() <= 1e-5, "{seen}");
+    assert!(seen["openai_worst"].as_f64().unwrap() <= 1e-5, "{seen}");
+    assert_eq!(seen["tei_error"], "input_too_long");
+    assert_eq!(seen["openai_error"], "unknown_model");
 }
 
 /// trec_eval's `measure all value` lines of `longrank eval` on a run, by measure.

@@ -111,28 +111,12 @@ impl Served {
                 Ok(Scores { scores, timing, computed, flops: Some(flops) })
             }
             Reranker::Bi(m) => {
-                // The query goes last, so segment i stays at index i.
-                let mut keys: Vec<u64> = texts.iter().map(|t| key(None, t)).collect();
-                keys.push(key(None, query));
-                let (mut found, mut missing) = self.cached(&keys);
-                // Texts' embeddings are stored, the query's is not.
-                let stored = |i: usize| i < texts.len();
-                from_store(store, &keys, stored, &mut found, &mut missing);
-                let inputs = missing
-                    .iter()
-                    .map(|&i| m.encode(texts.get(i).copied().unwrap_or(query)))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let (outputs, timing) = match self.queue.run(inputs, cancel) {
-                    Ok(done) => done,
-                    Err(Unfinished { error, outputs }) => {
-                        self.keep(&keys, &missing, outputs, store, stored)?;
-                        return Err(error);
-                    }
-                };
-                to_store(store, &keys, stored, &missing, &outputs)?;
-                self.remember(&keys, &missing, outputs, &mut found);
-                let q = found.pop().flatten().expect("the query embedded");
-                let scores = found.iter().map(|e| cosine(&q, e.as_ref().expect("every text embedded"))).collect();
+                // The query goes last, so segment i stays at index i; texts' embeddings are stored, the query's
+                // is not.
+                let inputs: Vec<&str> = texts.iter().copied().chain([query]).collect();
+                let (mut found, timing, missing) = self.embeddings(m, &inputs, store, |i| i < texts.len(), cancel)?;
+                let q = found.pop().expect("the query embedded");
+                let scores = found.iter().map(|e| cosine(&q, e)).collect();
                 // A pair is computed when its text's embedding was (the query's is not a pair).
                 let computed = missing.iter().filter(|&&i| i < texts.len()).count();
                 Ok(Scores { scores, timing, computed, flops: None })
@@ -207,6 +191,41 @@ impl Served {
         let queue = self.second.as_ref().unwrap_or(&self.queue);
         let (outputs, _, _) = self.pair_outputs(m.interactions(), queue, (query, None), texts, store, cancel)?;
         Ok(outputs)
+    }
+
+    /// A bi-encoder's embeddings of texts (pooled as it is configured, normalized when it normalizes), cached
+    /// as scoring's are: a text embedded for a search is not embedded again.
+    pub fn embed(&self, texts: &[&str], cancel: &Cancel) -> Result<Vec<Output>, ModelError> {
+        let Reranker::Bi(m) = &*self.model else {
+            return Err(ModelError::Unsupported("only a bi-encoder computes embeddings".into()));
+        };
+        Ok(self.embeddings(m, texts, None, |_| false, cancel)?.0)
+    }
+
+    /// Embeddings of texts: from the cache, then `store` (for the texts `stored` says it keeps), then computed;
+    /// with the model's timing and the indices computed.
+    fn embeddings(
+        &self,
+        m: &crate::model::BiEncoder,
+        texts: &[&str],
+        store: Option<&VectorFile>,
+        stored: impl Fn(usize) -> bool + Copy,
+        cancel: &Cancel,
+    ) -> Result<(Vec<Output>, JobTiming, Vec<usize>), ModelError> {
+        let keys: Vec<u64> = texts.iter().map(|t| key(None, t)).collect();
+        let (mut found, mut missing) = self.cached(&keys);
+        from_store(store, &keys, stored, &mut found, &mut missing);
+        let inputs = missing.iter().map(|&i| m.encode(texts[i])).collect::<Result<Vec<_>, _>>()?;
+        let (outputs, timing) = match self.queue.run(inputs, cancel) {
+            Ok(done) => done,
+            Err(Unfinished { error, outputs }) => {
+                self.keep(&keys, &missing, outputs, store, stored)?;
+                return Err(error);
+            }
+        };
+        to_store(store, &keys, stored, &missing, &outputs)?;
+        self.remember(&keys, &missing, outputs, &mut found);
+        Ok((found.into_iter().map(|o| o.expect("every text embedded")).collect(), timing, missing))
     }
 
     /// Embeds texts ahead of queries into a collection's embedding file (bi-encoders; `longrank embed`).

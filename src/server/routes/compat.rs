@@ -1,12 +1,16 @@
-//! `POST /v2/rerank`, `POST /v1/rerank` and `POST /tei/rerank`: other servers' rerank APIs (`server::compat`).
+//! `POST /v2/rerank`, `POST /v1/rerank` and `POST /tei/rerank`: other servers' rerank APIs; `POST /embed` and
+//! `POST /v1/embeddings`: their embedding APIs (`server::compat`).
 
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
 
-use crate::server::compat::{CohereV2Request, CohereV2Response, TeiRequest, TeiResult, V1Request, V1Response};
+use crate::server::compat::{
+    CohereV2Request, CohereV2Response, OpenAiEmbeddingsRequest, OpenAiEmbeddingsResponse, TeiEmbedRequest, TeiRequest,
+    TeiResult, V1Request, V1Response,
+};
 use crate::server::decode::ApiJson;
-use crate::server::error::{ApiError, CohereErrors, TeiErrors};
+use crate::server::error::{ApiError, CohereErrors, EmbedErrors, TeiEmbedErrors, TeiErrors};
 use crate::server::middleware::REQUEST_ID;
 use crate::server::AppState;
 
@@ -49,6 +53,27 @@ pub async fn tei(
     let (request, translation) = request.translate(&state.engine().models().names());
     let response = state.rerank(request).await?;
     Ok(Json(translation.tei(response, raw_scores)))
+}
+
+/// text-embeddings-inference's `/embed`: one embedding per input, by a served bi-encoder.
+#[utoipa::path(post, path = "/embed", tag = "compatible", request_body = TeiEmbedRequest,
+    responses((status = 200, body = Vec<Vec<f32>>), TeiEmbedErrors))]
+pub async fn tei_embed(
+    State(state): State<AppState>,
+    ApiJson(request): ApiJson<TeiEmbedRequest>,
+) -> Result<Json<Vec<Vec<f32>>>, ApiError> {
+    Ok(Json(state.embed(request.into()).await?.vectors))
+}
+
+/// OpenAI's embeddings API (`openai.OpenAI(base_url=...).embeddings.create`), by a served bi-encoder.
+#[utoipa::path(post, path = "/v1/embeddings", tag = "compatible", request_body = OpenAiEmbeddingsRequest,
+    responses((status = 200, body = OpenAiEmbeddingsResponse), EmbedErrors))]
+pub async fn openai_embeddings(
+    State(state): State<AppState>,
+    ApiJson(request): ApiJson<OpenAiEmbeddingsRequest>,
+) -> Result<Json<OpenAiEmbeddingsResponse>, ApiError> {
+    let (request, format) = request.translate();
+    Ok(Json(OpenAiEmbeddingsResponse::new(state.embed(request).await?, format)))
 }
 
 /// The request's id (`observe` gives every request one), as the response's `id`.
