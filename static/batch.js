@@ -19,33 +19,35 @@ const KEY_MEASURES = ["map", "recip_rank", "ndcg_cut_10", "P_10", "Rprec", "bpre
 const isKey = (m) => KEY_MEASURES.includes(m);
 const byKeyOrder = (a, b) => KEY_MEASURES.indexOf(a) - KEY_MEASURES.indexOf(b);
 
-// What a job ran: its pipeline and collection as recorded in its provenance (the defaults resolved).
+// What a job ran: its pipeline, collection and run tag as recorded in its provenance (the defaults resolved).
 function jobRan(job) {
   const prov = job.provenance || {};
   const p = job.params || {};
+  const pipeline = (prov.options && prov.options.pipeline) || p.pipeline || "bm25";
   return {
-    pipeline: (prov.options && prov.options.pipeline) || p.pipeline || "bm25",
+    pipeline,
     collection: (prov.collection && prov.collection.name) || p.collection || "default",
+    tag: prov.tag || p.tag || `longrank-${pipeline}`,
     when: job.created_at.replace("T", " ").slice(0, 19),
   };
 }
 
 function jobLabel(job) {
-  const { pipeline, collection, when } = jobRan(job);
-  return `${pipeline} on ${collection} · ${when} · …${job.id.slice(-4)}`;
+  const { pipeline, collection, tag, when } = jobRan(job);
+  return `${tag} · ${pipeline} on ${collection} · ${when} · …${job.id.slice(-4)}`;
 }
 
 async function loadJobs() {
   const jobs = await api("/batch");
   const rows = jobs.map((job) => {
-    const open = el("a", { href: `/?view=batch&job=${encodeURIComponent(job.id)}`, textContent: job.id.slice(-8) });
+    const { pipeline, collection, tag, when } = jobRan(job);
+    const open = el("a", { href: `/?view=batch&job=${encodeURIComponent(job.id)}`, textContent: tag, title: `run ${job.id}` });
     open.addEventListener("click", (event) => {
       event.preventDefault();
       navigate({ view: "batch", job: job.id });
     });
     const progress = el("progress", { max: Math.max(1, job.progress.total), value: job.progress.done });
     const map = job.metrics ? fmt(job.metrics.all.map, 4) : "–";
-    const { pipeline, collection, when } = jobRan(job);
     const row = el("tr", {},
       el("td", {}, open),
       el("td", { textContent: pipeline }),
@@ -111,8 +113,8 @@ function barChart(container, pairs, title) {
 function renderJob(job) {
   currentJob = job;
   $("job").hidden = false;
-  $("job-title").textContent = `Run ${job.id}`;
-  const { pipeline, collection, when } = jobRan(job);
+  const { pipeline, collection, tag, when } = jobRan(job);
+  $("job-title").textContent = `Run ${tag} (${job.id})`;
   const k = (job.provenance && job.provenance.options && job.provenance.options.k) || (job.params || {}).k || 1000;
   $("job-meta").textContent = `${job.status} · ${pipeline} on ${collection} · k ${k} · created ${when}`;
   $("job-progress").max = Math.max(1, job.progress.total);
@@ -182,6 +184,7 @@ async function startBatch() {
   // Depth and model only where they apply (the server refuses depth for a first-stage pipeline).
   if (!$("batch-depth-label").hidden) form.append("depth", $("batch-depth").value);
   if (!$("batch-model-label").hidden) form.append("model", $("batch-model").value);
+  if ($("batch-tag").value.trim()) form.append("tag", $("batch-tag").value.trim());
   setStatus("batch-status", "Starting…", "loading");
   try {
     const job = await api("/batch", { method: "POST", body: form });

@@ -462,6 +462,10 @@ fn a_batch_run_shows_progress_then_metrics_and_compares() {
         browser.wait_for(&format!("#batch-pipeline option[value='{pipeline}']"));
         browser.script(&format!("document.getElementById('batch-pipeline').value = '{pipeline}'"));
         browser.script("document.getElementById('batch-field').value = 'title+desc'");
+        // The second run is tagged; the first keeps the default tag.
+        if pipeline == "bm25+rm3" {
+            browser.type_into(&browser.find_all("#batch-tag")[0], "rm3-title-desc");
+        }
         browser.type_into(&browser.find_all("#topics-file")[0], topics.to_str().unwrap());
         browser.type_into(&browser.find_all("#qrels-file")[0], qrels.to_str().unwrap());
         browser.click(&browser.find_all("#batch-form button[type=submit]")[0]);
@@ -507,21 +511,25 @@ fn a_batch_run_shows_progress_then_metrics_and_compares() {
     let ps = browser.script("return [...document.querySelectorAll('#compare-table-all tbody tr td:nth-child(5)')].map(td => td.textContent)");
     assert!(ps.as_array().unwrap().iter().all(|p| p != "0.0000"), "{ps}");
     assert_eq!(browser.script("return [fmtP(0.00002), fmtP(0.01234)]"), json!(["<0.0001", "0.0123"]));
-    // The runs table names each run's collection and date; the compare menus start on two different runs,
-    // and each run used the topic field chosen.
+    // The runs table names each run by its tag, with its collection and date; the compare menus start on two
+    // different runs, and each run used the topic field chosen and the tag given.
     browser.goto(&server.url("/?view=batch"));
     browser.wait_for("#jobs tbody tr");
     let table = browser.script(
         "return [[...document.querySelectorAll('#jobs tbody tr td:nth-child(3)')].map(td => td.textContent), \
          [...document.querySelectorAll('#jobs tbody tr td:nth-child(4) time')].length, \
-         document.getElementById('compare-a').value, document.getElementById('compare-b').value]",
+         document.getElementById('compare-a').value, document.getElementById('compare-b').value, \
+         [...document.querySelectorAll('#jobs tbody tr td:nth-child(1)')].map(td => td.textContent).sort()]",
     );
     assert_eq!(table[0], json!(["cranfield", "cranfield"]), "{table}");
     assert_eq!(table[1], 2, "{table}");
     assert!(table[2] != table[3] && runs.contains(&table[2].as_str().unwrap().to_string()), "{table}");
-    for run in &runs {
+    assert_eq!(table[4], json!(["longrank-bm25", "rm3-title-desc"]), "{table}");
+    for (run, tag) in runs.iter().zip(["longrank-bm25", "rm3-title-desc"]) {
         let job = crate::common::request("GET", &server.url(&format!("/batch/{run}")), &[], None).json();
         assert_eq!(job["params"]["field"], "title+desc", "{job}");
+        let file = crate::common::request("GET", &server.url(&format!("/batch/{run}/run")), &[], None).body;
+        assert!(file.lines().next().unwrap().ends_with(&format!(" {tag}")), "{run}: {}", &file[..80]);
     }
 }
 
