@@ -107,9 +107,13 @@ $("key-form").addEventListener("submit", (event) => {
   event.preventDefault();
   sessionStorage.setItem(KEY, $("key").value);
   $("key-form").hidden = true;
+  setStatus("status", "Type a query and press Enter.");
   loadOptions().then(route);
 });
 
+// The server answered when it asks for a key: that is what the status says then.
+const unreachable = (e) =>
+  KEY_CODES.includes(e.code) ? `This server needs a key: enter it above (${e.message}).` : `Could not reach the server: ${e.message}`;
 loadOptions()
-  .catch((e) => setStatus("status", `Could not reach the server: ${e.message}`, "error"))
+  .catch((e) => setStatus("status", unreachable(e), "error"))
   .then(route);

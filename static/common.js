@@ -27,6 +27,8 @@ function setStatus(id, text, kind) {
 
 // The API key a server with keys asks for, kept for this browser session (sent as `Authorization: Bearer`).
 const KEY = "longrank-key";
+// The error codes that ask for a key (the key form opens).
+const KEY_CODES = ["missing_key", "invalid_key", "insufficient_key"];
 
 async function call(path, options = {}) {
   const key = sessionStorage.getItem(KEY);
@@ -41,8 +43,8 @@ async function call(path, options = {}) {
   if (!response.ok) {
     const body = await response.json().catch(() => null);
     const code = body && body.error ? body.error.code : "";
-    if (["missing_key", "invalid_key", "insufficient_key"].includes(code)) $("key-form").hidden = false;
-    throw new Error(body && body.error ? body.error.message : `HTTP ${response.status}`);
+    if (KEY_CODES.includes(code)) $("key-form").hidden = false;
+    throw Object.assign(new Error(body && body.error ? body.error.message : `HTTP ${response.status}`), { code });
   }
   return response;
 }

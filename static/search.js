@@ -36,9 +36,13 @@ async function loadOptions() {
   }
   syncDepth("pipeline", "depth-label", "model-label", available.models.length);
   syncDepth("batch-pipeline", "batch-depth-label", "batch-model-label", available.models.length);
+  // A model that could not be loaded is one line (first-stage search works), the server's reasons a click away.
   const unavailable = available.models.filter((m) => m.state === "unavailable");
+  $("model-notice").hidden = !unavailable.length;
   if (unavailable.length) {
-    setStatus("status", `Re-ranking is unavailable: ${unavailable.map((m) => `${m.name}: ${m.reason}`).join("; ")}`, "error");
+    const why = unavailable.map((m) => `${m.name === "default" ? "the default model" : `model ${m.name}`} ${m.summary}`);
+    $("model-summary").textContent = `Re-ranking off: ${why.join("; ")}. BM25 search works.`;
+    $("model-details").textContent = unavailable.map((m) => `${m.name} (${m.source}): ${m.reason}`).join("\n\n");
   }
 }
 

@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 pub enum ModelError {
     #[error("{}: {message}", path.display())]
     Load { path: PathBuf, message: String },
+    /// A hub id neither in the hub cache nor fetched (offline, or the hub unreachable).
+    #[error("{id}: {message}")]
+    NotFetched { id: String, message: String },
     #[error("tokenizer: {0}")]
     Tokenizer(String),
     #[error("inference: {0}")]
@@ -23,6 +26,16 @@ pub enum ModelError {
     QueryOverBudget { tokens: usize, budget: usize },
     #[error("{0}")]
     Unsupported(String),
+}
+
+impl ModelError {
+    /// Why a model is unavailable, in one line for a status line (the error itself has the details).
+    pub fn summary(&self) -> &'static str {
+        match self {
+            ModelError::NotFetched { .. } => "is not in the hub cache and could not be fetched: start with --model DIR",
+            _ => "could not be loaded",
+        }
+    }
 }
 
 /// A load error naming `path`.

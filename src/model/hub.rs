@@ -27,11 +27,12 @@ pub fn resolve(source: &str, offline: bool) -> Result<PathBuf, ModelError> {
         return Err(load_err(path, "no such directory, and not a hub id (owner/name)"));
     }
     let offline = offline || std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| !v.is_empty() && v != "0");
+    let not_fetched = |message: String| ModelError::NotFetched { id: source.to_string(), message };
     if offline {
         return from_cache(id, revision)
-            .ok_or_else(|| load_err(path, format!("offline (HF_HUB_OFFLINE) and not in the hub cache: {FIXES}")));
+            .ok_or_else(|| not_fetched(format!("offline (HF_HUB_OFFLINE) and not in the hub cache: {FIXES}")));
     }
-    download(id, revision).map_err(|e| load_err(path, format!("fetching from the hub: {e}; {FIXES}")))
+    download(id, revision).map_err(|e| not_fetched(format!("fetching from the hub: {e}; {FIXES}")))
 }
 
 /// What a user can do when a hub model cannot be had.

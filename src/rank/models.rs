@@ -35,7 +35,14 @@ struct Slot {
     quantize: Quantize,
     /// Its longest input (its own, or `[model] max_length`).
     max_length: usize,
-    state: OnceLock<Result<Arc<LoadedModel>, String>>,
+    state: OnceLock<Result<Arc<LoadedModel>, Unavailable>>,
+}
+
+/// Why a model could not be loaded: in one line, and in full.
+#[derive(Clone)]
+struct Unavailable {
+    summary: &'static str,
+    reason: String,
 }
 
 /// A model ready to score, and where it came from (for `/pipelines` and run provenance).
@@ -76,6 +83,10 @@ pub struct ModelStatus {
     pub recipe: Option<Recipe>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Why it is unavailable, in one line (`reason` has the details).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "is not in the hub cache and could not be fetched: start with --model DIR")]
+    pub summary: Option<&'static str>,
     /// Inputs waiting for the model.
     pub queued: usize,
     /// What the model's inference thread has run (absent until loaded).
@@ -127,16 +138,18 @@ impl Models {
                 RankError::UnknownModel { name: name.to_string(), available: self.names() }
             });
         };
-        self.state(slot).map_err(|reason| RankError::ModelUnavailable { name: name.to_string(), reason })
+        self.state(slot).map_err(|u| RankError::ModelUnavailable { name: name.to_string(), reason: u.reason })
     }
 
-    fn state(&self, slot: &Slot) -> Result<Arc<LoadedModel>, String> {
-        slot.state.get_or_init(|| self.load(slot).map(Arc::new).map_err(|e| e.to_string())).clone()
+    fn state(&self, slot: &Slot) -> Result<Arc<LoadedModel>, Unavailable> {
+        let load =
+            || self.load(slot).map(Arc::new).map_err(|e| Unavailable { summary: e.summary(), reason: e.to_string() });
+        slot.state.get_or_init(load).clone()
     }
 
     /// Loads every model; returns the failures (name, reason).
     pub fn load_all(&self) -> Vec<(String, String)> {
-        self.slots.iter().filter_map(|slot| self.state(slot).err().map(|reason| (slot.name.clone(), reason))).collect()
+        self.slots.iter().filter_map(|slot| self.state(slot).err().map(|u| (slot.name.clone(), u.reason))).collect()
     }
 
     fn load(&self, slot: &Slot) -> Result<LoadedModel, model::ModelError> {
@@ -180,14 +193,16 @@ impl Models {
         self.slots
             .iter()
             .map(|slot| {
-                let (state, kind, reason, queued, batches) = match slot.state.get() {
-                    None => ("not_loaded", None, None, 0, None),
-                    Some(Ok(m)) => ("ready", Some(m.kind()), None, m.served.queued(), Some(m.served.stats())),
-                    Some(Err(reason)) => ("unavailable", None, Some(reason.clone()), 0, None),
+                let (state, kind, queued, batches) = match slot.state.get() {
+                    None => ("not_loaded", None, 0, None),
+                    Some(Ok(m)) => ("ready", Some(m.kind()), m.served.queued(), Some(m.served.stats())),
+                    Some(Err(_)) => ("unavailable", None, 0, None),
                 };
+                let unavailable = slot.state.get().and_then(|m| m.as_ref().err());
+                let (reason, summary) = (unavailable.map(|u| u.reason.clone()), unavailable.map(|u| u.summary));
                 let (name, source) = (slot.name.clone(), slot.source.clone());
                 let recipe = slot.state.get().and_then(|m| m.as_ref().ok()?.served.model().recipe());
-                ModelStatus { name, source, state, kind, recipe, reason, queued, batches }
+                ModelStatus { name, source, state, kind, recipe, reason, summary, queued, batches }
             })
             .collect()
     }

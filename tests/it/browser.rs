@@ -192,6 +192,46 @@ fn decode_base64(text: &str) -> Vec<u8> {
         .collect()
 }
 
+/// The first screen where the default model cannot be had (a hub id, the hub unreachable): one quiet line says
+/// re-ranking is off and what to do, the server's reason a click away, and BM25 search works.
+#[test]
+fn the_first_screen_without_the_default_model_is_one_line_and_search_works() {
+    let dir = crate::fixtures::cranfield_data_dir();
+    let hf_home = tempfile::tempdir().unwrap();
+    let env = [
+        ("LONGRANK_MODEL_PATH", "cross-encoder/ms-marco-MiniLM-L6-v2"),
+        ("HF_HOME", hf_home.path().to_str().unwrap()),
+        ("HF_ENDPOINT", "http://127.0.0.1:9"),
+        ("HF_HUB_OFFLINE", "0"),
+    ];
+    let server = TestServer::start(dir.path(), &env).wait_ready();
+    let browser = Browser::start("offline");
+    browser.goto(&server.url("/"));
+    browser.wait_for("#model-notice:not([hidden])");
+    let shown = browser.script(
+        "return [document.getElementById('model-summary').textContent, document.getElementById('model-notice').open, \
+         document.getElementById('status').className, document.getElementById('model-details').textContent]",
+    );
+    assert_eq!(
+        shown[0],
+        "Re-ranking off: the default model is not in the hub cache and could not be fetched: start with --model DIR. \
+         BM25 search works."
+    );
+    assert_eq!((&shown[1], &shown[2]), (&json!(false), &json!("")), "closed, and not an error: {shown}");
+    let details = shown[3].as_str().unwrap();
+    assert!(
+        details.starts_with("default (cross-encoder/ms-marco-MiniLM-L6-v2): ") && details.contains("point --model"),
+        "{details}"
+    );
+    assert!(!browser.displayed(&browser.find_all("#model-details")[0]), "the details wait for a click");
+    browser.click(&browser.find_all("#model-summary")[0]);
+    assert!(browser.displayed(&browser.find_all("#model-details")[0]));
+    browser.goto(&server.url("/?q=wing+flutter"));
+    browser.wait_for("#results li");
+    let status = browser.text(&browser.find_all("#status")[0]);
+    assert!(status.starts_with("10 results from cranfield, bm25."), "{status}");
+}
+
 #[test]
 fn search_shows_segment_evidence_and_the_best_segment_in_the_document() {
     let models = tempfile::tempdir().unwrap();
@@ -560,6 +600,9 @@ fn the_page_works_with_keys_downloads_included() {
     browser.goto(&server.url(&format!("/?view=batch&job={id}")));
     let field = browser.wait_for("#key-form:not([hidden]) #key")[0].clone();
     assert!(browser.displayed(&browser.find_all("#key-form")[0]) && browser.displayed(&field));
+    // The server answered: the status asks for the key rather than saying the server is out of reach.
+    let status = browser.script("return document.getElementById('status').textContent");
+    assert!(status.as_str().unwrap().starts_with("This server needs a key: enter it above"), "{status}");
     browser.type_into(&field, &format!("{key}\u{E007}"));
     browser.wait_for("#job:not([hidden]) #job-download:not([hidden])");
     // The job's warnings are shown as the server words them.
