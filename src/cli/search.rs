@@ -13,7 +13,7 @@ pub struct SearchArgs {
     pub global: super::Global,
     #[command(flatten)]
     params: RankParams,
-    /// Results to skip before the k shown (paging: ranks offset + 1 to offset + k).
+    /// Results to skip before the k shown (paging: ranks offset + 1 to offset + k). Default: 0.
     #[arg(long)]
     offset: Option<i64>,
     /// Print the response as JSON (as `/search` answers) instead of a table.
