@@ -48,7 +48,9 @@ async function route() {
   }
   showView("search");
   for (const key of SEARCH_KEYS) {
-    if (params.get(key)) $(key).value = params.get(key);
+    if (key === "keep_first") $(key).checked = params.get(key) === "1";
+    else if (key === "read") $(key).value = params.get(key) || "";
+    else if (params.get(key)) $(key).value = params.get(key);
   }
   syncDepth("pipeline", "depth-label", "model-label");
   const wanted = Object.fromEntries(params);
@@ -76,6 +78,7 @@ $("close").addEventListener("click", () => {
   }
 });
 $("pipeline").addEventListener("change", () => syncDepth("pipeline", "depth-label", "model-label"));
+$("read").addEventListener("change", syncRead);
 $("batch-pipeline").addEventListener("change", () => syncDepth("batch-pipeline", "batch-depth-label", "batch-model-label"));
 $("batch-form").addEventListener("submit", (event) => {
   event.preventDefault();

@@ -52,6 +52,25 @@ function syncDepth(pipeline, depthLabel, modelLabel, models = Object.keys(modelS
   const reranks = Boolean(info && info.needs_model);
   $(depthLabel).hidden = !reranks;
   $(modelLabel).hidden = !reranks || models < 2;
+  if (pipeline === "pipeline") syncRead();
+}
+
+// Which segments the model reads (the API's `preselect`), for pipelines that read more than the first: as
+// configured, every one, or BM25's best per document (and the first, within a budget).
+function syncRead() {
+  const info = pipelineInfo[$("pipeline").value];
+  const choosable = Boolean(info && info.needs_model) && $("pipeline").value !== "firstp";
+  $("read-label").hidden = !choosable;
+  const bm25 = choosable && $("read").value === "bm25";
+  for (const label of ["per-doc-label", "keep-first-label", "budget-label"]) $(label).hidden = !bm25;
+}
+
+// The request's `preselect` for the page's choice (none: the server's configured default).
+function preselectOf(params) {
+  if (params.read === "every") return { selector: "none" };
+  if (params.read !== "bm25") return undefined;
+  const count = (v) => Number(v) || undefined;
+  return { selector: "bm25", per_doc: count(params.per_doc), keep_first: params.keep_first === "1", budget: count(params.budget) };
 }
 
 function segmentColor(score, lo, hi) {
@@ -73,6 +92,7 @@ function renderEvidence(hit, pattern, passage) {
   const rank = (s) => (s.scored ? s.score : -Infinity);
   const described = (s) => (s.scored ? `score ${fmt(s.score)}` : `not read by the model${s.selector_score === undefined ? "" : ` · selector ${fmt(s.selector_score)}`}`);
   const bestIndex = hit.best_segment ? hit.best_segment.index : -1;
+  const everyRead = scores.length === segments.length;
   const strip = (label, className) => {
     const node = el("div", { className, role: "group" });
     node.setAttribute("aria-label", label);
@@ -88,7 +108,7 @@ function renderEvidence(hit, pattern, passage) {
   };
   const show = (segment, pressed, within) => {
     within.querySelectorAll(".seg").forEach((b) => b.setAttribute("aria-pressed", String(b === pressed)));
-    const label = segment.index === bestIndex ? "Best segment" : "Segment";
+    const label = segment.index !== bestIndex ? "Segment" : everyRead ? "Best segment" : "Best segment read";
     passage.replaceChildren(
       el("span", { className: "passage-label", textContent: `${label} ${segment.index + 1} of ${segments.length} · ${described(segment)}` }),
       el("span", {}, ...highlighted(segment.text, pattern)),
@@ -164,9 +184,11 @@ function renderResults(response, request) {
   const model = response.model
     ? `, re-ranked by the model ${response.model}${modelSources[response.model] ? ` (${modelSources[response.model]})` : ""}`
     : "";
+  const depth = response.model && request.depth ? ` from BM25's top ${request.depth}` : "";
   const summary = response.results.length === 0
     ? "No document matches this query."
-    : `${counted(response.results.length, "result")} from ${response.collection}, ${response.pipeline}${model}.`;
+    : `${counted(response.results.length, "result")} from ${response.collection}, ${response.pipeline}${model}${depth}.`;
+  $("legend").hidden = !response.results.some((hit) => hit.segments);
   lastSearch = { response, request, summary };
   setStatus("status", summary);
   if (response.results.length === 0) return;
@@ -196,6 +218,8 @@ function renderResults(response, request) {
 function searchParams() {
   const info = pipelineInfo[$("pipeline").value];
   const reranks = Boolean(info && info.needs_model);
+  const readChosen = !$("read-label").hidden;
+  const bm25 = readChosen && $("read").value === "bm25";
   return {
     q: $("q").value.trim(),
     collection: $("collection").value,
@@ -203,11 +227,13 @@ function searchParams() {
     model: reranks && !$("model-label").hidden ? $("model").value : undefined,
     k: $("k").value,
     depth: reranks ? $("depth").value : undefined,
+    ...(readChosen ? { read: $("read").value || undefined } : {}),
+    ...(bm25 ? { per_doc: $("per_doc").value, keep_first: $("keep_first").checked ? "1" : undefined, budget: $("budget").value || undefined } : {}),
   };
 }
 
 // The parameters that make a search (not the open document): equal keys, the same results.
-const SEARCH_KEYS = ["q", "collection", "pipeline", "model", "k", "depth"];
+const SEARCH_KEYS = ["q", "collection", "pipeline", "model", "k", "depth", "read", "per_doc", "keep_first", "budget"];
 const searchKey = (params) => SEARCH_KEYS.map((k) => params[k] || "").join("\u0000");
 
 async function search(params) {
@@ -224,6 +250,7 @@ async function search(params) {
     model: params.model || undefined,
     k: Number(params.k) || undefined,
     depth: Number(params.depth) || undefined,
+    preselect: preselectOf(params),
     segment_text: true,
   };
   try {
@@ -271,7 +298,8 @@ async function showDocument(docid) {
       const start = byteToIndex(doc.text, hit.best_segment.start);
       const end = byteToIndex(doc.text, hit.best_segment.end);
       const best = el("mark", { className: "best", id: "best-segment", tabIndex: -1 }, ...highlighted(doc.text.slice(start, end), pattern));
-      best.title = `Best segment (${hit.best_segment.index + 1} of ${hit.segments.length}), score ${fmt(hit.best_segment.score)}`;
+      const everyRead = hit.segments.every((segment) => segment.scored);
+      best.title = `Best segment${everyRead ? "" : " read"} (${hit.best_segment.index + 1} of ${hit.segments.length}), score ${fmt(hit.best_segment.score)}`;
       text.replaceChildren(...highlighted(doc.text.slice(0, start), pattern), best, ...highlighted(doc.text.slice(end), pattern));
     } else {
       text.replaceChildren(...highlighted(doc.text, pattern));

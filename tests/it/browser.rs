@@ -359,6 +359,36 @@ fn search_shows_segment_evidence_and_the_best_segment_in_the_document() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
+    // The preselection is the page's to choose, kept in the URL: every segment read (each strip without a hatched
+    // segment, the passage labelled "Best segment"), then BM25's best one per document ("Best segment read"),
+    // with a legend for the strip.
+    let read = |url: &str| {
+        browser.goto(&server.url(url));
+        browser.wait_for("#results li[data-docid]");
+        browser.script(
+            "return [document.getElementById('read').value, document.querySelectorAll('#results .seg.unscored').length, \
+             [...document.querySelectorAll('#results li .seg:not(.unscored)')].length, \
+             (document.querySelector('#results li:has(.unscored) .passage-label') || \
+             document.querySelector('#results li .passage-label')).textContent, \
+             !document.getElementById('legend').hidden, !document.getElementById('per-doc-label').hidden]",
+        )
+    };
+    let every = read("/?q=oil+industry+history&pipeline=maxp&read=every");
+    assert_eq!((&every[0], &every[1], &every[4], &every[5]), (&json!("every"), &json!(0), &json!(true), &json!(false)));
+    assert!(every[3].as_str().unwrap().starts_with("Best segment "), "{every}");
+    let one = read("/?q=oil+industry+history&pipeline=maxp&read=bm25&per_doc=1");
+    assert_eq!((&one[0], &one[2], &one[5]), (&json!("bm25"), &json!(hits.len()), &json!(true)), "one read each: {one}");
+    assert!(one[3].as_str().unwrap().starts_with("Best segment read "), "{one}");
+    // Chosen in the form, the choice goes to the URL.
+    browser.script("document.getElementById('read').value = 'every'; document.getElementById('read').dispatchEvent(new Event('change'))");
+    browser.click(&browser.find_all("#search button[type=submit]")[0]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !browser.script("return location.search").as_str().unwrap().contains("read=every") {
+        assert!(Instant::now() < deadline, "the choice never reached the URL");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!browser.script("return location.search").as_str().unwrap().contains("per_doc"), "per_doc only with bm25");
+
     // An error is the server's message, not a stack trace.
     browser.goto(&server.url("/?q=oil&k=100000"));
     browser.wait_for("#status.error");
