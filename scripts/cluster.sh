@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A local cluster on loopback: PostgreSQL (scripts/postgres.sh), three longrank replicas sharing it and one data
 # directory (read-only: build collections with `longrank index` first), and HAProxy in front
-# (deploy/haproxy.cfg). With LONGRANK_STORE_OBJECTS set (an object store, README "Collections through an object
+# (deploy/haproxy.cfg). With LONGRANK_STORE_OBJECTS set (an object store, docs/operations.md "Collections through an object
 # store"), each replica has a data directory of its own (DIR/rN.data, empty at first) that it pulls the
 # collections into, one of them writes, and collection writes go through any of them.
 #   scripts/cluster.sh up DIR [DATA_DIR] [MODEL]

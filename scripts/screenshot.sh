@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# README's picture of the search page, docs/search.png, made again from the shipped defaults: SQuAD's articles,
+# The page's picture of the search (docs/page.md), docs/search.png, made again from the shipped defaults: SQuAD's articles,
 # all-MiniLM-L6-v2 (MODEL, a Hugging Face directory; by default the one .ci/run installs) re-ranking with MaxP,
 # read by headless Chromium at 1200 x 1100.
 #   scripts/screenshot.sh [MODEL]

@@ -589,8 +589,8 @@ mod tests {
     }
 
     #[test]
-    fn every_code_is_in_readmes_table_and_back() {
-        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    fn every_code_is_in_the_http_pages_table_and_back() {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/http.md")).unwrap();
         let table: Vec<&str> = readme
             .lines()
             .skip_while(|l| !l.starts_with("| code | status |"))
@@ -601,7 +601,7 @@ mod tests {
             .iter()
             .map(|c| format!("| `{}` | {} | {} |", c.as_str(), c.status().as_u16(), c.description()))
             .collect();
-        assert_eq!(table, codes, "README's table of error codes: ErrorCode::ALL in order, statuses and descriptions");
+        assert_eq!(table, codes, "docs/http.md's table of error codes: ErrorCode::ALL in order, statuses and descriptions");
     }
 
     /// An internal error's body names an incident, never what failed inside (a panic, a path).

@@ -362,16 +362,15 @@ pub fn free_port() -> u16 {
     String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or_else(|_| panic!("free-port.py: {out:?}"))
 }
 
-/// The `sh` block of README's section `heading` (a `### ` heading) that holds `marker`, made runnable in `tmp`:
-/// `/tmp/` paths moved into it, `cargo run --release --` replaced by the binary under test, the build line dropped.
-pub fn readme_block(heading: &str, marker: &str, tmp: &Path) -> String {
-    doc_block("README.md", heading, marker, tmp)
-}
-
-/// `readme_block` of another page (`docs/models.md`).
+/// The `sh` block of a page's section `heading` (a `## ` or `### ` heading) that holds `marker`, made runnable
+/// in `tmp`: `/tmp/` paths moved into it, `cargo run --release --` replaced by the binary under test, the build
+/// line dropped.
 pub fn doc_block(page: &str, heading: &str, marker: &str, tmp: &Path) -> String {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(page)).unwrap();
-    let section = readme.split(&format!("\n### {heading}\n")).nth(1).unwrap_or_else(|| panic!("{page} has {heading}"));
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(page)).unwrap();
+    let section = ["##", "###"]
+        .iter()
+        .find_map(|level| text.split(&format!("\n{level} {heading}\n")).nth(1))
+        .unwrap_or_else(|| panic!("{page} has {heading}"));
     let section = section.split("\n## ").next().unwrap().split("\n### ").next().unwrap();
     let block = section
         .split("```sh\n")
@@ -387,12 +386,20 @@ pub fn doc_block(page: &str, heading: &str, marker: &str, tmp: &Path) -> String 
         .collect()
 }
 
-/// Runs a README block (`readme_block`) with bash in the repository, strict; its output.
-pub fn run_readme_block(script: &str) -> Output {
+/// Runs a page's block (`doc_block`) with bash in the repository, strict, with `env` and the binary under test
+/// on the PATH as `longrank`; its output.
+pub fn run_doc_block(script: &str, env: &[(&str, &str)]) -> Output {
+    let bin_dir = Path::new(BIN).parent().unwrap().to_path_buf();
+    let path = std::env::join_paths(std::iter::once(bin_dir).chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))
+    .unwrap();
     Command::new("bash")
         .args(["-euo", "pipefail", "-c", script])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env("LONGRANK_BIN", BIN)
+        .env("PATH", path)
+        .envs(env.iter().copied())
         .env_remove("LONGRANK_MODEL_PATH")
         .stderr(Stdio::inherit())
         .output()

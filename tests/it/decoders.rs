@@ -197,7 +197,7 @@ fn decoder_rerankers_serve_every_pipeline_and_api() {
 fn the_models_pages_decoder_command_works_as_written() {
     let tmp = tempfile::tempdir().unwrap();
     let script = crate::common::doc_block("docs/models.md", "Long documents", "--instruction", tmp.path());
-    let out = crate::common::run_readme_block(&script);
+    let out = crate::common::run_doc_block(&script, &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     assert_eq!(

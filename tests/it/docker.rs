@@ -34,7 +34,7 @@ fn the_build_context_holds_what_the_images_copy_and_runs_have_an_admin_key() {
         assert!(!runs.is_empty() && runs.iter().all(|l| l.contains("LONGRANK_SERVER_ADMIN_KEYS")), "{dockerfile}");
     }
     assert!(allowed.iter().all(|a| !["target", "data", ".git"].contains(a)), "{allowed:?}");
-    let readme = read("README.md");
+    let readme = read("docs/operations.md");
     let runs: Vec<&str> = readme.lines().filter(|l| l.trim_start().starts_with("docker run")).collect();
     assert!(!runs.is_empty() && runs.iter().all(|l| l.contains("LONGRANK_SERVER_ADMIN_KEYS")), "{runs:?}");
 }

@@ -9,6 +9,7 @@ mod common;
 mod corpus;
 mod decoders;
 mod docker;
+mod docs;
 mod ecosystem;
 mod eval;
 mod families;

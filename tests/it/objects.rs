@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::common::{
-    cli_env, data, free_port, get, isolated, post_json, readme_block, run_readme_block, Reply, TestServer, BIN,
+    cli_env, data, doc_block, free_port, get, isolated, post_json, run_doc_block, Reply, TestServer, BIN,
 };
 
 fn fresh_postgres() -> Option<String> {
@@ -274,7 +274,7 @@ fn readme_object_store_section_works_as_written() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let port = free_port();
-    let block = readme_block("Collections through an object store", "LONGRANK_STORE_OBJECTS", tmp.path());
+    let block = doc_block("docs/operations.md", "Collections through an object store", "LONGRANK_STORE_OBJECTS", tmp.path());
     // A block that fails midway leaves no server holding the test's pipe.
     let script =
         format!("trap 'kill $(jobs -p) 2> /dev/null || true' EXIT\n{}", block.replace("8081", &port.to_string()));
@@ -286,9 +286,9 @@ fn readme_object_store_section_works_as_written() {
         }
     }
     let _stop = Stop(tmp.path().join("objects-pg"));
-    let out = run_readme_block(&script);
+    let out = run_doc_block(&script, &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "README's object store commands failed: {stdout}");
+    assert!(out.status.success(), "docs/operations.md's object store commands failed: {stdout}");
     assert!(stdout.contains("published version 1"), "{stdout}");
     assert!(stdout.contains("\"docid\":\"d1\""), "the empty replica served the published document: {stdout}");
 }

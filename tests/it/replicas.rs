@@ -555,7 +555,7 @@ fn a_frozen_replica_holds_no_client_for_long() {
     assert!(failed.is_empty(), "{} of 400 searches failed while a replica was frozen: {failed:?}", failed.len());
 }
 
-/// README's cluster commands as written (in a temporary directory instead of /tmp, and with this build for
+/// docs/operations.md's cluster commands as written (in a temporary directory instead of /tmp, and with this build for
 /// `cargo build` and `cargo run`), from the repository: the cluster serves the collection they index, lists its
 /// replicas, takes a fourth, restarts one, and goes down.
 #[test]
@@ -566,7 +566,7 @@ fn readme_cluster_section_works_as_written() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let script = crate::common::readme_block("Replicas behind HAProxy", "scripts/cluster.sh up", tmp.path());
+    let script = crate::common::doc_block("docs/operations.md", "Replicas behind HAProxy", "scripts/cluster.sh up", tmp.path());
     assert!(script.contains("cluster.sh down"), "the block takes its cluster down");
     struct Down(std::path::PathBuf);
     impl Drop for Down {
@@ -576,9 +576,9 @@ fn readme_cluster_section_works_as_written() {
         }
     }
     let _down = Down(tmp.path().join("longrank-cluster"));
-    let out = crate::common::run_readme_block(&script);
+    let out = crate::common::run_doc_block(&script, &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "README's cluster commands failed: {stdout}");
+    assert!(out.status.success(), "docs/operations.md's cluster commands failed: {stdout}");
     assert!(stdout.contains("\"docid\":\"d1\""), "the search found the indexed document: {stdout}");
     // curl's answers end without a newline: the cluster's JSON is read from where it starts.
     let at = stdout.find("{\"replica\":").expect("GET /cluster answered");
