@@ -601,7 +601,10 @@ mod tests {
             .iter()
             .map(|c| format!("| `{}` | {} | {} |", c.as_str(), c.status().as_u16(), c.description()))
             .collect();
-        assert_eq!(table, codes, "docs/http.md's table of error codes: ErrorCode::ALL in order, statuses and descriptions");
+        assert_eq!(
+            table, codes,
+            "docs/http.md's table of error codes: ErrorCode::ALL in order, statuses and descriptions"
+        );
     }
 
     /// An internal error's body names an incident, never what failed inside (a panic, a path).

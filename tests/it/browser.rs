@@ -454,7 +454,10 @@ fn the_page_explains_pipelines_models_expansion_and_long_strips() {
     assert!(n > 1);
     let status = browser.text(&browser.find_all("#status")[0]);
     let other_dir = other.to_str().unwrap();
-    assert_eq!(status, format!("{n} results from gov2, maxp, re-ranked by the model other ({other_dir})."));
+    assert_eq!(
+        status,
+        format!("{n} results from gov2, maxp, re-ranked by the model other ({other_dir}) from BM25's top 20.")
+    );
     assert!(browser.script("return location.search").as_str().unwrap().contains("model=other"));
 
     // A document of more than 40 segments: a strip of groups, and the group of the best segment zoomed.

@@ -390,9 +390,9 @@ pub fn doc_block(page: &str, heading: &str, marker: &str, tmp: &Path) -> String 
 /// on the PATH as `longrank`; its output.
 pub fn run_doc_block(script: &str, env: &[(&str, &str)]) -> Output {
     let bin_dir = Path::new(BIN).parent().unwrap().to_path_buf();
-    let path = std::env::join_paths(std::iter::once(bin_dir).chain(std::env::split_paths(
-        &std::env::var_os("PATH").unwrap_or_default(),
-    )))
+    let path = std::env::join_paths(
+        std::iter::once(bin_dir).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
+    )
     .unwrap();
     Command::new("bash")
         .args(["-euo", "pipefail", "-c", script])

@@ -274,7 +274,8 @@ fn readme_object_store_section_works_as_written() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let port = free_port();
-    let block = doc_block("docs/operations.md", "Collections through an object store", "LONGRANK_STORE_OBJECTS", tmp.path());
+    let block =
+        doc_block("docs/operations.md", "Collections through an object store", "LONGRANK_STORE_OBJECTS", tmp.path());
     // A block that fails midway leaves no server holding the test's pipe.
     let script =
         format!("trap 'kill $(jobs -p) 2> /dev/null || true' EXIT\n{}", block.replace("8081", &port.to_string()));

@@ -566,7 +566,8 @@ fn readme_cluster_section_works_as_written() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let script = crate::common::doc_block("docs/operations.md", "Replicas behind HAProxy", "scripts/cluster.sh up", tmp.path());
+    let script =
+        crate::common::doc_block("docs/operations.md", "Replicas behind HAProxy", "scripts/cluster.sh up", tmp.path());
     assert!(script.contains("cluster.sh down"), "the block takes its cluster down");
     struct Down(std::path::PathBuf);
     impl Drop for Down {
