@@ -148,6 +148,7 @@ impl Replication {
             return Err(ReplicationError::NeedsPostgres);
         }
         let objects = Objects::open(&config.objects)?;
+        objects.check().await?;
         let bound = store.bind_objects(&config.objects).await?;
         if bound != config.objects {
             return Err(ReplicationError::OtherObjectStore { configured: config.objects.clone(), bound });

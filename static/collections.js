@@ -3,7 +3,12 @@
 // then what it indexed and skipped, with each problem's position.
 "use strict";
 
-const megabytes = (bytes) => `${(bytes / 1e6).toFixed(1)} MB`;
+// Bytes in the unit that fits, as `longrank collections` prints them.
+function size(bytes) {
+  const units = ["B", "kB", "MB", "GB", "TB"];
+  const at = Math.min(units.length - 1, Math.max(0, Math.floor(Math.log10(Math.max(bytes, 1)) / 3)));
+  return at === 0 ? `${bytes} B` : `${(bytes / 10 ** (3 * at)).toFixed(1)} ${units[at]}`;
+}
 
 // A problem of a task as a line: "upload line 3 (byte 77): message".
 const problemText = (p) =>
@@ -19,7 +24,7 @@ async function loadCollections() {
       el("th", { scope: "row", textContent: c.name }),
       el("td", { className: "documents", textContent: c.documents.toLocaleString() }),
       el("td", { textContent: fmt(c.average_length, 1) }),
-      el("td", { textContent: megabytes(c.size_bytes) }),
+      el("td", { textContent: size(c.size_bytes) }),
       el("td", {}, remove));
     row.dataset.collection = c.name;
     return row;
@@ -28,6 +33,32 @@ async function loadCollections() {
   const chosen = $("upload-collection").value;
   $("upload-collection").replaceChildren(...collections.map((c) => el("option", { value: c.name, textContent: c.name })));
   if (collections.some((c) => c.name === chosen)) $("upload-collection").value = chosen;
+  await loadCluster();
+}
+
+// A cluster (several replicas, an object store) as `/cluster` shows it: the writer, the object store's state,
+// and each replica with the version of each collection it serves. A single server shows none of it.
+async function loadCluster() {
+  const cluster = await api("/cluster").catch(() => null);
+  const shown = Boolean(cluster && (cluster.objects || cluster.writer || cluster.replicas.length > 1));
+  $("cluster").hidden = !shown;
+  if (!shown) return;
+  const parts = [cluster.writer ? `Writer: ${cluster.writer.replica} (${cluster.writer.url})` : "No writer at this moment"];
+  const o = cluster.objects;
+  if (o) {
+    const newest = o.newest.map((v) => `${v.collection} v${v.version}`).join(", ") || "none";
+    parts.push(`object store ${o.url}: ${counted(o.versions, "version")}, ${counted(o.objects, "object")}, ${size(o.bytes)}; newest: ${newest}`);
+  }
+  $("cluster-summary").textContent = `${parts.join(" · ")}.`;
+  const rows = cluster.replicas.map((r) => {
+    const writer = cluster.writer && cluster.writer.replica === r.id ? " (writer)" : "";
+    const state = r.live ? "live" : `last seen ${duration(r.seen_ms_ago / 1000)} ago`;
+    const serves = (r.versions || []).map((v) => `${v.collection} v${v.version}`).join(", ") || counted(r.fingerprints.length, "collection");
+    const row = el("tr", {}, el("th", { scope: "row", textContent: `${r.id}${writer}` }), el("td", { textContent: state }), el("td", { textContent: serves }));
+    row.dataset.replica = r.id;
+    return row;
+  });
+  $("cluster-table").tBodies[0].replaceChildren(...rows);
 }
 
 function showProgress(fraction) {

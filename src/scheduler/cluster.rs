@@ -15,7 +15,7 @@ use utoipa::ToSchema;
 use crate::config::BatchConfig;
 use crate::rank::Engine;
 use crate::service::Services;
-use crate::store::{ReplicaRow, Serves, Store, StoreError};
+use crate::store::{ObjectsState, ReplicaRow, Serves, Store, StoreError};
 
 /// How often a replica writes its heartbeat (and reads the settings, and looks for stranded jobs).
 const HEARTBEAT: Duration = Duration::from_secs(1);
@@ -68,10 +68,29 @@ pub struct ReplicaView {
     pub fingerprints: Vec<String>,
     /// The weights hashes of its loaded models.
     pub weights: Vec<String>,
+    /// The published version of each collection it serves (an object-store cluster's), by collection.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub versions: Vec<CollectionVersion>,
 }
 
-impl From<ReplicaRow> for ReplicaView {
-    fn from(row: ReplicaRow) -> ReplicaView {
+/// A collection's published version (`store.objects`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct CollectionVersion {
+    pub collection: String,
+    pub version: i64,
+}
+
+impl ReplicaView {
+    /// A replica's row, with the versions its fingerprints are among `published` (fingerprint, collection, id).
+    fn of(row: ReplicaRow, published: &[(String, String, i64)]) -> ReplicaView {
+        let mut versions: Vec<CollectionVersion> = published
+            .iter()
+            .filter(|(fingerprint, _, _)| row.fingerprints.contains(fingerprint))
+            .map(|(_, collection, id)| CollectionVersion { collection: collection.clone(), version: *id })
+            .collect();
+        // A fingerprint published twice (a collection back as it was) is served as its newest version.
+        versions.sort_by(|a, b| a.collection.cmp(&b.collection).then(b.version.cmp(&a.version)));
+        versions.dedup_by(|a, b| a.collection == b.collection);
         ReplicaView {
             live: row.age_ms < LIVE_MS,
             seen_ms_ago: row.age_ms,
@@ -79,8 +98,30 @@ impl From<ReplicaRow> for ReplicaView {
             started_at: row.started_at,
             fingerprints: row.fingerprints,
             weights: row.weights,
+            versions,
         }
     }
+}
+
+/// The replica that writes an object-store cluster's collections.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct WriterView {
+    pub replica: String,
+    /// Where the other replicas forward uploads.
+    pub url: String,
+}
+
+/// The object store the collections travel through, as the store records it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ObjectsView {
+    pub url: String,
+    /// Versions recorded (each collection's newest, and older ones within `store.retention_ms` or still served).
+    pub versions: i64,
+    /// Objects stored, and their bytes.
+    pub objects: i64,
+    pub bytes: i64,
+    /// Each collection's newest version, by collection.
+    pub newest: Vec<CollectionVersion>,
 }
 
 /// `GET /cluster`.
@@ -96,6 +137,38 @@ pub struct ClusterView {
     pub settings: ClusterSettings,
     /// In force on the replica that answered: every setting, the store's where set, else the configuration's.
     pub effective: ClusterSettings,
+    /// The replica that writes the collections (an object-store cluster's), while one holds the writer's lock.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub writer: Option<WriterView>,
+    /// The object store (`store.objects`), once a replica has used it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub objects: Option<ObjectsView>,
+}
+
+impl ObjectsView {
+    fn of(state: &ObjectsState) -> ObjectsView {
+        // In version order, the last of each collection is its newest; a deleted collection's is its deletion.
+        let mut last: Vec<(&str, &str, i64)> = Vec::new();
+        for (fingerprint, collection, id) in &state.published {
+            match last.iter_mut().find(|(c, _, _)| c == collection) {
+                Some(entry) => *entry = (collection, fingerprint, *id),
+                None => last.push((collection, fingerprint, *id)),
+            }
+        }
+        let mut newest: Vec<CollectionVersion> = last
+            .into_iter()
+            .filter(|(_, fingerprint, _)| !fingerprint.is_empty())
+            .map(|(collection, _, version)| CollectionVersion { collection: collection.to_string(), version })
+            .collect();
+        newest.sort_by(|a, b| a.collection.cmp(&b.collection));
+        ObjectsView {
+            url: state.url.clone(),
+            versions: state.versions,
+            objects: state.objects,
+            bytes: state.bytes,
+            newest,
+        }
+    }
 }
 
 /// This replica's view of the cluster and the settings in force.
@@ -218,12 +291,21 @@ impl Cluster {
 
     pub async fn view(&self) -> Result<ClusterView, ClusterError> {
         let settings = self.stored().await?;
+        // The writer's lock and the object store are PostgreSQL's (a SQLite store has neither).
+        let (writer, objects) = match self.store.shared() {
+            true => (self.store.writer().await?, self.store.objects_state().await?),
+            false => (None, None),
+        };
+        let published = objects.as_ref().map(|o| o.published.as_slice()).unwrap_or_default();
+        let replicas = self.store.replicas(FORGET_MS).await?;
         Ok(ClusterView {
             replica: self.replica.get().cloned().unwrap_or_default(),
-            replicas: self.store.replicas(FORGET_MS).await?.into_iter().map(ReplicaView::from).collect(),
+            replicas: replicas.into_iter().map(|row| ReplicaView::of(row, published)).collect(),
             stranded_jobs: self.store.stranded_jobs().await?,
             settings,
             effective: self.effective(),
+            writer: writer.map(|(replica, url)| WriterView { replica, url }),
+            objects: objects.map(|o| ObjectsView::of(&o)),
         })
     }
 }

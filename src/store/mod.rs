@@ -17,7 +17,7 @@ pub use leases::{Claim, Committed, Completion, Lane, Serves};
 pub use objects::Objects;
 pub use replicas::{ReplicaRow, StrandedJob};
 pub use tasks::{KeyedRequest, TaskFilter, TaskKind, TaskOutcome, TaskRow, TaskStatus};
-pub use versions::{VersionRow, WriterLease};
+pub use versions::{ObjectsState, VersionRow, WriterLease};
 
 use serde::{Deserialize, Serialize};
 use sqlx::any::{AnyPoolOptions, AnyRow};
@@ -39,6 +39,11 @@ pub enum StoreError {
     Objects { url: String, source: object_store::Error },
     #[error("store.objects {url}: the scheme is neither file:// nor s3://")]
     ObjectsScheme { url: String },
+    #[error(
+        "store.objects {url}: the bucket {bucket} does not exist; create it first (`aws s3 mb s3://{bucket}`, or \
+         an S3-compatible server's own way: `curl -X PUT $AWS_ENDPOINT_URL/{bucket}` for moto or MinIO)"
+    )]
+    NoBucket { url: String, bucket: String },
     #[error("{path}: {source}")]
     File { path: String, source: std::io::Error },
     #[error("uploading object {object}: {source}")]

@@ -70,6 +70,19 @@ impl Objects {
         &self.url
     }
 
+    /// Lists the prefix once, so that a store that cannot be written (a bucket missing, credentials refused, an
+    /// endpoint down) is said at start rather than after a build; a missing bucket is named as such.
+    pub async fn check(&self) -> Result<(), StoreError> {
+        match self.store.list_with_delimiter(Some(&self.prefix)).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.to_string().contains("NoSuchBucket") => {
+                let bucket = self.url.trim_start_matches("s3://").split('/').next().unwrap_or_default().to_string();
+                Err(StoreError::NoBucket { url: self.url.clone(), bucket })
+            }
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
     fn path(&self, sha256: &str) -> Path {
         self.prefix.clone().join("objects").join(sha256)
     }

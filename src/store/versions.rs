@@ -20,6 +20,17 @@ pub struct VersionRow {
     pub manifest: String,
 }
 
+/// The object store as the database records it (`GET /cluster`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectsState {
+    pub url: String,
+    pub versions: i64,
+    pub objects: i64,
+    pub bytes: i64,
+    /// Every version, in order: (fingerprint, collection, version id); a deletion's fingerprint is empty.
+    pub published: Vec<(String, String, i64)>,
+}
+
 /// The key of the advisory lock the cluster's writer holds (an arbitrary constant: "longrank" in ASCII).
 const WRITER_LOCK: i64 = 0x6c6f_6e67_7261_6e6b;
 
@@ -80,6 +91,29 @@ impl Store {
             .execute(&self.pool)
             .await?;
         Ok(sqlx::query("SELECT url FROM object_store WHERE id = 1").fetch_one(&self.pool).await?.try_get(0)?)
+    }
+
+    /// The object store the versions are in, with what it holds; none before any replica bound one.
+    pub async fn objects_state(&self) -> Result<Option<ObjectsState>, StoreError> {
+        let url = sqlx::query("SELECT url FROM object_store WHERE id = 1").fetch_optional(&self.pool).await?;
+        let Some(url) = url.map(|r| r.try_get::<String, _>(0)).transpose()? else { return Ok(None) };
+        let counts = sqlx::query(
+            "SELECT (SELECT COUNT(*) FROM versions), (SELECT COUNT(*) FROM objects), \
+             (SELECT CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM objects)",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        let rows = sqlx::query("SELECT fingerprint, collection, id FROM versions ORDER BY id")
+            .fetch_all(&self.pool)
+            .await?;
+        let published = rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)));
+        Ok(Some(ObjectsState {
+            url,
+            versions: counts.try_get(0)?,
+            objects: counts.try_get(1)?,
+            bytes: counts.try_get(2)?,
+            published: published.collect::<Result<_, StoreError>>()?,
+        }))
     }
 
     /// The newest version of each collection: (collection, version id), by name.

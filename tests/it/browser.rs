@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use crate::common::{cli_ok, data, free_port, post_json, TestServer};
 
 /// A chromedriver process and one browser session; both end when dropped (with a screenshot on panic).
-struct Browser {
+pub struct Browser {
     driver: Child,
     base: String,
     session: String,
@@ -29,7 +29,7 @@ fn find_binary(names: &[&str]) -> PathBuf {
 }
 
 impl Browser {
-    fn start(name: &'static str) -> Browser {
+    pub fn start(name: &'static str) -> Browser {
         let port = free_port();
         let mut command = Command::new(find_binary(&["chromedriver"]));
         command.arg(format!("--port={port}")).stdout(Stdio::null()).stderr(Stdio::null());
@@ -83,7 +83,7 @@ impl Browser {
         value["value"].clone()
     }
 
-    fn goto(&self, url: &str) {
+    pub fn goto(&self, url: &str) {
         self.call("POST", "/url", Some(json!({"url": url})));
     }
 
@@ -99,7 +99,7 @@ impl Browser {
     }
 
     /// Waits until at least one element matches.
-    fn wait_for(&self, css: &str) -> Vec<String> {
+    pub fn wait_for(&self, css: &str) -> Vec<String> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let found = self.find_all(css);
@@ -142,7 +142,7 @@ impl Browser {
         self.call("GET", &format!("/element/{element}/displayed"), None).as_bool().unwrap()
     }
 
-    fn script(&self, js: &str) -> Value {
+    pub fn script(&self, js: &str) -> Value {
         self.call("POST", "/execute/sync", Some(json!({"script": js, "args": []})))
     }
 

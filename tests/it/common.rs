@@ -364,7 +364,7 @@ pub fn free_port() -> u16 {
 
 /// The `sh` block of a page's section `heading` (a `## ` or `### ` heading) that holds `marker`, made runnable
 /// in `tmp`: `/tmp/` paths moved into it, `cargo run --release --` replaced by the binary under test, the build
-/// line dropped.
+/// and install lines dropped.
 pub fn doc_block(page: &str, heading: &str, marker: &str, tmp: &Path) -> String {
     let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(page)).unwrap();
     let section = ["##", "###"]
@@ -380,7 +380,8 @@ pub fn doc_block(page: &str, heading: &str, marker: &str, tmp: &Path) -> String 
         .unwrap_or_else(|| panic!("{heading}: no sh block with {marker:?}"));
     block
         .lines()
-        .filter(|line| !line.starts_with("cargo build --release"))
+        // What a reader installs once is already here (CI installs it).
+        .filter(|line| !line.starts_with("cargo build --release") && !line.starts_with("pip install"))
         .map(|line| line.replace("/tmp/", &format!("{}/", tmp.display())).replace("cargo run --release --", BIN))
         .map(|line| format!("{line}\n"))
         .collect()

@@ -266,6 +266,25 @@ fn an_object_store_without_postgres_is_refused_at_start() {
     assert!(!dir.path().join("collections/c").exists(), "refused before building");
 }
 
+/// A bucket that does not exist is named at start, before anything is indexed (it used to fail the publish after
+/// the local build, with S3's XML).
+#[test]
+fn a_missing_bucket_is_named_before_any_indexing() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((_, aws)) = object_stores(dir.path()).into_iter().find(|(url, _)| url.starts_with("s3://")) else { return };
+    let Some(url) = fresh_postgres() else { return };
+    let objects = format!("s3://no-such-bucket-{}/x", std::process::id());
+    let mut env = vec![("LONGRANK_STORE_URL", url.as_str()), ("LONGRANK_STORE_OBJECTS", objects.as_str())];
+    env.extend(aws.iter().map(|(k, v)| (*k, v.as_str())));
+    let out = cli_env(dir.path(), &["index", "--collection", "c", data("cranfield/docs.jsonl").to_str().unwrap()], &env);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let bucket = objects.trim_start_matches("s3://").split('/').next().unwrap();
+    assert!(stderr.contains(&format!("the bucket {bucket} does not exist; create it first")), "{stderr}");
+    assert!(!stderr.contains('<'), "no XML: {stderr}");
+    assert!(!dir.path().join("collections/c").exists(), "nothing was indexed");
+}
+
 #[test]
 fn readme_object_store_section_works_as_written() {
     if !Path::new("/usr/lib/postgresql").exists() {
@@ -292,6 +311,43 @@ fn readme_object_store_section_works_as_written() {
     assert!(out.status.success(), "docs/operations.md's object store commands failed: {stdout}");
     assert!(stdout.contains("published version 1"), "{stdout}");
     assert!(stdout.contains("\"docid\":\"d1\""), "the empty replica served the published document: {stdout}");
+}
+
+/// The S3 recipe of the same section as written, with moto's server (which CI installs) on free ports; its
+/// `/cluster` shows the object store and the version the replica serves.
+#[test]
+fn the_s3_recipe_works_as_written() {
+    if std::env::var_os("LONGRANK_TEST_S3").is_none() || !Path::new("/usr/lib/postgresql").exists() {
+        assert!(std::env::var_os("LONGRANK_EXPECT_S3").is_none(), "CI runs an S3 server");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (s3_port, port) = (free_port(), free_port());
+    let moto = crate::common::python().parent().unwrap().join("moto_server");
+    let block = doc_block("docs/operations.md", "Collections through an object store", "moto_server", tmp.path());
+    let block = block.replace("9000", &s3_port.to_string()).replace("8081", &port.to_string());
+    let script = format!(
+        "trap 'kill $(jobs -p) 2> /dev/null || true' EXIT\n{}",
+        block.replace("moto_server -p", &format!("{} -p", moto.display()))
+    );
+    struct Stop(std::path::PathBuf);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/postgres.sh");
+            let _ = Command::new("bash").arg(script).arg("stop").arg(&self.0).output();
+        }
+    }
+    let _stop = Stop(tmp.path().join("s3-pg"));
+    let out = run_doc_block(&script, &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "docs/operations.md's S3 commands failed: {stdout}");
+    assert!(stdout.contains("\"docid\":\"d1\""), "the empty replica served the published document: {stdout}");
+    // The answers follow each other without a line between them: the one that starts as /cluster's.
+    let at = stdout.find("{\"replica\"").expect("the /cluster answer");
+    let cluster: Value = serde_json::Deserializer::from_str(&stdout[at..]).into_iter().next().unwrap().unwrap();
+    assert_eq!(cluster["objects"]["url"], "s3://longrank/collections", "{cluster}");
+    assert_eq!(cluster["objects"]["newest"], serde_json::json!([{"collection": "docs", "version": 1}]), "{cluster}");
+    assert_eq!(cluster["replicas"][0]["versions"], cluster["objects"]["newest"], "{cluster}");
 }
 
 /// Two replicas with empty data directories on one store and object store, logging to their directories.
@@ -346,8 +402,8 @@ fn while_no_writer(send: impl Fn() -> Reply) -> Reply {
 fn writes_to_any_replica_reach_the_writer_and_another_takes_over_when_it_dies() {
     let Some(url) = fresh_postgres() else { return };
     let store = tempfile::tempdir().unwrap();
-    let objects = format!("file://{}", store.path().display());
-    let env = [("LONGRANK_STORE_URL", url.as_str()), ("LONGRANK_STORE_OBJECTS", objects.as_str())];
+    let objects_url = format!("file://{}", store.path().display());
+    let env = [("LONGRANK_STORE_URL", url.as_str()), ("LONGRANK_STORE_OBJECTS", objects_url.as_str())];
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let mut replicas = two_replicas(&env, &dirs);
     // Each replica uploads a document: one applies it, the other forwards its upload (streamed) to it.
@@ -379,6 +435,44 @@ fn writes_to_any_replica_reach_the_writer_and_another_takes_over_when_it_dies() 
     // kill -9 of the writer: the other takes over and applies the next upload it is sent.
     let log = |i: usize| std::fs::read_to_string(dirs[i].path().join("serve.log")).unwrap_or_default();
     let writer = (0..2).find(|&i| log(i).contains("now writes the collections")).expect("a writer was elected");
+    // `/cluster` on either replica: the writer, each replica's version of the collection (the newest), and the
+    // object store's state.
+    for replica in &replicas {
+        let view: Value = serde_json::from_str(&get(&replica.url("/cluster")).1).unwrap();
+        let ids: Vec<&str> = view["replicas"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap()).collect();
+        assert_eq!(ids.len(), 2, "{view}");
+        let writer_id = &view["writer"]["replica"];
+        let writer_view: Value = serde_json::from_str(&get(&replicas[writer].url("/cluster")).1).unwrap();
+        assert_eq!(writer_id, &writer_view["replica"], "the writer is the replica whose log says so: {view}");
+        let objects = &view["objects"];
+        assert_eq!(objects["url"], objects_url, "{view}");
+        assert!(objects["versions"].as_i64().unwrap() >= 2 && objects["objects"].as_i64().unwrap() > 0, "{view}");
+        assert!(objects["bytes"].as_i64().unwrap() > 1000, "{view}");
+        let newest = &objects["newest"];
+        assert_eq!(newest.as_array().unwrap().len(), 1, "{view}");
+        assert_eq!(newest[0]["collection"], "news");
+        for r in view["replicas"].as_array().unwrap() {
+            assert_eq!(&r["versions"], newest, "each replica serves the newest version: {view}");
+        }
+    }
+    // The page's collections view shows the same.
+    let view: Value = serde_json::from_str(&get(&replicas[0].url("/cluster")).1).unwrap();
+    let browser = crate::browser::Browser::start("cluster");
+    browser.goto(&replicas[0].url("/?view=collections"));
+    browser.wait_for("#cluster:not([hidden]) #cluster-table tbody tr");
+    let shown = browser.script(
+        "return [document.getElementById('cluster-summary').textContent, \
+         [...document.querySelectorAll('#cluster-table tbody tr')].map(r => r.textContent)]",
+    );
+    let version = format!("news v{}", view["objects"]["newest"][0]["version"]);
+    let summary = shown[0].as_str().unwrap();
+    assert!(summary.starts_with(&format!("Writer: {}", view["writer"]["replica"].as_str().unwrap())), "{shown}");
+    assert!(summary.contains(&format!("object store {objects_url}")) && summary.contains(&version), "{shown}");
+    let rows: Vec<&str> = shown[1].as_array().unwrap().iter().map(|r| r.as_str().unwrap()).collect();
+    assert_eq!(rows.len(), 2, "{shown}");
+    assert!(rows.iter().all(|r| r.contains("live") && r.ends_with(&version)), "{rows:?}");
+    assert_eq!(rows.iter().filter(|r| r.contains("(writer)")).count(), 1, "{rows:?}");
+    drop(browser);
     assert!(log(1 - writer).contains("pulled the newest version"), "the follower pulled the writer's versions");
     let kept = dirs[1 - writer].path().join("collections/news/embeddings/m.keys");
     assert_eq!(std::fs::read_to_string(kept).unwrap(), "kept");
