@@ -103,9 +103,8 @@ impl Store {
         )
         .fetch_one(&self.pool)
         .await?;
-        let rows = sqlx::query("SELECT fingerprint, collection, id FROM versions ORDER BY id")
-            .fetch_all(&self.pool)
-            .await?;
+        let rows =
+            sqlx::query("SELECT fingerprint, collection, id FROM versions ORDER BY id").fetch_all(&self.pool).await?;
         let published = rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)));
         Ok(Some(ObjectsState {
             url,
