@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::common::{cli_ok, data, get, post_json, request, Reply, TestServer};
+use crate::common::{cli_ok, data, get, post_json, request, wait_for_job, Reply, TestServer};
 
 /// A server of its own for batch jobs (its database and job queue are not shared with other tests).
 struct BatchFixture {
@@ -117,28 +117,12 @@ fn a_store_error_on_a_topic_loses_its_lease_not_the_job() {
     let body = json!({"collection": "cranfield", "topics": many_topics(4), "k": 10}).to_string();
     let run_of = |body: &str| {
         let id = post_json(&server.url("/batch"), body).json()["id"].as_str().unwrap().to_string();
-        let job = wait_for(&server, &id, |v| v["status"] != "running" && v["status"] != "queued");
+        let job = wait_for_job(&server, &id, |v| v["status"] != "running" && v["status"] != "queued");
         assert_eq!((&job["status"], &job["progress"]["done"]), (&json!("done"), &json!(4)), "{job}");
         get(&server.url(&format!("/batch/{id}/run"))).1
     };
     let failed_once = run_of(&body);
     assert_eq!(failed_once, run_of(&body));
-}
-
-/// Polls a job until `what` holds (two minutes at most).
-pub fn wait_for(server: &TestServer, id: &str, what: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let (status, body) = get(&server.url(&format!("/batch/{id}")));
-        if status == 200 {
-            let v: Value = serde_json::from_str(&body).unwrap();
-            if what(&v) {
-                return v;
-            }
-        }
-        assert!(Instant::now() < deadline, "job {id} never got there: {body}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[test]
@@ -344,7 +328,7 @@ fn waiting_for_a_job_past_the_timeout_answers_202_with_the_job_and_where_to_foll
     assert_eq!(held.header("location"), Some(format!("/batch/{id}").as_str()));
     assert!(matches!(job["status"].as_str(), Some("queued" | "running")), "{job}");
     std::fs::write(&release, "").unwrap();
-    wait_for(&server, id, |v| v["status"] == "done");
+    wait_for_job(&server, id, |v| v["status"] == "done");
     let done = post_json(&server.url("/batch?wait=true"), &body);
     assert_eq!((done.status, done.json()["status"].as_str()), (200, Some("done")), "{}", done.body);
     assert_eq!(done.header("location"), None);
@@ -384,7 +368,7 @@ fn a_first_stage_job_never_waits_behind_a_model_job() {
     let held: Value = serde_json::from_str(&get(&server.url(&format!("/batch/{model_id}"))).1).unwrap();
     assert_eq!((held["status"].as_str(), held["progress"]["done"].as_i64()), (Some("running"), Some(0)), "{held}");
     std::fs::write(&release, "").unwrap();
-    wait_for(&server, &model_id, |v| v["status"] == "done");
+    wait_for_job(&server, &model_id, |v| v["status"] == "done");
 }
 
 /// What is stored stays bounded: the newest finished jobs and searches are kept, the list of jobs comes a page
@@ -441,7 +425,7 @@ fn restart_mid_job_resumes_as_submitted_and_the_database_survives_kill_9() {
     let topics = many_topics(1500);
     let body = json!({"collection": "cranfield", "topics": topics, "k": 100, "qrels": read("cranfield/qrels.txt")});
     let id = post_json(&server.url("/batch"), &body.to_string()).json()["id"].as_str().unwrap().to_string();
-    wait_for(&server, &id, |v| v["progress"]["done"].as_i64().unwrap() == 20);
+    wait_for_job(&server, &id, |v| v["progress"]["done"].as_i64().unwrap() == 20);
     server.child.kill().unwrap(); // SIGKILL
     server.child.wait().unwrap();
     drop(server);
@@ -449,7 +433,7 @@ fn restart_mid_job_resumes_as_submitted_and_the_database_survives_kill_9() {
     // Restarted with other BM25 settings: the job resumes with those it was submitted with.
     let other = [("LONGRANK_BM25_K1", "2.0"), ("LONGRANK_BM25_B", "1.0")];
     let server = TestServer::start(dir.path(), &other).wait_ready();
-    let job = wait_for(&server, &id, |v| v["status"] != "running" && v["status"] != "queued");
+    let job = wait_for_job(&server, &id, |v| v["status"] != "running" && v["status"] != "queued");
     assert_eq!(job["status"], "done", "{job}");
     assert_eq!(job["progress"]["done"], 1500);
     assert_eq!(job["provenance"]["options"]["bm25"], json!({"k1": 0.9, "b": 0.4}), "{job}");
@@ -491,14 +475,14 @@ fn a_job_on_postgresql_survives_kill_9_and_equals_the_sqlite_run() {
     let body = json!({"collection": "cranfield", "topics": topics, "k": 100, "qrels": read("cranfield/qrels.txt"),
                       "pipeline": "bm25+rm3"});
     let id = post_json(&server.url("/batch"), &body.to_string()).json()["id"].as_str().unwrap().to_string();
-    wait_for(&server, &id, |v| v["progress"]["done"].as_i64().unwrap() == 20);
+    wait_for_job(&server, &id, |v| v["progress"]["done"].as_i64().unwrap() == 20);
     server.child.kill().unwrap(); // SIGKILL
     server.child.wait().unwrap();
     drop(server);
     assert!(!dir.path().join("longrank.db").exists(), "the store is PostgreSQL, not the data directory's file");
 
     let server = TestServer::start(dir.path(), &[("LONGRANK_STORE_URL", url.as_str())]).wait_ready();
-    let job = wait_for(&server, &id, |v| v["status"] != "running" && v["status"] != "queued");
+    let job = wait_for_job(&server, &id, |v| v["status"] != "running" && v["status"] != "queued");
     assert_eq!((&job["status"], &job["progress"]["done"]), (&json!("done"), &json!(300)), "{job}");
     let (status, text) = get(&server.url(&format!("/batch/{id}")));
     assert_eq!(status, 200);
@@ -612,13 +596,13 @@ fn restart_without_resume_marks_the_job_interrupted() {
     let mut server = TestServer::start(dir.path(), &held).wait_ready();
     let body = json!({"collection": "cranfield", "topics": many_topics(1500), "pipeline": "bm25+rm3"});
     let id = post_json(&server.url("/batch"), &body.to_string()).json()["id"].as_str().unwrap().to_string();
-    wait_for(&server, &id, |v| v["progress"]["done"].as_i64().unwrap() == 5);
+    wait_for_job(&server, &id, |v| v["progress"]["done"].as_i64().unwrap() == 5);
     server.child.kill().unwrap();
     server.child.wait().unwrap();
     drop(server);
 
     let server = TestServer::start(dir.path(), &env).wait_ready();
-    let job = wait_for(&server, &id, |v| v["status"] != "running");
+    let job = wait_for_job(&server, &id, |v| v["status"] != "running");
     assert_eq!(job["status"], "interrupted", "{job}");
     assert!(job["progress"]["done"].as_i64().unwrap() >= 5, "finished topics are kept: {job}");
     request("GET", &server.url(&format!("/batch/{id}/run")), &[], None).assert_error(409, "job_conflict");
@@ -638,7 +622,7 @@ fn every_batch_field_means_the_same_over_json_multipart_and_the_cli() {
     cli_ok(d, &["index", "--collection", "cranfield", data("cranfield/docs.jsonl").to_str().unwrap()]);
     // A decoder reranker reads `instruction` (an encoder refuses it); the server and the CLI both read the data
     // directory's config.toml. The tiny decoder's tokenizer spends many tokens on its prompt.
-    let decoder = crate::families::fixture("qwen3-reranker");
+    let decoder = crate::fixtures::model_fixture("qwen3-reranker");
     let config = format!(
         "[model]\nmax_query_tokens = 200\n[model.named]\nqwen3 = {{ path = {:?}, max_length = 480 }}\n",
         decoder.to_str().unwrap()

@@ -154,7 +154,7 @@ fn collections_are_listed_and_deleted_but_not_under_a_running_job() {
     let server = TestServer::start(d, &[("LONGRANK_TEST_HOLD", hold.as_str())]).wait_ready();
     let body = json!({"collection": "cranfield", "topics": "1\twing flutter\n2\theat transfer\n"});
     let id = post_json(&server.url("/batch"), &body.to_string()).json()["id"].as_str().unwrap().to_string();
-    let held = crate::batch::wait_for(&server, &id, |v| v["progress"]["done"] == 1);
+    let held = crate::common::wait_for_job(&server, &id, |v| v["progress"]["done"] == 1);
     assert!(held["progress"]["eta_s"].as_f64().is_some_and(|s| s >= 0.0), "a running job's ETA: {held}");
     let out = cli(d, &["collections", "delete", "cranfield"]);
     assert!(!out.status.success());
@@ -162,7 +162,7 @@ fn collections_are_listed_and_deleted_but_not_under_a_running_job() {
     assert!(stderr.contains(&format!("collection cranfield is in use by batch jobs {id}")), "{stderr}");
     assert!(d.join("collections/cranfield").is_dir());
     std::fs::write(&release, "").unwrap();
-    crate::batch::wait_for(&server, &id, |v| v["status"] == "done");
+    crate::common::wait_for_job(&server, &id, |v| v["status"] == "done");
     drop(server);
 
     assert_eq!(cli_ok(d, &["collections", "delete", "cranfield"]).trim(), "deleted collection cranfield");

@@ -11,7 +11,7 @@ use longrank::model::{CrossEncoder, Encoded, Kind, ModelError, Recipe, Reranker}
 use serde_json::{json, Value};
 
 use crate::common::{post_json, TestServer};
-use crate::families::{assert_half_precision, assert_reranking_pipelines, close, fixture, numbers, references};
+use crate::fixtures::{assert_half_precision, assert_reranking_pipelines, close, model_fixture, numbers, references};
 
 /// Each recipe's fixture, and the converted sequence classifier (its recipe told by its architecture).
 const DECODERS: [&str; 4] = ["qwen3-reranker", "qwen3-seq-cls", "mxbai-rerank-v2", "bge-reranker-v2-gemma"];
@@ -29,7 +29,7 @@ fn load(dir: &Path, dtype: DType, recipe: Option<Recipe>) -> Result<CrossEncoder
 /// The fixture's model in `dtype` (as served: `Reranker::forward` computes inputs alone where their batch
 /// would change their bits), its cases, and their inputs as longrank builds them.
 fn decoder(name: &str, dtype: DType) -> (Reranker, Vec<Value>, Vec<Encoded>) {
-    let dir = fixture(name);
+    let dir = model_fixture(name);
     let cases = references(&dir).as_array().unwrap().clone();
     let served = Reranker::Cross(load(&dir, dtype, None).unwrap());
     let Reranker::Cross(model) = &served else { unreachable!() };
@@ -96,32 +96,32 @@ fn decoder_rerankers_refuse_what_their_recipe_cannot_read() {
     let plain = dir.path().join("plain");
     std::fs::create_dir(&plain).unwrap();
     for file in ["config.json", "tokenizer.json", "model.safetensors"] {
-        std::fs::copy(fixture("qwen3-reranker").join(file), plain.join(file)).unwrap();
+        std::fs::copy(model_fixture("qwen3-reranker").join(file), plain.join(file)).unwrap();
     }
     let refused = load(&plain, DType::F32, None).err().unwrap().to_string();
     assert!(refused.contains("qwen3-reranker, mxbai-rerank-v2, bge-reranker-gemma"), "{refused}");
     assert!(load(&plain, DType::F32, Some(Recipe::Qwen3Reranker)).is_ok());
     let refused = load(&plain, DType::F32, Some(Recipe::BgeRerankerGemma)).err().unwrap().to_string();
     assert!(refused.contains("Gemma") && refused.contains("Qwen3"), "{refused}");
-    let refused = load(&fixture("roberta"), DType::F32, Some(Recipe::Qwen3Reranker)).err().unwrap().to_string();
+    let refused = load(&model_fixture("roberta"), DType::F32, Some(Recipe::Qwen3Reranker)).err().unwrap().to_string();
     assert!(refused.contains("causal decoders"), "{refused}");
 
     let gemma = dir.path().join("bge-reranker-v2-gemma");
     std::fs::create_dir(&gemma).unwrap();
     for file in ["config.json", "model.safetensors"] {
-        std::fs::copy(fixture("bge-reranker-v2-gemma").join(file), gemma.join(file)).unwrap();
+        std::fs::copy(model_fixture("bge-reranker-v2-gemma").join(file), gemma.join(file)).unwrap();
     }
-    let tokenizer = std::fs::read_to_string(fixture("bge-reranker-v2-gemma").join("tokenizer.json")).unwrap();
+    let tokenizer = std::fs::read_to_string(model_fixture("bge-reranker-v2-gemma").join("tokenizer.json")).unwrap();
     std::fs::write(gemma.join("tokenizer.json"), tokenizer.replace("<bos>", "<start>")).unwrap();
     let refused = load(&gemma, DType::F32, None).err().unwrap().to_string();
     assert!(refused.contains("tokenizer.json") && refused.contains("\"<bos>\""), "{refused}");
 
-    let model = load(&fixture("qwen3-reranker"), DType::F32, None).unwrap();
+    let model = load(&model_fixture("qwen3-reranker"), DType::F32, None).unwrap();
     let query = "boundary layer ".repeat(20);
     let over = model.encode_with(None, &query, "flutter", 480, 32).err().unwrap();
     assert!(matches!(over, ModelError::QueryOverBudget { budget: 32, .. }), "{over}");
     assert!(model.encode_with(None, &query, "flutter", 480, 128).is_ok());
-    let encoder = load(&fixture("roberta"), DType::F32, None).unwrap();
+    let encoder = load(&model_fixture("roberta"), DType::F32, None).unwrap();
     assert!(encoder.encode_with(Some("judge"), "q", "d", 64, 8).is_err(), "an encoder has no instruction");
 }
 
@@ -131,9 +131,9 @@ fn decoder_rerankers_refuse_what_their_recipe_cannot_read() {
 #[test]
 fn decoder_rerankers_serve_every_pipeline_and_api() {
     let dir = tempfile::tempdir().unwrap();
-    let model = fixture("qwen3-reranker");
+    let model = model_fixture("qwen3-reranker");
     let config = dir.path().join("decoders.toml");
-    std::fs::write(&config, format!("[model.named]\nroberta = {:?}\n", fixture("roberta").to_str().unwrap())).unwrap();
+    std::fs::write(&config, format!("[model.named]\nroberta = {:?}\n", model_fixture("roberta").to_str().unwrap())).unwrap();
     let env = [
         ("LONGRANK_CONFIG", config.to_str().unwrap()),
         ("LONGRANK_MODEL_PATH", model.to_str().unwrap()),

@@ -10,29 +10,14 @@ use longrank::model::{Encoded, Kind, Reranker};
 use serde_json::{json, Value};
 
 use crate::common::{post_json, TestServer};
-
-pub(crate) fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models").join(name)
-}
-
-pub(crate) fn references(dir: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(dir.join("references.json")).unwrap()).unwrap()
-}
-
-pub(crate) fn close(got: f32, want: f64) -> bool {
-    (got as f64 - want).abs() <= 1e-4 * want.abs().max(1.0)
-}
-
-pub(crate) fn numbers(value: &Value) -> Vec<u32> {
-    value.as_array().unwrap().iter().map(|n| n.as_u64().unwrap() as u32).collect()
-}
+use crate::fixtures::{assert_half_precision, assert_reranking_pipelines, close, model_fixture, numbers, references};
 
 const CROSS: [&str; 7] =
     ["roberta", "xlm-roberta", "electra", "distilbert", "modernbert-cls", "modernbert-mean", "deberta-v3"];
 
 /// A cross-encoder fixture loaded in `dtype`, its references, and its pairs' inputs as longrank makes them.
 fn cross_encoder(name: &str, dtype: DType) -> (longrank::model::CrossEncoder, Value, Vec<Encoded>) {
-    let dir = fixture(name);
+    let dir = model_fixture(name);
     let refs = references(&dir);
     let Reranker::Cross(model) = Reranker::load(&dir, &Device::Cpu, dtype, Kind::Auto, None).unwrap() else {
         panic!("{name} is not a cross-encoder");
@@ -84,46 +69,10 @@ fn cross_encoders_score_in_half_precision_within_bounds() {
     });
 }
 
-/// Asserts that the server's default model serves every re-ranking pipeline over its collection, with its
-/// evidence (the best segment's byte offsets).
-pub(crate) fn assert_reranking_pipelines(server: &TestServer) {
-    for pipeline in ["firstp", "maxp", "sump", "avgp"] {
-        let body = json!({"query": "boundary layer flow", "pipeline": pipeline, "depth": 5, "k": 5});
-        let reply = post_json(&server.url("/search"), &body.to_string());
-        assert_eq!(reply.status, 200, "{pipeline}: {}", reply.body);
-        let results = reply.json()["results"].as_array().unwrap().clone();
-        assert_eq!(results.len(), 5, "{pipeline}");
-        let best = &results[0]["best_segment"];
-        assert!(best["end"].as_u64().unwrap() > best["start"].as_u64().unwrap(), "{pipeline}: {}", reply.body);
-    }
-}
-
-/// Asserts that each model scores within `bounds` (f16's, bf16's) of its f32 references, relative beyond 1:
-/// `score(name, dtype)` gives the model's scores in that dtype and the references.
-pub(crate) fn assert_half_precision(
-    names: &[&str],
-    bounds: [f64; 2],
-    score: impl Fn(&str, DType) -> (Vec<f32>, Vec<f64>),
-) {
-    let mut worst = Vec::new();
-    for (dtype, bound) in [DType::F16, DType::BF16].into_iter().zip(bounds) {
-        for name in names {
-            let (got, want) = score(name, dtype);
-            let error = got
-                .iter()
-                .zip(want)
-                .map(|(got, want)| (*got as f64 - want).abs() / want.abs().max(1.0))
-                .fold(0.0, f64::max);
-            worst.push((name, format!("{dtype:?}"), error, bound));
-        }
-    }
-    assert!(worst.iter().all(|(_, _, error, bound)| error <= bound), "{worst:#?}");
-}
-
 #[test]
 fn bi_encoders_of_each_backbone_embed_as_sentence_transformers() {
     for name in ["xlm-roberta-bi", "modernbert-bi", "deberta-v3-bi"] {
-        let dir = fixture(name);
+        let dir = model_fixture(name);
         let refs = references(&dir);
         let Reranker::Bi(model) = Reranker::load(&dir, &Device::Cpu, DType::F32, Kind::Auto, None).unwrap() else {
             panic!("{name}: not a bi-encoder");
@@ -149,17 +98,17 @@ fn families_serve_every_pipeline_and_preselect() {
     let dir = crate::fixtures::cranfield_data_dir();
     let mut config = format!(
         "[model]\nmax_query_tokens = 8\n[model.named]\nbi = {:?}\nshort = {{ path = {:?}, max_length = 32 }}\n",
-        fixture("xlm-roberta-bi").to_str().unwrap(),
-        fixture("xlm-roberta").to_str().unwrap()
+        model_fixture("xlm-roberta-bi").to_str().unwrap(),
+        model_fixture("xlm-roberta").to_str().unwrap()
     );
     let others =
         ["roberta", "electra", "distilbert", "modernbert-mean", "deberta-v3", "modernbert-bi", "deberta-v3-bi"];
     for name in others {
-        config += &format!("{name:?} = {:?}\n", fixture(name).to_str().unwrap());
+        config += &format!("{name:?} = {:?}\n", model_fixture(name).to_str().unwrap());
     }
     let config_path = dir.path().join("families.toml");
     std::fs::write(&config_path, config).unwrap();
-    let cross = fixture("xlm-roberta");
+    let cross = model_fixture("xlm-roberta");
     let env = [("LONGRANK_CONFIG", config_path.to_str().unwrap()), ("LONGRANK_MODEL_PATH", cross.to_str().unwrap())];
     let server = TestServer::start(dir.path(), &env).wait_ready();
     assert_reranking_pipelines(&server);
@@ -212,7 +161,7 @@ fn embed_and_eval_segments_take_every_family() {
     std::fs::write(d.join("docs.jsonl"), docs.lines().take(50).map(|l| format!("{l}\n")).collect::<String>()).unwrap();
     crate::common::cli_ok(d, &["index", "--collection", "cranfield", d.join("docs.jsonl").to_str().unwrap()]);
     for bi in ["modernbert-bi", "deberta-v3-bi"] {
-        let model = fixture(bi);
+        let model = model_fixture(bi);
         let args = ["--model", model.to_str().unwrap(), "embed", "--collection", "cranfield"];
         let out = crate::common::cli_env(d, &args, &[("RUST_LOG", "info")]);
         let (stdout, log) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -224,7 +173,7 @@ fn embed_and_eval_segments_take_every_family() {
     std::fs::write(d.join("topics.tsv"), "q1\tslipstream wing aerodynamics\n").unwrap();
     std::fs::write(d.join("passages.tsv"), "q1\t1\t0\t60\n").unwrap();
     for cross in ["xlm-roberta", "modernbert-mean", "deberta-v3"] {
-        let model = fixture(cross);
+        let model = model_fixture(cross);
         let args = ["--model", model.to_str().unwrap(), "eval-segments", "--topics", "topics.tsv"];
         let args = [&args[..], &["--passages", "passages.tsv"]].concat();
         let out = crate::common::cli_ok(d, &args);
@@ -239,13 +188,13 @@ fn embed_and_eval_segments_take_every_family() {
 fn what_cannot_load_names_the_file_and_the_families_that_do() {
     let dir = tempfile::tempdir().unwrap();
     for file in ["config.json", "tokenizer.json", "model.safetensors"] {
-        std::fs::copy(fixture("xlm-roberta").join(file), dir.path().join(file)).unwrap();
+        std::fs::copy(model_fixture("xlm-roberta").join(file), dir.path().join(file)).unwrap();
     }
-    std::fs::copy(fixture("roberta").join("tokenizer.json"), dir.path().join("tokenizer.json")).unwrap();
+    std::fs::copy(model_fixture("roberta").join("tokenizer.json"), dir.path().join("tokenizer.json")).unwrap();
     let refused = Reranker::load(dir.path(), &Device::Cpu, DType::F32, Kind::Auto, None).err().unwrap().to_string();
     assert!(refused.contains("tokenizer.json") && refused.contains("vocab_size"), "{refused}");
     let mut config: Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture("xlm-roberta").join("config.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(model_fixture("xlm-roberta").join("config.json")).unwrap()).unwrap();
     config["model_type"] = json!("mpnet");
     std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
     let refused = Reranker::load(dir.path(), &Device::Cpu, DType::F32, Kind::Auto, None).err().unwrap().to_string();
@@ -260,7 +209,7 @@ fn what_cannot_load_names_the_file_and_the_families_that_do() {
 fn bench_model_times_each_family() {
     let dir = tempfile::tempdir().unwrap();
     for name in ["xlm-roberta", "modernbert-mean", "deberta-v3"] {
-        let fixture = fixture(name);
+        let fixture = model_fixture(name);
         let args = ["bench", "model", "--dir", fixture.to_str().unwrap(), "--lengths", "24", "--batches", "2"];
         let out = crate::common::cli(dir.path(), &[&args[..], &["--warmup", "0", "--reps", "1"]].concat());
         let said = String::from_utf8_lossy(&out.stdout);
@@ -282,8 +231,8 @@ fn each_model_reads_its_own_segments_whichever_was_asked_first() {
     let d = dir.path();
     let config = format!(
         "[model.named]\nxlmr = {:?}\nmodern = {:?}\n",
-        fixture("xlm-roberta-bi").to_str().unwrap(),
-        fixture("modernbert-bi").to_str().unwrap()
+        model_fixture("xlm-roberta-bi").to_str().unwrap(),
+        model_fixture("modernbert-bi").to_str().unwrap()
     );
     let config_path = d.join("two-models.toml");
     std::fs::write(&config_path, config).unwrap();

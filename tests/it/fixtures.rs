@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use serde_json::{json, Value};
 
-use crate::common::{cli_ok, data};
+use crate::common::{cli_ok, data, post_json, TestServer};
 
 /// Writes a 2-layer BERT sequence classifier (hidden 32, 128 positions) with seeded random weights, a
 /// character-level WordPiece tokenizer (every lowercase word splits into letters) and its config.
@@ -291,4 +291,61 @@ pub fn synthetic_trec_collection(dir: &Path, files: usize, per_file: usize) {
             out.write_all(trec_doc(&format!("F{f}-D{d}"), &text.join(" ")).as_bytes()).unwrap();
         }
     }
+}
+
+/// A committed model fixture (`tests/fixtures/models/NAME`, made by `scripts/model-fixtures.py`).
+pub fn model_fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models").join(name)
+}
+
+/// A model fixture's transformers references.
+pub fn references(dir: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("references.json")).unwrap()).unwrap()
+}
+
+/// Within 1e-4 of `want`, relative beyond 1.
+pub fn close(got: f32, want: f64) -> bool {
+    (got as f64 - want).abs() <= 1e-4 * want.abs().max(1.0)
+}
+
+/// A JSON array of token ids.
+pub fn numbers(value: &Value) -> Vec<u32> {
+    value.as_array().unwrap().iter().map(|n| n.as_u64().unwrap() as u32).collect()
+}
+
+
+/// Asserts that the server's default model serves every re-ranking pipeline over its collection, with its
+/// evidence (the best segment's byte offsets).
+pub fn assert_reranking_pipelines(server: &TestServer) {
+    for pipeline in ["firstp", "maxp", "sump", "avgp"] {
+        let body = json!({"query": "boundary layer flow", "pipeline": pipeline, "depth": 5, "k": 5});
+        let reply = post_json(&server.url("/search"), &body.to_string());
+        assert_eq!(reply.status, 200, "{pipeline}: {}", reply.body);
+        let results = reply.json()["results"].as_array().unwrap().clone();
+        assert_eq!(results.len(), 5, "{pipeline}");
+        let best = &results[0]["best_segment"];
+        assert!(best["end"].as_u64().unwrap() > best["start"].as_u64().unwrap(), "{pipeline}: {}", reply.body);
+    }
+}
+
+/// Asserts that each model scores within `bounds` (f16's, bf16's) of its f32 references, relative beyond 1:
+/// `score(name, dtype)` gives the model's scores in that dtype and the references.
+pub fn assert_half_precision(
+    names: &[&str],
+    bounds: [f64; 2],
+    score: impl Fn(&str, DType) -> (Vec<f32>, Vec<f64>),
+) {
+    let mut worst = Vec::new();
+    for (dtype, bound) in [DType::F16, DType::BF16].into_iter().zip(bounds) {
+        for name in names {
+            let (got, want) = score(name, dtype);
+            let error = got
+                .iter()
+                .zip(want)
+                .map(|(got, want)| (*got as f64 - want).abs() / want.abs().max(1.0))
+                .fold(0.0, f64::max);
+            worst.push((name, format!("{dtype:?}"), error, bound));
+        }
+    }
+    assert!(worst.iter().all(|(_, _, error, bound)| error <= bound), "{worst:#?}");
 }

@@ -10,13 +10,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::common::{
-    cli_env, data, doc_block, free_port, get, isolated, post_json, run_doc_block, Reply, TestServer, BIN,
+    cli_env, fresh_postgres, data, doc_block, free_port, get, isolated, post_json, run_doc_block, Reply, TestServer, BIN,
 };
-
-fn fresh_postgres() -> Option<String> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    runtime.block_on(longrank::store::testing::fresh_postgres())
-}
 
 /// `longrank ARGS` on `dir` against the cluster's store and object store; stdout, insisting it succeeds.
 fn cluster_cli(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> String {
@@ -31,12 +26,9 @@ fn fingerprint(server: &TestServer, collection: &str) -> Option<String> {
     health["fingerprints"][collection].as_str().map(str::to_string)
 }
 
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+/// `common::wait_until` for up to 30 s.
+fn wait_until(what: &str, done: impl FnMut() -> bool) {
+    crate::common::wait_until(what, Duration::from_secs(30), done);
 }
 
 /// A batch job's run on `server`: cranfield's first 40 topics, bm25 then RM3.
@@ -460,7 +452,7 @@ fn writes_to_any_replica_reach_the_writer_and_another_takes_over_when_it_dies() 
     }
     // The page's collections view shows the same.
     let view = cluster(0);
-    let browser = crate::browser::Browser::start("cluster");
+    let browser = crate::common::Browser::start("cluster");
     browser.goto(&replicas[0].url("/?view=collections"));
     browser.wait_for("#cluster:not([hidden]) #cluster-table tbody tr");
     let shown = browser.script(
@@ -522,7 +514,7 @@ fn ingest_through_haproxy_while_clients_search_converges_with_no_wrong_hit_and_n
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let (empty, objects_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let objects = format!("file://{}", objects_dir.path().display());
-    let Some(cluster) = crate::replicas::Cluster::up_with(empty.path(), &[("LONGRANK_STORE_OBJECTS", &objects)]) else {
+    let Some(cluster) = crate::common::Cluster::up_with(empty.path(), &[("LONGRANK_STORE_OBJECTS", &objects)]) else {
         return;
     };
     // Each document holds a word of its own: a search for it may find that document, or nothing yet; never

@@ -9,15 +9,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::batch::wait_for;
-use crate::common::{data, get, post_json, TestServer, BIN};
+use crate::common::{data, fresh_postgres, get, post_json, Cluster, TestServer, BIN};
 
 const LEASE_MS: &str = "1500";
-
-fn fresh_postgres() -> Option<String> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    runtime.block_on(longrank::store::testing::fresh_postgres())
-}
 
 /// A replica named `name` on `url`'s store, with a short lease, logging to `log`.
 fn replica(dir: &Path, url: &str, name: &str, hold: Option<&str>, log: &Path) -> TestServer {
@@ -84,12 +78,12 @@ fn a_job_survives_the_kill_of_a_replica_and_equals_a_single_process_run() {
     let body = job_body();
     let id = post_json(&r1.url("/batch"), &body.to_string()).json()["id"].as_str().unwrap().to_string();
     r1.wait_log(&log("r1"), "holding at batch.commit");
-    wait_for(&r2, &id, |v| v["progress"]["done"].as_i64().unwrap() >= 20);
+    wait_for_job(&r2, &id, |v| v["progress"]["done"].as_i64().unwrap() >= 20);
     r1.child.kill().unwrap(); // SIGKILL, holding a lease
     r1.child.wait().unwrap();
 
     // Any replica answers for the job; it completes once the dead replica's lease runs out.
-    let job = wait_for(&r3, &id, |v| v["status"] != "running" && v["status"] != "queued");
+    let job = wait_for_job(&r3, &id, |v| v["status"] != "running" && v["status"] != "queued");
     assert_eq!((&job["status"], &job["progress"]), (&json!("done"), &json!({"done": 60, "total": 60})), "{job}");
     assert!(topics_counter(&r2, "retried") + topics_counter(&r3, "retried") >= 1, "no topic was retried");
     let (_, run) = get(&r2.url(&format!("/batch/{id}/run")));
@@ -126,7 +120,7 @@ fn a_replica_stopped_past_its_lease_cannot_commit_its_late_result() {
     unsafe { libc::kill(pid, libc::SIGSTOP) };
     // Its lease runs out while it is stopped; another replica runs every topic, the held one included.
     let other = replica(dir.path(), &url, "other", None, &logs.path().join("other.log"));
-    let job = wait_for(&other, &id, |v| v["status"] != "running" && v["status"] != "queued");
+    let job = wait_for_job(&other, &id, |v| v["status"] != "running" && v["status"] != "queued");
     assert_eq!(job["status"], "done", "{job}");
     assert_eq!(topics_counter(&other, "retried"), 1);
     std::fs::write(&go, "").unwrap();
@@ -141,59 +135,6 @@ fn a_replica_stopped_past_its_lease_cannot_commit_its_late_result() {
     let after = other.url(&format!("/batch/{id}"));
     assert_eq!(serde_json::from_str::<Value>(&get(&after).1).unwrap()["progress"]["done"], 60);
     assert!(run == single_process_run(&body).0, "the run differs from a single process's");
-}
-
-/// `scripts/cluster.sh up` on a data directory, taken down when dropped.
-pub struct Cluster {
-    run: tempfile::TempDir,
-    pub front: String,
-}
-
-impl Cluster {
-    fn up(data: &Path) -> Option<Cluster> {
-        Cluster::up_with(data, &[])
-    }
-
-    /// `up` with more settings for the replicas (`LONGRANK_*`), None without HAProxy or PostgreSQL.
-    pub fn up_with(data: &Path, env: &[(&str, &str)]) -> Option<Cluster> {
-        let installed = |tool: &str| {
-            Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().unwrap().status.success()
-        };
-        if !installed("haproxy") || !Path::new("/usr/lib/postgresql").exists() {
-            assert!(std::env::var_os("LONGRANK_EXPECT_POSTGRES").is_none(), "CI installs HAProxy and PostgreSQL");
-            return None;
-        }
-        let run = tempfile::tempdir().unwrap();
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .args(["up", run.path().join("cluster").to_str().unwrap(), data.to_str().unwrap()])
-            .env("LONGRANK_BIN", BIN)
-            .envs(env.iter().copied())
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .unwrap();
-        let front = String::from_utf8(out.stdout).unwrap().trim().lines().last().unwrap_or_default().to_string();
-        let cluster = Cluster { run, front };
-        assert!(
-            out.status.success() && cluster.front.starts_with("http://"),
-            "cluster.sh up failed: {:?}",
-            cluster.front
-        );
-        Some(cluster)
-    }
-
-    pub fn file(&self, name: &str) -> String {
-        std::fs::read_to_string(self.run.path().join("cluster").join(name)).unwrap().trim().to_string()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster.sh");
-        let _ =
-            Command::new("bash").arg(script).args(["down", self.run.path().join("cluster").to_str().unwrap()]).status();
-    }
 }
 
 #[test]
@@ -323,10 +264,10 @@ fn replicas_leave_jobs_on_other_index_files_to_the_replicas_that_serve_them() {
     let c = replica(copy.path(), &url, "c", None, &log("c"));
     assert_eq!(cranfield_fingerprint(&c), fingerprint, "a copy has the same fingerprint");
     // (All 60 when a starved machine let the holder's lease lapse first: c then retried the held topic.)
-    wait_for(&c, &id, |v| v["progress"]["done"].as_i64().unwrap() >= 59);
+    wait_for_job(&c, &id, |v| v["progress"]["done"].as_i64().unwrap() >= 59);
     a.child.kill().unwrap();
     a.child.wait().unwrap();
-    let job = wait_for(&c, &id, |v| v["status"] != "running" && v["status"] != "queued");
+    let job = wait_for_job(&c, &id, |v| v["status"] != "running" && v["status"] != "queued");
     assert_eq!((&job["status"], &job["progress"]["done"]), (&json!("done"), &json!(60)), "{job}");
     assert_eq!(topics_counter(&b, "claimed"), 0);
     assert!(topics_counter(&c, "retried") >= 1);
@@ -396,7 +337,7 @@ fn a_stranded_job_reports_itself_then_resumes_or_fails_by_the_cluster_settings()
     assert_eq!(stranded_gauge(&b), "longrank_batch_jobs_stranded 0");
     a.child.kill().unwrap();
     a.child.wait().unwrap();
-    let view = wait_for(&b, &first, |v| v.get("stranded").is_some());
+    let view = wait_for_job(&b, &first, |v| v.get("stranded").is_some());
     assert_eq!(view["status"], "running", "{view}");
     let message = view["stranded"]["message"].as_str().unwrap();
     assert!(message.contains("no live replica serves the index files") && message.contains(&fingerprint), "{message}");
@@ -414,7 +355,7 @@ fn a_stranded_job_reports_itself_then_resumes_or_fails_by_the_cluster_settings()
 
     // A replica with a copy of the files it was submitted against: it resumes there, and is no longer stranded.
     let c = replica(copy.path(), &url, "c", None, &log("c"));
-    let done = wait_for(&c, &first, |v| v["status"] != "running" && v["status"] != "queued");
+    let done = wait_for_job(&c, &first, |v| v["status"] != "running" && v["status"] != "queued");
     assert_eq!((&done["status"], &done["progress"]["done"]), (&json!("done"), &json!(60)), "{done}");
     assert!(done.get("stranded").is_none(), "{done}");
 
@@ -447,7 +388,7 @@ fn a_stranded_job_reports_itself_then_resumes_or_fails_by_the_cluster_settings()
     b.wait_log(&log("b"), "holding at batch.commit");
     b.child.kill().unwrap();
     b.child.wait().unwrap();
-    let failed = wait_for(&c, &second, |v| v["status"] != "running" && v["status"] != "queued");
+    let failed = wait_for_job(&c, &second, |v| v["status"] != "running" && v["status"] != "queued");
     assert_eq!(failed["status"], "failed", "{failed}");
     let error = failed["error"].as_str().unwrap();
     assert!(

@@ -611,7 +611,7 @@ fn a_burst_past_the_models_rate_is_refused_early_never_timed_out() {
         let retry = reply.header("retry-after").and_then(|s| s.parse::<u64>().ok());
         assert!(retry.is_some_and(|s| (1..=3).contains(&s)), "{path}: Retry-After {retry:?}, within the timeout");
     }
-    let job = crate::batch::wait_for(&server, &job, |v| v["status"] != "running" && v["status"] != "queued");
+    let job = crate::common::wait_for_job(&server, &job, |v| v["status"] != "running" && v["status"] != "queued");
     assert_eq!(job["status"], "done", "{job}");
 }
 

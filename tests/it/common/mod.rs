@@ -1,5 +1,12 @@
 //! The one harness every integration test shares: finds ../shared, runs the real `longrank` binary, indexes
-//! fixtures once, and starts real servers on free ports.
+//! fixtures once, starts real servers on free ports, waits for what they do; a browser (`browser`) and a
+//! cluster (`cluster`) for the tests that need them.
+
+mod browser;
+mod cluster;
+
+pub use browser::Browser;
+pub use cluster::{fresh_postgres, Cluster};
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -405,4 +412,24 @@ pub fn run_doc_block(script: &str, env: &[(&str, &str)]) -> Output {
         .stderr(Stdio::inherit())
         .output()
         .unwrap()
+}
+
+/// Waits until `done` holds, checking every 50 ms, for `within` at most (then the test fails, saying `what`).
+pub fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Polls a batch job until `what` holds (two minutes at most); the job as it was then.
+pub fn wait_for_job(server: &TestServer, id: &str, what: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let mut job = serde_json::Value::Null;
+    wait_until(&format!("job {id} got there"), Duration::from_secs(120), || {
+        let (status, body) = get(&server.url(&format!("/batch/{id}")));
+        job = serde_json::from_str(&body).unwrap_or_default();
+        status == 200 && what(&job)
+    });
+    job
 }
