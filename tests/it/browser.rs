@@ -2,8 +2,6 @@
 //! evidence, the document view's highlight, and a batch run to its metrics. A failing test leaves a
 //! screenshot in `target/tmp/browser-*.png`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};

@@ -133,7 +133,8 @@ fn decoder_rerankers_serve_every_pipeline_and_api() {
     let dir = tempfile::tempdir().unwrap();
     let model = model_fixture("qwen3-reranker");
     let config = dir.path().join("decoders.toml");
-    std::fs::write(&config, format!("[model.named]\nroberta = {:?}\n", model_fixture("roberta").to_str().unwrap())).unwrap();
+    std::fs::write(&config, format!("[model.named]\nroberta = {:?}\n", model_fixture("roberta").to_str().unwrap()))
+        .unwrap();
     let env = [
         ("LONGRANK_CONFIG", config.to_str().unwrap()),
         ("LONGRANK_MODEL_PATH", model.to_str().unwrap()),

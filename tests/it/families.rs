@@ -3,8 +3,6 @@
 //! builds each input from the tokenizer's own post-processor and cuts it as it cuts every pair, and scores within
 //! 1e-4 of transformers (relative beyond |logit| > 1), in a padded batch and alone; the server serves them.
 
-use std::path::{Path, PathBuf};
-
 use candle_core::{DType, Device};
 use longrank::model::{Encoded, Kind, Reranker};
 use serde_json::{json, Value};
@@ -194,7 +192,8 @@ fn what_cannot_load_names_the_file_and_the_families_that_do() {
     let refused = Reranker::load(dir.path(), &Device::Cpu, DType::F32, Kind::Auto, None).err().unwrap().to_string();
     assert!(refused.contains("tokenizer.json") && refused.contains("vocab_size"), "{refused}");
     let mut config: Value =
-        serde_json::from_str(&std::fs::read_to_string(model_fixture("xlm-roberta").join("config.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(model_fixture("xlm-roberta").join("config.json")).unwrap())
+            .unwrap();
     config["model_type"] = json!("mpnet");
     std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
     let refused = Reranker::load(dir.path(), &Device::Cpu, DType::F32, Kind::Auto, None).err().unwrap().to_string();

@@ -313,7 +313,6 @@ pub fn numbers(value: &Value) -> Vec<u32> {
     value.as_array().unwrap().iter().map(|n| n.as_u64().unwrap() as u32).collect()
 }
 
-
 /// Asserts that the server's default model serves every re-ranking pipeline over its collection, with its
 /// evidence (the best segment's byte offsets).
 pub fn assert_reranking_pipelines(server: &TestServer) {
@@ -330,11 +329,7 @@ pub fn assert_reranking_pipelines(server: &TestServer) {
 
 /// Asserts that each model scores within `bounds` (f16's, bf16's) of its f32 references, relative beyond 1:
 /// `score(name, dtype)` gives the model's scores in that dtype and the references.
-pub fn assert_half_precision(
-    names: &[&str],
-    bounds: [f64; 2],
-    score: impl Fn(&str, DType) -> (Vec<f32>, Vec<f64>),
-) {
+pub fn assert_half_precision(names: &[&str], bounds: [f64; 2], score: impl Fn(&str, DType) -> (Vec<f32>, Vec<f64>)) {
     let mut worst = Vec::new();
     for (dtype, bound) in [DType::F16, DType::BF16].into_iter().zip(bounds) {
         for name in names {

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::common::{
-    cli_env, fresh_postgres, data, doc_block, free_port, get, isolated, post_json, run_doc_block, Reply, TestServer, BIN,
+    cli_env, data, doc_block, free_port, fresh_postgres, get, isolated, post_json, run_doc_block, Reply, TestServer,
+    BIN,
 };
 
 /// `longrank ARGS` on `dir` against the cluster's store and object store; stdout, insisting it succeeds.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::common::{data, fresh_postgres, get, post_json, Cluster, TestServer, BIN};
+use crate::common::{data, fresh_postgres, get, post_json, wait_for_job, Cluster, TestServer, BIN};
 
 const LEASE_MS: &str = "1500";
 
@@ -199,7 +199,7 @@ fn cluster_restart_brings_a_killed_replica_back_into_rotation() {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster.sh");
     let restarted = Command::new("bash")
         .arg(&script)
-        .args(["restart", cluster.run.path().join("cluster").to_str().unwrap(), "2"])
+        .args(["restart", cluster.dir().to_str().unwrap(), "2"])
         .current_dir(elsewhere.path())
         .env("LONGRANK_BIN", BIN)
         .status()
@@ -424,7 +424,7 @@ fn cluster_add_puts_a_new_replica_into_rotation_losing_no_request() {
         let elsewhere = tempfile::tempdir().unwrap();
         let added = Command::new("bash")
             .arg(&script)
-            .args(["add", cluster.run.path().join("cluster").to_str().unwrap()])
+            .args(["add", cluster.dir().to_str().unwrap()])
             .current_dir(elsewhere.path())
             .env("LONGRANK_BIN", BIN)
             .stderr(std::process::Stdio::inherit())

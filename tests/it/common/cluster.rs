@@ -52,8 +52,13 @@ impl Cluster {
         Some(cluster)
     }
 
+    /// The directory `cluster.sh` keeps the cluster's state in (its replicas' addresses, pids, logs).
+    pub fn dir(&self) -> std::path::PathBuf {
+        self.run.path().join("cluster")
+    }
+
     pub fn file(&self, name: &str) -> String {
-        std::fs::read_to_string(self.run.path().join("cluster").join(name)).unwrap().trim().to_string()
+        std::fs::read_to_string(self.dir().join(name)).unwrap().trim().to_string()
     }
 }
 
