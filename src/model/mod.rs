@@ -242,8 +242,12 @@ fn count_or_words(count: Result<usize, ModelError>, text: &str) -> usize {
 
 pub(crate) fn cosine(a: &[f32], b: &[f32]) -> f32 {
     let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
-    let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
     dot / (norm(a) * norm(b)).max(1e-12)
+}
+
+/// A vector's Euclidean length.
+pub(crate) fn norm(v: &[f32]) -> f32 {
+    v.iter().map(|x| x * x).sum::<f32>().sqrt()
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]

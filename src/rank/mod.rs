@@ -402,7 +402,7 @@ impl Engine {
         let texts: Vec<&str> = request.inputs.iter().map(String::as_str).collect();
         let embedded = model.served.embed(&texts, cancel).map_err(RankError::Model)?;
         let unit = |v: &[f32]| {
-            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+            let norm = crate::model::norm(v).max(1e-12);
             v.iter().map(|x| x / norm).collect()
         };
         let vectors = embedded.iter().map(|v| if request.normalize { unit(v) } else { v.to_vec() }).collect();

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::common::{
-    cli_env, data, doc_block, free_port, fresh_postgres, get, isolated, post_json, run_doc_block, Reply, TestServer,
-    BIN,
+    cli_env, data, doc_block, free_port, fresh_postgres, get, isolated, post_json, run_doc_block, Reply, Teardown,
+    TestServer, BIN,
 };
 
 /// `longrank ARGS` on `dir` against the cluster's store and object store; stdout, insisting it succeeds.
@@ -291,17 +291,8 @@ fn readme_object_store_section_works_as_written() {
     let port = free_port();
     let block =
         doc_block("docs/operations.md", "Collections through an object store", "LONGRANK_STORE_OBJECTS", tmp.path());
-    // A block that fails midway leaves no server holding the test's pipe.
-    let script =
-        format!("trap 'kill $(jobs -p) 2> /dev/null || true' EXIT\n{}", block.replace("8081", &port.to_string()));
-    struct Stop(std::path::PathBuf);
-    impl Drop for Stop {
-        fn drop(&mut self) {
-            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/postgres.sh");
-            let _ = Command::new("bash").arg(script).arg("stop").arg(&self.0).output();
-        }
-    }
-    let _stop = Stop(tmp.path().join("objects-pg"));
+    let script = block.replace("8081", &port.to_string());
+    let _stop = Teardown::new("postgres.sh", "stop", tmp.path().join("objects-pg"));
     let out = run_doc_block(&script, &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "docs/operations.md's object store commands failed: {stdout}");
@@ -322,18 +313,8 @@ fn the_s3_recipe_works_as_written() {
     let moto = crate::common::python().parent().unwrap().join("moto_server");
     let block = doc_block("docs/operations.md", "Collections through an object store", "moto_server", tmp.path());
     let block = block.replace("9000", &s3_port.to_string()).replace("8081", &port.to_string());
-    let script = format!(
-        "trap 'kill $(jobs -p) 2> /dev/null || true' EXIT\n{}",
-        block.replace("moto_server -p", &format!("{} -p", moto.display()))
-    );
-    struct Stop(std::path::PathBuf);
-    impl Drop for Stop {
-        fn drop(&mut self) {
-            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/postgres.sh");
-            let _ = Command::new("bash").arg(script).arg("stop").arg(&self.0).output();
-        }
-    }
-    let _stop = Stop(tmp.path().join("s3-pg"));
+    let script = block.replace("moto_server -p", &format!("{} -p", moto.display()));
+    let _stop = Teardown::new("postgres.sh", "stop", tmp.path().join("s3-pg"));
     let out = run_doc_block(&script, &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "docs/operations.md's S3 commands failed: {stdout}");

@@ -510,14 +510,7 @@ fn readme_cluster_section_works_as_written() {
     let script =
         crate::common::doc_block("docs/operations.md", "Replicas behind HAProxy", "scripts/cluster.sh up", tmp.path());
     assert!(script.contains("cluster.sh down"), "the block takes its cluster down");
-    struct Down(std::path::PathBuf);
-    impl Drop for Down {
-        fn drop(&mut self) {
-            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster.sh");
-            let _ = Command::new("bash").arg(script).arg("down").arg(&self.0).output();
-        }
-    }
-    let _down = Down(tmp.path().join("longrank-cluster"));
+    let _down = crate::common::Teardown::new("cluster.sh", "down", tmp.path().join("longrank-cluster"));
     let out = crate::common::run_doc_block(&script, &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "docs/operations.md's cluster commands failed: {stdout}");

@@ -64,8 +64,27 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster.sh");
-        let _ =
-            Command::new("bash").arg(script).args(["down", self.run.path().join("cluster").to_str().unwrap()]).status();
+        drop(Teardown::new("cluster.sh", "down", self.dir()));
+    }
+}
+
+/// Runs `bash scripts/SCRIPT VERB DIR` when dropped: stops what a test started (a PostgreSQL server, a cluster)
+/// even when the test fails.
+pub struct Teardown {
+    script: &'static str,
+    verb: &'static str,
+    dir: std::path::PathBuf,
+}
+
+impl Teardown {
+    pub fn new(script: &'static str, verb: &'static str, dir: std::path::PathBuf) -> Teardown {
+        Teardown { script, verb, dir }
+    }
+}
+
+impl Drop for Teardown {
+    fn drop(&mut self) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts").join(self.script);
+        let _ = Command::new("bash").arg(script).arg(self.verb).arg(&self.dir).output();
     }
 }

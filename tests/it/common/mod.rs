@@ -6,7 +6,7 @@ mod browser;
 mod cluster;
 
 pub use browser::Browser;
-pub use cluster::{fresh_postgres, Cluster};
+pub use cluster::{fresh_postgres, Cluster, Teardown};
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -395,7 +395,8 @@ pub fn doc_block(page: &str, heading: &str, marker: &str, tmp: &Path) -> String 
 }
 
 /// Runs a page's block (`doc_block`) with bash in the repository, strict, with `env` and the binary under test
-/// on the PATH as `longrank`; its output.
+/// on the PATH as `longrank`; its output. What the block starts in the background is killed when it ends, so a
+/// block that fails midway leaves no server holding the test's pipe.
 pub fn run_doc_block(script: &str, env: &[(&str, &str)]) -> Output {
     let bin_dir = Path::new(BIN).parent().unwrap().to_path_buf();
     let path = std::env::join_paths(
@@ -403,7 +404,7 @@ pub fn run_doc_block(script: &str, env: &[(&str, &str)]) -> Output {
     )
     .unwrap();
     Command::new("bash")
-        .args(["-euo", "pipefail", "-c", script])
+        .args(["-euo", "pipefail", "-c", &format!("trap 'kill $(jobs -p) 2> /dev/null || true' EXIT\n{script}")])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env("LONGRANK_BIN", BIN)
         .env("PATH", path)
