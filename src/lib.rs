@@ -12,8 +12,8 @@
 //! | `model` | BERT-class models: loading, encoders, Co-BERT's heads, CPU kernels, serving queues |
 //! | `rank` | the pipeline: parameters, validation, retrieval, re-ranking, batch runs |
 //! | `eval` | topics, qrels, runs, trec_eval's measures, comparisons |
-//! | `store` | the database (SQLite or PostgreSQL) of jobs, their topics' leases, tasks, the query log and collection versions; the object store |
-//! | `replication` | collections through the object store: versions published, pulled by replicas, collected |
+//! | `store` | the database (SQLite or PostgreSQL) of jobs, their topics' leases, tasks, the query log and collection versions |
+//! | `replication` | collections through the object store: the writer's election, versions published, pulled by replicas, collected |
 //! | `scheduler` | the server's background services: batch jobs and collection tasks |
 //! | `server` | HTTP: routes, decoding, errors, middleware, metrics, OpenAPI |
 //! | `train` | fine-tuning: FirstP, all segments, BeST, Co-BERT, a learned segment selector |

@@ -67,7 +67,7 @@ fn size(bytes: u64) -> String {
 }
 
 fn delete(config: &Config, name: &str) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = super::runtime()?;
     let cluster = super::cluster(config, &runtime)?;
     if let Some(super::Cluster::Writer(writer)) = &cluster {
         let task = writer.delete(name)?;
@@ -78,12 +78,12 @@ fn delete(config: &Config, name: &str) -> anyhow::Result<()> {
     runtime.block_on(async {
         let store = super::open_store(config).await?;
         longrank::scheduler::jobs::delete_collection(&catalog, &store, name).await?;
-        if let Some(super::Cluster::Publish(replication, _writer)) = &cluster {
-            // Replicas delete their copies when they see it.
-            replication.publish_deletion(name).await?;
-        }
         anyhow::Ok(())
     })?;
+    if let Some(super::Cluster::Publish(replication, _writer)) = &cluster {
+        // Replicas delete their copies when they see it.
+        replication.publish_deletion(name, &Default::default())?;
+    }
     println!("deleted collection {name}");
     Ok(())
 }

@@ -36,7 +36,7 @@ pub fn run(args: IndexArgs, mut config: Config) -> anyhow::Result<()> {
         config.index.on_error = on_error;
     }
     let corpus = Corpus::open(&args.paths, args.format)?;
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = super::runtime()?;
     // Refused before the build when the object store cannot be published to.
     let cluster = super::cluster(&config, &runtime)?;
     if let Some(super::Cluster::Writer(writer)) = &cluster {
@@ -82,7 +82,7 @@ pub fn run(args: IndexArgs, mut config: Config) -> anyhow::Result<()> {
     );
     if let Some(super::Cluster::Publish(replication, _writer)) = cluster {
         let root = config.data_dir.join("collections");
-        let p = runtime.block_on(replication.publish(&root, &args.collection))?;
+        let p = replication.publish(&root, &args.collection)?;
         match p.unchanged {
             true => println!("version {} unchanged in {}", p.version, replication.objects_url()),
             false => println!(

@@ -116,6 +116,13 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Store> {
     Store::connect(&url).await.with_context(|| format!("opening the store {}", longrank::config::redact_url(&url)))
 }
 
+/// The runtime of a command that reaches the store or the object store: a worker thread of its own, since
+/// `Replication`'s blocking calls reach it from the command's thread (a current-thread runtime's
+/// `Handle::block_on` drives no I/O).
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?)
+}
+
 /// How a command that writes a collection reaches a cluster whose collections travel through an object store.
 pub enum Cluster {
     /// No server writes them: this command does, holding the writer's lock while it runs, and publishes.

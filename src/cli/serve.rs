@@ -73,7 +73,7 @@ fn prepare(state: &AppState) -> anyhow::Result<()> {
     if let Some(replication) = state.replication() {
         // Every collection of the object store before readiness: a replica started empty serves them all.
         tracing::info!("pulling the collections' newest versions from {}", replication.objects_url());
-        server::pull(state, replication, &tokio::runtime::Handle::current())?;
+        replication.pull_logged(catalog.root())?;
         catalog.sync();
     }
     // Fingerprints hash every index file once (then only new ones): before readiness, not in a request.

@@ -7,4 +7,3 @@
 pub mod cluster;
 pub mod jobs;
 pub mod tasks;
-pub mod writer;

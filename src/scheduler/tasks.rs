@@ -19,7 +19,6 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use utoipa::ToSchema;
 
-use super::writer::{Route, Writer};
 use crate::cancel::Cancel;
 use crate::config::{Config, IndexConfig};
 use crate::corpus::{Corpus, Format};
@@ -27,7 +26,9 @@ use crate::hash::Fnv;
 use crate::index::{self, IndexError, OnError};
 use crate::progress::{Progress, Unit};
 use crate::rank::{Engine, RankError};
+use crate::replication::writer::{Route, Writer};
 use crate::replication::{Replication, ReplicationError};
+use crate::service::Services;
 use crate::store::{KeyedRequest, Store, StoreError, TaskFilter, TaskKind, TaskOutcome, TaskRow, TaskStatus};
 
 #[derive(Debug, thiserror::Error)]
@@ -163,8 +164,6 @@ pub struct Tasks {
     /// task needs). Until then uploads are refused as if no replica wrote: one stored meanwhile could be
     /// removed by that clean-up before its task is queued.
     taken_over: AtomicBool,
-    /// How long a change is tried to be published while the object store or the database is away.
-    publish_budget: Duration,
 }
 
 /// The task the worker applies: what stops it, and its upload's progress.
@@ -190,7 +189,6 @@ impl Tasks {
             finished: Notify::new(),
             running: Mutex::default(),
             taken_over: AtomicBool::new(false),
-            publish_budget: Duration::from_millis(config.store.publish_timeout_ms),
         })
     }
 
@@ -200,13 +198,13 @@ impl Tasks {
 
     /// Starts the worker: at once on a single process, once elected on a cluster (this replica, named
     /// `replica`, is reached at `url` by the others' forwarded uploads).
-    pub async fn start(self: &Arc<Self>, replica: String, url: String) -> Result<(), TaskError> {
+    pub async fn start(self: &Arc<Self>, replica: String, url: String, services: &Services) -> Result<(), TaskError> {
         if self.read_only() {
             return Ok(());
         }
         index::Staged::clear(&self.data_dir)?;
         match &self.writer {
-            Some(writer) => writer.start(replica, url),
+            Some(writer) => writer.start(replica, url, services).await,
             None => self.take_over().await?,
         }
         tokio::spawn(self.clone().work());
@@ -475,37 +473,34 @@ impl Tasks {
     }
 
     async fn apply(self: &Arc<Self>, task: &TaskRow, input: &Input, cancel: &Cancel) -> TaskOutcome {
-        let name = task.collection.clone();
-        let applied = if task.kind == TaskKind::DeleteCollection {
-            self.delete_collection(&name, cancel).await
-        } else {
-            let (tasks, input, cancel, runtime) =
-                (self.clone(), input.clone(), cancel.clone(), tokio::runtime::Handle::current());
-            let (id, kind) = (task.id, task.kind);
-            let apply = move || tasks.apply_blocking(id, kind, &name, &input, &cancel, &runtime);
-            match tokio::task::spawn_blocking(apply).await {
-                Ok(applied) => applied,
-                Err(e) => {
-                    return TaskOutcome { error: Some(format!("the task's worker failed: {e}")), ..Default::default() }
-                }
-            }
+        let (tasks, input, cancel, runtime) =
+            (self.clone(), input.clone(), cancel.clone(), tokio::runtime::Handle::current());
+        let (id, kind, name) = (task.id, task.kind, task.collection.clone());
+        let apply = move || match kind {
+            TaskKind::DeleteCollection => tasks.delete_collection(&name, &cancel, &runtime),
+            _ => tasks.apply_blocking(id, kind, &name, &input, &cancel),
         };
-        applied.unwrap_or_else(|e| TaskOutcome { error: Some(e.to_string()), ..Default::default() })
+        match tokio::task::spawn_blocking(apply).await {
+            Ok(applied) => applied.unwrap_or_else(|e| TaskOutcome { error: Some(e.to_string()), ..Default::default() }),
+            Err(e) => TaskOutcome { error: Some(format!("the task's worker failed: {e}")), ..Default::default() },
+        }
     }
 
     /// Deletes a collection; on a cluster, publishes the deletion first, so that a deletion not published
     /// deletes nothing.
-    async fn delete_collection(&self, name: &str, cancel: &Cancel) -> Result<TaskOutcome, TaskError> {
+    fn delete_collection(
+        &self,
+        name: &str,
+        cancel: &Cancel,
+        runtime: &tokio::runtime::Handle,
+    ) -> Result<TaskOutcome, TaskError> {
         let catalog = self.engine.catalog();
-        super::jobs::check_deletable(&self.store, name).await?;
+        runtime.block_on(super::jobs::check_deletable(&self.store, name))?;
         if let Some(replication) = &self.replication {
             if !catalog.collection_dir(name).is_dir() {
                 return Err(IndexError::UnknownCollection(name.to_string()).into());
             }
-            let version =
-                crate::replication::retry_within(self.publish_budget, cancel, || replication.publish_deletion(name))
-                    .await
-                    .map_err(TaskError::Unpublished)?;
+            let version = replication.publish_deletion(name, cancel).map_err(TaskError::Unpublished)?;
             tracing::info!(collection = name, version, "published a deletion");
         }
         catalog.delete(name).map_err(|e| super::jobs::JobError::from(RankError::from(e)))?;
@@ -523,7 +518,6 @@ impl Tasks {
         name: &str,
         input: &Input,
         cancel: &Cancel,
-        runtime: &tokio::runtime::Handle,
     ) -> Result<TaskOutcome, TaskError> {
         crate::hooks::point("task.start");
         let started = Instant::now();
@@ -534,10 +528,7 @@ impl Tasks {
                     index::Staged::new(&self.data_dir, name).map_err(TaskError::from).and_then(|staged| {
                         let outcome = self.write(staged.data_dir(), id, kind, name, input, cancel)?;
                         let dir = staged.dir();
-                        let publish = || replication.publish_dir(&dir, name);
-                        let published = runtime
-                            .block_on(crate::replication::retry_within(self.publish_budget, cancel, publish))
-                            .map_err(TaskError::Unpublished)?;
+                        let published = replication.publish_dir(&dir, name, cancel).map_err(TaskError::Unpublished)?;
                         let (version, files, uploaded, bytes) =
                             (published.version, published.files, published.uploaded_files, published.uploaded_bytes);
                         tracing::info!(collection = name, version, files, uploaded, bytes, "published a version");

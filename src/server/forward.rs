@@ -21,7 +21,7 @@ const HOP: [HeaderName; 6] =
 pub async fn to_writer(base: &str, request: Request) -> Result<Response, ApiError> {
     static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
     let client = CLIENT.get_or_init(|| {
-        crate::store::objects::install_tls();
+        crate::replication::objects::install_tls();
         reqwest::Client::new()
     });
     let (parts, body) = request.into_parts();

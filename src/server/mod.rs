@@ -21,7 +21,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::replication::{Replication, ReplicationError};
 use anyhow::Context;
 use axum::routing::{delete, get, post};
 use axum::Router;
@@ -96,7 +95,9 @@ pub async fn serve(
         match prepared {
             Ok(Ok(())) => {
                 // Before any upload can arrive: the tasks' start removes uploads no task needs.
-                if let Err(e) = preparing.tasks().start(preparing.replica(), preparing.advertised_url()).await {
+                if let Err(e) =
+                    preparing.tasks().start(preparing.replica(), preparing.advertised_url(), preparing.services()).await
+                {
                     tracing::error!("starting the tasks: {e}");
                 }
                 preparing.set_ready();
@@ -135,35 +136,26 @@ async fn listen(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
     Err(last.unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "no address to listen on")))
 }
 
-/// Keeps the catalog in step with the data directory (`Catalog::sync`), every `server.catalog_poll_ms`, on a
-/// thread of its own: a blocking task every second woke the runtime's idle blocking threads in turn, each
+/// Keeps the catalog in step with the data directory (`Catalog::sync`), every `server.catalog_poll_ms`, as a
+/// background service: a blocking task every second woke the runtime's idle blocking threads in turn, each
 /// before its keep-alive ran out, so none ever ended and the memory a load left in their heaps stayed. A
-/// replica that pulls its collections from an object store pulls first, and collects garbage each minute (or
-/// each half `store.retention_ms`, when shorter).
+/// replica that pulls its collections from an object store pulls first (`Replication::follow`), and collects
+/// garbage each minute (or each half `store.retention_ms`, when shorter).
 fn follow_data_dir(state: AppState) {
     let every = state.config().server.catalog_poll_ms;
     if every == 0 {
         return;
     }
-    let runtime = tokio::runtime::Handle::current();
     // Garbage each minute, or each half retention time when that is shorter (never more often than a poll).
     let collect_ms = (state.config().store.retention_ms / 2).min(60_000).max(every);
-    let collect_every = (collect_ms / every).max(1);
+    let collect_every = collect_ms / every;
     let services = state.services().clone();
     services.spawn("catalog-sync", Duration::from_millis(every), move |tick| {
+        let catalog = state.engine().catalog();
         if let Some(replication) = state.replication() {
-            if let Err(e) = pull(&state, replication, &runtime) {
-                tracing::warn!("pulling from the object store: {e}");
-            }
-            if tick % collect_every == 0 {
-                match runtime.block_on(replication.collect_garbage(crate::scheduler::cluster::LIVE_MS)) {
-                    Ok((0, 0)) => {}
-                    Ok((versions, objects)) => tracing::info!(versions, objects, "old versions deleted"),
-                    Err(e) => tracing::warn!("deleting old versions: {e}"),
-                }
-            }
+            replication.follow(catalog.root(), tick, collect_every, crate::scheduler::cluster::LIVE_MS);
         }
-        let changes = state.engine().catalog().sync();
+        let changes = catalog.sync();
         if !changes.is_empty() {
             let (added, replaced, removed) = (&changes.added, &changes.replaced, &changes.removed);
             tracing::info!(?added, ?replaced, ?removed, "collections changed in the data directory");
@@ -172,25 +164,6 @@ fn follow_data_dir(state: AppState) {
             }
         }
     });
-}
-
-/// Brings the data directory's collections to the object store's newest versions (the catalog follows at its
-/// next sync). A version that fails keeps the one held serving, and is tried again at the next pull.
-pub fn pull(
-    state: &AppState,
-    replication: &Replication,
-    runtime: &tokio::runtime::Handle,
-) -> Result<(), ReplicationError> {
-    let (pulled, failed) = runtime.block_on(replication.pull(state.engine().catalog().root()))?;
-    for p in pulled {
-        let (collection, version, fingerprint) = (&p.collection, p.version, &p.fingerprint);
-        let (files, bytes) = (p.fetched_files, p.fetched_bytes);
-        tracing::info!(collection, version, fingerprint, files, bytes, "pulled the newest version");
-    }
-    for e in failed {
-        tracing::warn!("not pulled (the version held serves; tried again at the next pull): {e}");
-    }
-    Ok(())
 }
 
 /// Serves connections until SIGINT or SIGTERM, then lets those open finish. hyper directly, for what

@@ -8,13 +8,11 @@
 use std::path::Path;
 
 mod leases;
-pub mod objects;
 mod replicas;
 mod tasks;
 mod versions;
 
 pub use leases::{Claim, Committed, Completion, Lane, Serves};
-pub use objects::Objects;
 pub use replicas::{ReplicaRow, StrandedJob};
 pub use tasks::{KeyedRequest, TaskFilter, TaskKind, TaskOutcome, TaskRow, TaskStatus};
 pub use versions::{ObjectsState, VersionRow, WriterLease};
@@ -35,21 +33,6 @@ pub enum StoreError {
     Scheme { url: String },
     #[error("creating {path}, the directory of the SQLite store: {source}")]
     Directory { path: String, source: std::io::Error },
-    #[error("object store {url}: {source}")]
-    Objects { url: String, source: object_store::Error },
-    #[error("store.objects {url}: the scheme is neither file:// nor s3://")]
-    ObjectsScheme { url: String },
-    #[error(
-        "store.objects {url}: the bucket {bucket} does not exist; create it first (`aws s3 mb s3://{bucket}`, or \
-         an S3-compatible server's own way: `curl -X PUT $AWS_ENDPOINT_URL/{bucket}` for moto or MinIO)"
-    )]
-    NoBucket { url: String, bucket: String },
-    #[error("{path}: {source}")]
-    File { path: String, source: std::io::Error },
-    #[error("uploading object {object}: {source}")]
-    Upload { object: String, source: std::io::Error },
-    #[error("object {object} is corrupt: its content hashes to {got}")]
-    Corrupt { object: String, got: String },
 }
 
 impl StoreError {

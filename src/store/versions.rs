@@ -7,7 +7,6 @@
 
 use sqlx::{AnyConnection, Connection, Row};
 
-use super::objects::Objects;
 use super::{Store, StoreError};
 
 /// A published version.
@@ -202,10 +201,16 @@ impl Store {
         Ok(sqlx::query(&sql).bind(retention_ms).bind(live_ms).execute(&self.pool).await?.rows_affected())
     }
 
-    /// Deletes from `objects` (the store and its row) up to `limit` objects that no version lists and no
-    /// publish used in the last `retention_ms`; how many. Each is deleted while its row is held, so a publish
-    /// marking it used meanwhile waits, finds it gone, and uploads it again.
-    pub async fn collect_objects(&self, objects: &Objects, retention_ms: i64, limit: i64) -> Result<u64, StoreError> {
+    /// Deletes up to `limit` objects that no version lists and no publish used in the last `retention_ms`:
+    /// each one's row, and the object itself through `delete` (the object store's); how many. Each is deleted
+    /// while its row is held, so a publish marking it used meanwhile waits, finds it gone, and uploads it again;
+    /// an object `delete` fails keeps its row.
+    pub async fn collect_objects<E: From<StoreError>, F: std::future::Future<Output = Result<(), E>>>(
+        &self,
+        retention_ms: i64,
+        limit: i64,
+        mut delete: impl FnMut(String) -> F,
+    ) -> Result<u64, E> {
         let now = self.now_ms();
         let unused = format!(
             "used_ms < {now} - $1 AND NOT EXISTS (SELECT 1 FROM version_objects v WHERE v.sha256 = objects.sha256)"
@@ -214,18 +219,25 @@ impl Store {
             .bind(retention_ms)
             .bind(limit)
             .fetch_all(&self.pool)
-            .await?
+            .await
+            .map_err(StoreError::from)?
             .iter()
             .map(|r| r.try_get(0))
-            .collect::<Result<_, _>>()?;
+            .collect::<Result<_, _>>()
+            .map_err(StoreError::from)?;
         let mut deleted = 0;
         for sha256 in candidates {
-            let mut tx = self.pool.begin().await?;
+            let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
             let sql = format!("DELETE FROM objects WHERE sha256 = $2 AND {unused} RETURNING sha256");
-            let held = sqlx::query(&sql).bind(retention_ms).bind(&sha256).fetch_optional(&mut *tx).await?;
+            let held = sqlx::query(&sql)
+                .bind(retention_ms)
+                .bind(&sha256)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(StoreError::from)?;
             if held.is_some() {
-                objects.delete(&sha256).await?;
-                tx.commit().await?;
+                delete(sha256).await?;
+                tx.commit().await.map_err(StoreError::from)?;
                 deleted += 1;
             }
         }
@@ -266,16 +278,21 @@ mod tests {
 
     #[tokio::test]
     async fn only_objects_no_version_lists_and_unused_are_collected() {
-        let (stores, dir) = stores().await;
-        let objects = super::Objects::open(&format!("file://{}", dir.path().join("objects").display())).unwrap();
+        let (stores, _dir) = stores().await;
         for store in stores {
             for (sha, _) in [("listed", 1), ("unlisted", 2)] {
                 store.record_object(sha, 1).await.unwrap();
             }
             store.record_version("c", "f", "{}", &["listed"]).await.unwrap();
             // Used just now: spared for an hour's retention, collected at none.
-            assert_eq!(store.collect_objects(&objects, 3_600_000, 100).await.unwrap(), 0);
-            assert_eq!(store.collect_objects(&objects, -1, 100).await.unwrap(), 1);
+            let deleted = std::sync::Mutex::new(vec![]);
+            let delete = |sha: String| {
+                deleted.lock().unwrap().push(sha);
+                std::future::ready(Ok::<_, crate::store::StoreError>(()))
+            };
+            assert_eq!(store.collect_objects(3_600_000, 100, delete).await.unwrap(), 0);
+            assert_eq!(store.collect_objects(-1, 100, delete).await.unwrap(), 1);
+            assert_eq!(*deleted.lock().unwrap(), ["unlisted"], "the object deleted with its row");
             assert!(store.use_object("listed").await.unwrap());
             assert!(!store.use_object("unlisted").await.unwrap());
         }

@@ -12,8 +12,8 @@ use utoipa::{IntoParams, ToSchema};
 use crate::corpus::Format;
 use crate::index::OnError;
 use crate::rank::CollectionInfo;
+use crate::replication::writer::Route;
 use crate::scheduler::tasks::{Input, TaskError, TaskView};
-use crate::scheduler::writer::Route;
 use crate::server::decode::ApiJson;
 use crate::server::error::{
     ApiError, ApiPath, ApiQuery, DeleteDocumentsErrors, EngineErrors, TaskSubmitErrors, UploadErrors,

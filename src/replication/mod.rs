@@ -1,26 +1,43 @@
 //! Collections that travel through an object store (`store.objects`, beside a PostgreSQL store), as Quickwit
-//! keeps tantivy's files: a committed version is published as content-addressed objects plus a manifest row
-//! (`publish`), and each replica pulls the newest version of every collection, fetching only the files it lacks
-//! (a version shares most segment files with the one before), checking each against its hash, and swapping the
-//! new directory in as a `--replace` does (`pull`). A replica so starts from an empty data directory. Versions
-//! no replica serves and objects no version lists go after `store.retention_ms` (`collect_garbage`).
+//! keeps tantivy's files: the whole route of a version, in one module. The writer (`writer`: the replica holding
+//! the cluster's writer lock) publishes each committed version as content-addressed objects (`objects`) plus a
+//! manifest row (`manifest`; `publish_dir`), and each replica pulls the newest version of every collection,
+//! fetching only the files it lacks (a version shares most segment files with the one before), checking each
+//! against its hash, and swapping the new directory in as a `--replace` does (`pull`, each poll of the
+//! catalog's service: `follow`). A replica so starts from an empty data directory. Versions no replica serves
+//! and objects no version lists go after `store.retention_ms` (`collect_garbage`).
 //!
 //! A publish cut short (the writer killed mid-upload) leaves objects and no version row: replicas never see
 //! it, the next publish of the collection reuses what was uploaded, and the collector deletes the rest.
+//!
+//! One calling convention: `Replication`'s methods block (file I/O, hashing, transfers), so they are called
+//! from blocking threads (a task's worker, a background service, the CLI), never awaited on the runtime; they
+//! reach the database and the object store through the runtime they were opened on.
+
+mod manifest;
+pub mod objects;
+pub mod writer;
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+use tokio::runtime::Handle;
 
+use crate::cancel::Cancel;
 use crate::config::StoreConfig;
-use crate::hash::FileMemo;
 use crate::index::{self, IndexError, WriterLock};
-use crate::store::{objects, Objects, Store, StoreError};
+use crate::store::{Store, StoreError};
+use manifest::{held, write_held, Held, SHAS};
+pub use manifest::{Manifest, ManifestFile};
+use objects::{Objects, ObjectsError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicationError {
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Objects(#[from] ObjectsError),
     #[error(transparent)]
     Index(#[from] IndexError),
     #[error(
@@ -39,71 +56,16 @@ pub enum ReplicationError {
 impl ReplicationError {
     /// An object store or database that did not answer (refused, timed out, failed): worth trying again.
     fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            ReplicationError::Store(StoreError::Sqlx(_) | StoreError::Objects { .. } | StoreError::Upload { .. })
-        )
+        match self {
+            ReplicationError::Store(e) => matches!(e, StoreError::Sqlx(_)),
+            ReplicationError::Objects(e) => e.is_transient(),
+            _ => false,
+        }
     }
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ReplicationError + '_ {
     move |source| ReplicationError::Io { path: path.to_path_buf(), source }
-}
-
-/// A version's files: what a replica needs to serve it, each named by its content's SHA-256.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Manifest {
-    pub collection: String,
-    /// The index fingerprint (`index::fingerprint`); empty for a deleted collection.
-    pub fingerprint: String,
-    pub files: Vec<ManifestFile>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ManifestFile {
-    pub name: String,
-    pub bytes: u64,
-    pub sha256: String,
-}
-
-/// The version a collection's directory holds, written there by a publish or a pull (`version.json`; not
-/// one of the version's files).
-#[derive(Debug, Serialize, Deserialize)]
-struct Held {
-    id: i64,
-    manifest: Manifest,
-}
-
-const HELD_FILE: &str = "version.json";
-
-fn held(dir: &Path) -> Option<Held> {
-    serde_json::from_slice(&std::fs::read(dir.join(HELD_FILE)).ok()?).ok()
-}
-
-fn write_held(dir: &Path, held: &Held) -> Result<(), ReplicationError> {
-    let (path, partial) = (dir.join(HELD_FILE), dir.join(format!("{HELD_FILE}.partial")));
-    std::fs::write(&partial, serde_json::to_vec_pretty(held).unwrap_or_default()).map_err(io(&partial))?;
-    std::fs::rename(&partial, &path).map_err(io(&path))
-}
-
-/// Each published file's SHA-256, read once.
-static SHAS: FileMemo<String> = FileMemo::new(objects::sha256_file);
-
-impl Manifest {
-    /// The manifest of the collection `name` as committed in `dir`.
-    pub fn of_dir(dir: &Path, name: &str) -> Result<Manifest, ReplicationError> {
-        let fingerprint = index::fingerprint(dir)?;
-        let files = index::published_files(dir)?
-            .into_iter()
-            .map(|name| {
-                let path = dir.join(&name);
-                let bytes = std::fs::metadata(&path).map_err(io(&path))?.len();
-                let sha256 = SHAS.get(&path).map_err(io(&path))?;
-                Ok(ManifestFile { name, bytes, sha256 })
-            })
-            .collect::<Result<_, ReplicationError>>()?;
-        Ok(Manifest { collection: name.to_string(), fingerprint, files })
-    }
 }
 
 /// What a publish did.
@@ -135,11 +97,15 @@ pub struct Replication {
     store: Store,
     objects: Objects,
     retention_ms: i64,
+    /// How long a publish is tried again while the object store or the database does not answer.
+    publish_budget: Duration,
+    runtime: Handle,
 }
 
 impl Replication {
     /// The replication `config` asks for: none without `objects`; refused without a PostgreSQL store, and
-    /// with an object store other than the one the store's versions are in.
+    /// with an object store other than the one the store's versions are in. Opened on the runtime whose
+    /// connections it uses from then on.
     pub async fn open(config: &StoreConfig, store: &Store) -> Result<Option<Replication>, ReplicationError> {
         if config.objects.is_empty() {
             return Ok(None);
@@ -153,27 +119,38 @@ impl Replication {
         if bound != config.objects {
             return Err(ReplicationError::OtherObjectStore { configured: config.objects.clone(), bound });
         }
-        Ok(Some(Replication { store: store.clone(), objects, retention_ms: config.retention_ms as i64 }))
+        Ok(Some(Replication {
+            store: store.clone(),
+            objects,
+            retention_ms: config.retention_ms as i64,
+            publish_budget: Duration::from_millis(config.publish_timeout_ms),
+            runtime: Handle::current(),
+        }))
     }
 
     pub fn objects_url(&self) -> &str {
         self.objects.url()
     }
 
-    /// Publishes the committed state of collection `name` under `root` (`DATA_DIR/collections`): the files no
-    /// earlier version uploaded, then the manifest, in one transaction. Holds the collection's writer lock, so
-    /// no commit lands between hashing a file and uploading it.
-    pub async fn publish(&self, root: &Path, name: &str) -> Result<Published, ReplicationError> {
+    /// Publishes the committed state of collection `name` under `root` (`DATA_DIR/collections`), holding the
+    /// collection's writer lock, so that no commit lands between hashing a file and uploading it.
+    pub fn publish(&self, root: &Path, name: &str) -> Result<Published, ReplicationError> {
         let _writer = WriterLock::take(root, name)?;
-        self.publish_dir(&root.join(name), name).await
+        self.publish_dir(&root.join(name), name, &Cancel::default())
     }
 
     /// Publishes the collection `name` committed in `dir` (the caller holds its writer lock; `dir` may be a
-    /// staged copy, `index::Staged`), recording there the version it became.
-    pub async fn publish_dir(&self, dir: &Path, name: &str) -> Result<Published, ReplicationError> {
+    /// staged copy, `index::Staged`), recording there the version it became: the files no earlier version
+    /// uploaded, then the manifest, in one transaction. Tried again while the object store or the database
+    /// does not answer (`retried`).
+    pub fn publish_dir(&self, dir: &Path, name: &str, cancel: &Cancel) -> Result<Published, ReplicationError> {
+        self.retried(cancel, || self.publish_once(dir, name))
+    }
+
+    fn publish_once(&self, dir: &Path, name: &str) -> Result<Published, ReplicationError> {
         let manifest = Manifest::of_dir(dir, name)?;
         let files = manifest.files.len();
-        let newest = self.store.latest_versions().await?.into_iter().find_map(|(c, id)| (c == name).then_some(id));
+        let newest = self.newest_versions()?.into_iter().find_map(|(c, id)| (c == name).then_some(id));
         if let (Some(version), Some(held)) = (newest, held(dir)) {
             if held.id == version && held.manifest == manifest {
                 return Ok(Published { version, files, uploaded_files: 0, uploaded_bytes: 0, unchanged: true });
@@ -181,36 +158,97 @@ impl Replication {
         }
         let (mut uploaded_files, mut uploaded_bytes) = (0, 0);
         for file in &manifest.files {
-            if self.store.use_object(&file.sha256).await? {
+            if self.runtime.block_on(self.store.use_object(&file.sha256))? {
                 continue;
             }
-            self.objects.put_file(&file.sha256, &dir.join(&file.name)).await?;
-            self.store.record_object(&file.sha256, file.bytes).await?;
-            crate::hooks::reached("publish.object").await;
+            self.runtime.block_on(async {
+                self.objects.put_file(&file.sha256, &dir.join(&file.name)).await?;
+                self.store.record_object(&file.sha256, file.bytes).await?;
+                Ok::<_, ReplicationError>(())
+            })?;
+            crate::hooks::point("publish.object");
             uploaded_files += 1;
             uploaded_bytes += file.bytes;
         }
         let text = serde_json::to_string(&manifest).unwrap_or_default();
         let shas: Vec<&str> = manifest.files.iter().map(|f| f.sha256.as_str()).collect();
-        let version = self.store.record_version(name, &manifest.fingerprint, &text, &shas).await?;
+        let version = self.runtime.block_on(self.store.record_version(name, &manifest.fingerprint, &text, &shas))?;
         write_held(dir, &Held { id: version, manifest })?;
         Ok(Published { version, files, uploaded_files, uploaded_bytes, unchanged: false })
     }
 
-    /// Records that collection `name` was deleted: replicas delete their copies.
-    pub async fn publish_deletion(&self, name: &str) -> Result<i64, ReplicationError> {
+    /// Records that collection `name` was deleted (replicas delete their copies), tried again as a publish is.
+    pub fn publish_deletion(&self, name: &str, cancel: &Cancel) -> Result<i64, ReplicationError> {
         let manifest = Manifest { collection: name.to_string(), fingerprint: String::new(), files: vec![] };
         let text = serde_json::to_string(&manifest).unwrap_or_default();
-        Ok(self.store.record_version(name, "", &text, &[]).await?)
+        self.retried(cancel, || Ok(self.runtime.block_on(self.store.record_version(name, "", &text, &[]))?))
+    }
+
+    /// `attempt` made again while the object store or the database does not answer, for up to
+    /// `store.publish_timeout_ms` or until `cancel`: then its last error. Each attempt starts over; what an
+    /// earlier one uploaded is not sent again.
+    fn retried<T>(
+        &self,
+        cancel: &Cancel,
+        mut attempt: impl FnMut() -> Result<T, ReplicationError>,
+    ) -> Result<T, ReplicationError> {
+        let started = Instant::now();
+        let mut wait = Duration::from_millis(200);
+        loop {
+            match attempt() {
+                Err(e)
+                    if e.is_transient() && started.elapsed() + wait < self.publish_budget && !cancel.is_cancelled() =>
+                {
+                    tracing::warn!("publishing (tried again in {} ms): {e}", wait.as_millis());
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(Duration::from_secs(5));
+                }
+                result => return result,
+            }
+        }
+    }
+
+    fn newest_versions(&self) -> Result<Vec<(String, i64)>, ReplicationError> {
+        Ok(self.runtime.block_on(self.store.latest_versions())?)
+    }
+
+    /// One poll of a replica's catalog service: the collections under `root` brought to their newest
+    /// versions (what changed, logged), and at every `collect_every`th tick old versions and objects collected
+    /// (`live_ms`: how recent a replica's heartbeat must be for what it serves to be kept).
+    pub fn follow(&self, root: &Path, tick: u64, collect_every: u64, live_ms: i64) {
+        if let Err(e) = self.pull_logged(root) {
+            tracing::warn!("pulling from the object store: {e}");
+        }
+        if tick.is_multiple_of(collect_every) {
+            match self.collect_garbage(live_ms) {
+                Ok((0, 0)) => {}
+                Ok((versions, objects)) => tracing::info!(versions, objects, "old versions deleted"),
+                Err(e) => tracing::warn!("deleting old versions: {e}"),
+            }
+        }
+    }
+
+    /// `pull`, with what changed and what failed logged: a version that fails keeps the one held serving.
+    pub fn pull_logged(&self, root: &Path) -> Result<(), ReplicationError> {
+        let (pulled, failed) = self.pull(root)?;
+        for p in pulled {
+            let (collection, version, fingerprint) = (&p.collection, p.version, &p.fingerprint);
+            let (files, bytes) = (p.fetched_files, p.fetched_bytes);
+            tracing::info!(collection, version, fingerprint, files, bytes, "pulled the newest version");
+        }
+        for e in failed {
+            tracing::warn!("not pulled (the version held serves; tried again at the next pull): {e}");
+        }
+        Ok(())
     }
 
     /// Brings every collection under `root` to its newest published version; what changed. A collection that
     /// fails (an object missing or corrupt, a full disk) keeps the version it holds and is reported in the
     /// second value; the next pull tries again.
-    pub async fn pull(&self, root: &Path) -> Result<(Vec<Pulled>, Vec<ReplicationError>), ReplicationError> {
+    pub fn pull(&self, root: &Path) -> Result<(Vec<Pulled>, Vec<ReplicationError>), ReplicationError> {
         std::fs::create_dir_all(root).map_err(io(root))?;
         let (mut pulled, mut failed) = (vec![], vec![]);
-        for (collection, id) in self.store.latest_versions().await? {
+        for (collection, id) in self.newest_versions()? {
             // Held, and as published: a commit no version lists (a writer that stopped before publishing it)
             // is discarded by pulling the version again.
             let dir = root.join(&collection);
@@ -219,7 +257,7 @@ impl Replication {
             {
                 continue;
             }
-            match self.pull_version(root, &collection, id).await {
+            match self.pull_version(root, &collection, id) {
                 Ok(Some(p)) => pulled.push(p),
                 Ok(None) => {}
                 Err(e) => failed.push(e),
@@ -228,11 +266,11 @@ impl Replication {
         Ok((pulled, failed))
     }
 
-    async fn pull_version(&self, root: &Path, collection: &str, id: i64) -> Result<Option<Pulled>, ReplicationError> {
+    fn pull_version(&self, root: &Path, collection: &str, id: i64) -> Result<Option<Pulled>, ReplicationError> {
         let invalid = |reason: String| ReplicationError::Version { id, collection: collection.to_string(), reason };
         index::validate_name(collection)?;
         // Deleted by the collector since it was listed: the next pull sees the newest.
-        let Some(row) = self.store.version(id).await? else { return Ok(None) };
+        let Some(row) = self.runtime.block_on(self.store.version(id))? else { return Ok(None) };
         let manifest: Manifest = serde_json::from_str(&row.manifest).map_err(|e| invalid(format!("manifest: {e}")))?;
         let dir = root.join(collection);
         if manifest.fingerprint.is_empty() {
@@ -269,7 +307,7 @@ impl Replication {
             if same && std::fs::hard_link(&from, &to).is_ok() {
                 continue;
             }
-            fetched_bytes += self.objects.fetch(&file.sha256, &to).await?;
+            fetched_bytes += self.runtime.block_on(self.objects.fetch(&file.sha256, &to))?;
             fetched_files += 1;
         }
         index::link_caches(&dir, &staging)?;
@@ -285,31 +323,12 @@ impl Replication {
 
     /// Deletes the versions no replica seen in the last `live_ms` serves and the objects no version lists,
     /// once older than the retention time; how many of each.
-    pub async fn collect_garbage(&self, live_ms: i64) -> Result<(u64, u64), ReplicationError> {
-        let versions = self.store.delete_old_versions(self.retention_ms, live_ms).await?;
-        let objects = self.store.collect_objects(&self.objects, self.retention_ms, 1000).await?;
-        Ok((versions, objects))
-    }
-}
-
-/// A publishing `attempt` (`publish_dir`, `publish_deletion`) made again while the object store or the
-/// database does not answer, for up to `budget` (`store.publish_timeout_ms`) or until `cancel`: then its
-/// last error. Each attempt starts over; what an earlier one uploaded is not sent again.
-pub async fn retry_within<T, F: std::future::Future<Output = Result<T, ReplicationError>>>(
-    budget: std::time::Duration,
-    cancel: &crate::cancel::Cancel,
-    mut attempt: impl FnMut() -> F,
-) -> Result<T, ReplicationError> {
-    let started = std::time::Instant::now();
-    let mut wait = std::time::Duration::from_millis(200);
-    loop {
-        match attempt().await {
-            Err(e) if e.is_transient() && started.elapsed() + wait < budget && !cancel.is_cancelled() => {
-                tracing::warn!("publishing (tried again in {} ms): {e}", wait.as_millis());
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(std::time::Duration::from_secs(5));
-            }
-            result => return result,
-        }
+    pub fn collect_garbage(&self, live_ms: i64) -> Result<(u64, u64), ReplicationError> {
+        self.runtime.block_on(async {
+            let versions = self.store.delete_old_versions(self.retention_ms, live_ms).await?;
+            let delete = |sha256: String| async move { Ok::<_, ReplicationError>(self.objects.delete(&sha256).await?) };
+            let objects = self.store.collect_objects(self.retention_ms, 1000, delete).await?;
+            Ok((versions, objects))
+        })
     }
 }

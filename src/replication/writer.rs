@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::service::Services;
 use crate::store::{Store, StoreError, WriterLease};
 
 /// How often a replica tries the lock, and the writer checks it still holds it.
@@ -52,33 +53,39 @@ impl Writer {
         })
     }
 
-    /// Takes part in the election as `replica`, reached at `url`: tries the lock each second, and once holding
-    /// it checks each second that it still does.
-    pub fn start(self: &Arc<Self>, replica: String, url: String) {
-        let writer = self.clone();
-        tokio::spawn(async move {
-            let mut lease: Option<WriterLease> = None;
-            loop {
-                match lease.as_mut() {
-                    Some(held) => {
-                        if let Err(e) = held.check().await {
-                            tracing::error!("lost the writer lock ({e}): no longer writing the collections");
-                            writer.writing.store(false, Ordering::Release);
-                            lease = None;
-                        }
-                    }
-                    None => match writer.store.try_writer_lease(&replica, &url).await {
-                        Ok(Some(held)) => {
-                            tracing::info!("this replica ({replica}, {url}) now writes the collections");
-                            lease = Some(held);
-                            writer.writing.store(true, Ordering::Release);
-                        }
-                        Ok(None) => {}
-                        Err(e) => tracing::warn!("trying the writer lock: {e}"),
-                    },
-                }
-                tokio::time::sleep(ELECTION).await;
-            }
+    /// Takes part in the election as `replica`, reached at `url`: tries the lock now and then each second, as
+    /// a background service, and once holding it checks each second that it still does.
+    pub async fn start(self: &Arc<Self>, replica: String, url: String, services: &Services) {
+        let mut lease = self.elect(None, &replica, &url).await;
+        let (writer, runtime) = (self.clone(), tokio::runtime::Handle::current());
+        services.spawn("writer-election", ELECTION, move |_| {
+            lease = runtime.block_on(writer.elect(lease.take(), &replica, &url));
         });
+    }
+
+    /// One round of the election: the lease still held, or newly taken; none if lost or taken by another.
+    async fn elect(&self, lease: Option<WriterLease>, replica: &str, url: &str) -> Option<WriterLease> {
+        match lease {
+            Some(mut held) => match held.check().await {
+                Ok(()) => Some(held),
+                Err(e) => {
+                    tracing::error!("lost the writer lock ({e}): no longer writing the collections");
+                    self.writing.store(false, Ordering::Release);
+                    None
+                }
+            },
+            None => match self.store.try_writer_lease(replica, url).await {
+                Ok(Some(held)) => {
+                    tracing::info!("this replica ({replica}, {url}) now writes the collections");
+                    self.writing.store(true, Ordering::Release);
+                    Some(held)
+                }
+                Ok(None) => None,
+                Err(e) => {
+                    tracing::warn!("trying the writer lock: {e}");
+                    None
+                }
+            },
+        }
     }
 }

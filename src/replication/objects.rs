@@ -15,7 +15,32 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
-use super::StoreError;
+/// What the object store answered, or what a transfer met.
+#[derive(Debug, thiserror::Error)]
+pub enum ObjectsError {
+    #[error("object store {url}: {source}")]
+    Store { url: String, source: object_store::Error },
+    #[error("store.objects {url}: the scheme is neither file:// nor s3://")]
+    Scheme { url: String },
+    #[error(
+        "store.objects {url}: the bucket {bucket} does not exist; create it first (`aws s3 mb s3://{bucket}`, or \
+         an S3-compatible server's own way: `curl -X PUT $AWS_ENDPOINT_URL/{bucket}` for moto or MinIO)"
+    )]
+    NoBucket { url: String, bucket: String },
+    #[error("{path}: {source}")]
+    File { path: String, source: std::io::Error },
+    #[error("uploading object {object}: {source}")]
+    Upload { object: String, source: std::io::Error },
+    #[error("object {object} is corrupt: its content hashes to {got}")]
+    Corrupt { object: String, got: String },
+}
+
+impl ObjectsError {
+    /// The store did not answer or a transfer broke: worth trying again.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ObjectsError::Store { .. } | ObjectsError::Upload { .. })
+    }
+}
 
 /// The hex SHA-256 of a file's content, streamed.
 pub fn sha256_file(path: &FsPath) -> std::io::Result<String> {
@@ -50,10 +75,10 @@ pub struct Objects {
 
 impl Objects {
     /// Opens the store a `store.objects` URL names (a `file://` directory is created if missing).
-    pub fn open(url: &str) -> Result<Objects, StoreError> {
-        let err = |source| StoreError::Objects { url: url.to_string(), source };
+    pub fn open(url: &str) -> Result<Objects, ObjectsError> {
+        let err = |source| ObjectsError::Store { url: url.to_string(), source };
         let (store, prefix): (Arc<dyn ObjectStore>, &str) = if let Some(dir) = url.strip_prefix("file://") {
-            std::fs::create_dir_all(dir).map_err(|source| StoreError::File { path: dir.to_string(), source })?;
+            std::fs::create_dir_all(dir).map_err(|source| ObjectsError::File { path: dir.to_string(), source })?;
             (Arc::new(LocalFileSystem::new_with_prefix(dir).map_err(err)?), "")
         } else if let Some(rest) = url.strip_prefix("s3://") {
             let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
@@ -61,7 +86,7 @@ impl Objects {
             let s3 = AmazonS3Builder::from_env().with_bucket_name(bucket).build().map_err(err)?;
             (Arc::new(s3), prefix.trim_matches('/'))
         } else {
-            return Err(StoreError::ObjectsScheme { url: url.to_string() });
+            return Err(ObjectsError::Scheme { url: url.to_string() });
         };
         Ok(Objects { store, prefix: Path::from(prefix), url: url.to_string() })
     }
@@ -72,12 +97,12 @@ impl Objects {
 
     /// Lists the prefix once, so that a store that cannot be written (a bucket missing, credentials refused, an
     /// endpoint down) is said at start rather than after a build; a missing bucket is named as such.
-    pub async fn check(&self) -> Result<(), StoreError> {
+    pub async fn check(&self) -> Result<(), ObjectsError> {
         match self.store.list_with_delimiter(Some(&self.prefix)).await {
             Ok(_) => Ok(()),
             Err(e) if e.to_string().contains("NoSuchBucket") => {
                 let bucket = self.url.trim_start_matches("s3://").split('/').next().unwrap_or_default().to_string();
-                Err(StoreError::NoBucket { url: self.url.clone(), bucket })
+                Err(ObjectsError::NoBucket { url: self.url.clone(), bucket })
             }
             Err(e) => Err(self.err(e)),
         }
@@ -87,17 +112,17 @@ impl Objects {
         self.prefix.clone().join("objects").join(sha256)
     }
 
-    fn err(&self, source: object_store::Error) -> StoreError {
-        StoreError::Objects { url: self.url.clone(), source }
+    fn err(&self, source: object_store::Error) -> ObjectsError {
+        ObjectsError::Store { url: self.url.clone(), source }
     }
 
     /// Uploads `file` as the object named `sha256` (its content's hash), streamed (multipart when large).
-    pub async fn put_file(&self, sha256: &str, file: &FsPath) -> Result<(), StoreError> {
-        let io = |source| StoreError::File { path: file.display().to_string(), source };
+    pub async fn put_file(&self, sha256: &str, file: &FsPath) -> Result<(), ObjectsError> {
+        let io = |source| ObjectsError::File { path: file.display().to_string(), source };
         let mut source = tokio::fs::File::open(file).await.map_err(io)?;
         let mut sink = object_store::buffered::BufWriter::new(self.store.clone(), self.path(sha256));
         // The sink's errors are the object store's (a local file just committed reads, or its opening failed).
-        let upload = |source| StoreError::Upload { object: self.path(sha256).to_string(), source };
+        let upload = |source| ObjectsError::Upload { object: self.path(sha256).to_string(), source };
         if let Err(e) = tokio::io::copy(&mut source, &mut sink).await {
             sink.abort().await.map_err(|e| self.err(e))?;
             return Err(upload(e));
@@ -106,8 +131,8 @@ impl Objects {
     }
 
     /// Downloads the object `sha256` into `to`, checking its content against its name, and syncs it to disk.
-    pub async fn fetch(&self, sha256: &str, to: &FsPath) -> Result<u64, StoreError> {
-        let io = |source| StoreError::File { path: to.display().to_string(), source };
+    pub async fn fetch(&self, sha256: &str, to: &FsPath) -> Result<u64, ObjectsError> {
+        let io = |source| ObjectsError::File { path: to.display().to_string(), source };
         let mut stream = self.store.get(&self.path(sha256)).await.map_err(|e| self.err(e))?.into_stream();
         let mut file = tokio::fs::File::create(to).await.map_err(io)?;
         let (mut hasher, mut bytes) = (Sha256::new(), 0u64);
@@ -119,14 +144,14 @@ impl Objects {
         }
         let got = hex(&hasher.finalize());
         if got != sha256 {
-            return Err(StoreError::Corrupt { object: self.path(sha256).to_string(), got });
+            return Err(ObjectsError::Corrupt { object: self.path(sha256).to_string(), got });
         }
         file.sync_all().await.map_err(io)?;
         Ok(bytes)
     }
 
     /// Deletes the object `sha256` (one already gone is no error).
-    pub async fn delete(&self, sha256: &str) -> Result<(), StoreError> {
+    pub async fn delete(&self, sha256: &str) -> Result<(), ObjectsError> {
         match self.store.delete(&self.path(sha256)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.err(e)),
@@ -151,10 +176,10 @@ mod tests {
         assert_eq!(objects.fetch(&sha, &back).await.unwrap(), 13);
         assert_eq!(std::fs::read(&back).unwrap(), b"segment bytes");
         std::fs::write(dir.path().join("store/objects").join(&sha), "tampered").unwrap();
-        assert!(matches!(objects.fetch(&sha, &back).await, Err(StoreError::Corrupt { .. })));
+        assert!(matches!(objects.fetch(&sha, &back).await, Err(ObjectsError::Corrupt { .. })));
         objects.delete(&sha).await.unwrap();
         objects.delete(&sha).await.unwrap();
         assert!(objects.fetch(&sha, &back).await.is_err());
-        assert!(matches!(Objects::open("ftp://x"), Err(StoreError::ObjectsScheme { .. })));
+        assert!(matches!(Objects::open("ftp://x"), Err(ObjectsError::Scheme { .. })));
     }
 }
