@@ -20,7 +20,7 @@
 //! | `progress` | how long jobs report progress |
 //! | `cancel` | cancelling work whose requester is gone or whose deadline passed |
 //! | `hooks` | test hooks that hold the process at named points |
-//! | `service` | background loops on threads of their own, stopped and joined at shutdown |
+//! | `service` | every background service run one way: a loop on a thread of its own, woken by its period or a bell, stopped and joined at shutdown |
 //! | `hash` | stable hashes (FNV-1a) for cache keys and fingerprints |
 //! | `histogram` | Prometheus histograms for the server's and the model's metrics |
 //! | `rng` | seeded random streams |

@@ -21,7 +21,7 @@ use crate::eval::{self, Comparison, EvalError, EvalOptions, Measure, Qrels, Run,
 use crate::index::Catalog;
 use crate::model::Cancel;
 use crate::rank::{BatchParams, BatchPlan, Engine, RankError};
-use crate::service::Services;
+use crate::service::{Bell, Next, Services};
 use crate::store::{Claim, Committed, Completion, JobRow, JobStatus, Lane, NewJob, Store, StoreError};
 
 use super::cluster::{self, Cluster};
@@ -176,8 +176,8 @@ pub struct Jobs {
     cluster: Arc<Cluster>,
     /// This replica's name in the leases it takes (set by `start`).
     replica: OnceLock<String>,
-    /// Wakes idle workers when a job is submitted here (others' jobs are found by polling).
-    submitted: Notify,
+    /// Wake idle workers when a job is submitted here (others' jobs are found by polling).
+    workers: Mutex<Vec<Bell>>,
     /// Told whenever a job finishes or is cancelled here.
     finished: Notify,
     /// The plans of the jobs this replica works on, each built once from its stored row.
@@ -217,7 +217,7 @@ impl Jobs {
             store,
             config,
             replica: OnceLock::new(),
-            submitted: Notify::new(),
+            workers: Mutex::default(),
             finished: Notify::new(),
             plans: Mutex::new(HashMap::new()),
             running: Mutex::new(HashMap::new()),
@@ -281,7 +281,9 @@ impl Jobs {
             created => created?,
         }
         self.plans.lock().insert(id.clone(), Arc::new(Planned { plan, qrels: submission.qrels }));
-        self.submitted.notify_waiters();
+        for worker in self.workers.lock().iter() {
+            worker.ring();
+        }
         Ok(id)
     }
 
@@ -324,94 +326,92 @@ impl Jobs {
                     .await?;
             }
         }
-        for _ in 0..self.config.batch.workers.max(1) {
-            tokio::spawn(self.clone().work(Lane::Model));
-            tokio::spawn(self.clone().work(Lane::FirstStage));
+        let runtime = tokio::runtime::Handle::current();
+        for i in 0..self.config.batch.workers.max(1) {
+            for (lane, name) in [(Lane::Model, "batch-model"), (Lane::FirstStage, "batch-first-stage")] {
+                let (jobs, runtime) = (self.clone(), runtime.clone());
+                let worker =
+                    services.spawn_worker(&format!("{name}-{i}"), Duration::ZERO, move || jobs.work(lane, &runtime));
+                self.workers.lock().push(worker);
+            }
         }
         Ok(())
     }
 
-    /// One worker of `lane`: claims a topic, runs it, commits it; waits when there is none.
-    async fn work(self: Arc<Self>, lane: Lane) {
+    /// A tick of a worker of `lane`: claims a topic, runs it, commits it; when there is none, waits.
+    fn work(self: &Arc<Self>, lane: Lane, runtime: &tokio::runtime::Handle) -> Next {
         let replica = self.replica.get().cloned().unwrap_or_default();
-        loop {
-            // Replicas take only jobs they can run exactly; an unshared store has one process, which runs all.
-            let serves = match self.store.shared() {
-                false => None,
-                true => Some(self.cluster.serves().await),
-            };
-            match self.store.claim_topic(&replica, self.cluster.lease_ms() as i64, serves.as_ref(), lane).await {
-                Ok(Some(claim)) => {
-                    self.counters.claimed.fetch_add(1, Ordering::Relaxed);
-                    if claim.attempt > 1 {
-                        self.counters.retried.fetch_add(1, Ordering::Relaxed);
-                        tracing::info!(job = %claim.job_id, topic = claim.seq, attempt = claim.attempt, "retrying a topic");
-                    }
-                    match self.run_topic(&claim).await {
-                        Ok(()) => {}
-                        // The store failed (a replica stalled past its pool's timeout, a lost connection): not
-                        // the job's fault. The topic's lease runs out and a claim, here or on another replica,
-                        // runs it again.
-                        Err(JobError::Store(e)) => tracing::warn!(
-                            job = %claim.job_id, topic = claim.seq,
-                            "the store failed for a topic, which runs again once its lease runs out: {e}"
-                        ),
-                        Err(e) => {
-                            tracing::error!(job = %claim.job_id, "batch job failed: {e}");
-                            let _ = self.store.set_status(&claim.job_id, JobStatus::Failed, Some(&e.to_string())).await;
-                            self.forget(&claim.job_id);
-                            self.finished.notify_waiters();
-                        }
-                    }
-                }
-                Ok(None) => {
-                    self.prune().await;
-                    let _ = tokio::time::timeout(IDLE_POLL, self.submitted.notified()).await;
-                }
-                Err(e) => {
-                    tracing::warn!("claiming a topic: {e}");
-                    tokio::time::sleep(IDLE_POLL).await;
-                }
+        // Replicas take only jobs they can run exactly; an unshared store has one process, which runs all.
+        let serves = self.store.shared().then(|| self.cluster.serves_now());
+        let claimed = self.store.claim_topic(&replica, self.cluster.lease_ms() as i64, serves.as_ref(), lane);
+        let claim = match runtime.block_on(claimed) {
+            Ok(Some(claim)) => claim,
+            Ok(None) => {
+                runtime.block_on(self.prune());
+                return Next::After(IDLE_POLL);
+            }
+            Err(e) => {
+                tracing::warn!("claiming a topic: {e}");
+                return Next::After(IDLE_POLL);
+            }
+        };
+        self.counters.claimed.fetch_add(1, Ordering::Relaxed);
+        if claim.attempt > 1 {
+            self.counters.retried.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(job = %claim.job_id, topic = claim.seq, attempt = claim.attempt, "retrying a topic");
+        }
+        match self.run_topic(&claim, runtime) {
+            Ok(()) => {}
+            // The store failed (a replica stalled past its pool's timeout, a lost connection): not the job's
+            // fault. The topic's lease runs out and a claim, here or on another replica, runs it again.
+            Err(JobError::Store(e)) => tracing::warn!(
+                job = %claim.job_id, topic = claim.seq,
+                "the store failed for a topic, which runs again once its lease runs out: {e}"
+            ),
+            Err(e) => {
+                tracing::error!(job = %claim.job_id, "batch job failed: {e}");
+                let error = e.to_string();
+                let _ = runtime.block_on(self.store.set_status(&claim.job_id, JobStatus::Failed, Some(&error)));
+                self.forget(&claim.job_id);
+                self.finished.notify_waiters();
             }
         }
+        Next::Now
     }
 
     /// Runs one claimed topic, renewing its lease meanwhile, and commits it.
-    async fn run_topic(self: &Arc<Self>, claim: &Claim) -> Result<(), JobError> {
-        let planned = self.plan(&claim.job_id).await?;
+    fn run_topic(self: &Arc<Self>, claim: &Claim, runtime: &tokio::runtime::Handle) -> Result<(), JobError> {
+        let planned = self.plan(&claim.job_id, runtime)?;
         let cancel = Cancel::default();
         let key = (claim.job_id.clone(), claim.seq);
         self.running.lock().insert(key.clone(), cancel.clone());
-        let renewal = tokio::spawn(self.clone().renew(claim.clone(), cancel.clone()));
+        let renewal = runtime.spawn(self.clone().renew(claim.clone(), cancel.clone()));
         let seq = claim.seq as usize;
-        let (engine, topic_planned, topic_cancel) = (self.engine.clone(), planned.clone(), cancel.clone());
-        let ranked = tokio::task::spawn_blocking(move || {
-            let plan = &topic_planned.plan;
-            plan.run_topic(&engine, &plan.topics[seq], &topic_cancel)
-        })
-        .await;
+        let plan = &planned.plan;
+        let ranked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            plan.run_topic(&self.engine, &plan.topics[seq], &cancel)
+        }));
         renewal.abort();
         self.running.lock().remove(&key);
-        let ranked = match ranked.map_err(|e| JobError::Worker(e.to_string()))? {
+        let ranked = match ranked.map_err(|_| JobError::Worker("the topic's worker panicked".into()))? {
             // The lease was lost or the job stopped while the topic ran: another claim runs it, or none.
             Err(_) if cancel.is_cancelled() => return Ok(()),
             ranked => ranked?,
         };
-        let plan = &planned.plan;
         let qid = &plan.topics[seq].qid;
         let mut run = Run { tag: plan.tag.clone(), ..Default::default() };
         run.topics.insert(qid.clone(), ranked.scored);
         let mut text = Vec::new();
         run.write(&mut text).expect("writing to memory");
         let complete = |whole: &str| completion(plan, whole, planned.qrels.as_deref()).map_err(|e| e.to_string());
-        crate::hooks::reached("batch.commit").await;
+        crate::hooks::point("batch.commit");
         if crate::hooks::fails("batch.commit") {
             return Err(StoreError::Sqlx(sqlx::Error::PoolTimedOut).into());
         }
-        let committed =
-            self.store.commit_topic(claim, qid, &String::from_utf8_lossy(&text), ranked.flops, complete).await?;
+        let text = String::from_utf8_lossy(&text);
+        let committed = runtime.block_on(self.store.commit_topic(claim, qid, &text, ranked.flops, complete))?;
         if matches!(committed, Committed::Topic | Committed::Job) {
-            crate::hooks::reached("batch.topic").await;
+            crate::hooks::point("batch.topic");
         }
         match committed {
             Committed::Topic => {}
@@ -419,7 +419,7 @@ impl Jobs {
                 self.forget(&claim.job_id);
                 // Retention: the newest finished jobs stay, older ones go with their runs; before the waiters
                 // are woken, so that a client the finish wakes finds the jobs retention removes gone.
-                match self.store.keep_finished(self.config.batch.keep_finished_jobs).await {
+                match runtime.block_on(self.store.keep_finished(self.config.batch.keep_finished_jobs)) {
                     Ok(0) => {}
                     Ok(n) => tracing::info!("deleted {n} finished jobs beyond batch.keep_finished_jobs"),
                     Err(e) => tracing::warn!("job retention: {e}"),
@@ -457,18 +457,15 @@ impl Jobs {
 
     /// The job's plan, built from its row the first time this replica works on it, with the options it was
     /// submitted with whatever the configuration says today.
-    async fn plan(&self, id: &str) -> Result<Arc<Planned>, JobError> {
+    fn plan(&self, id: &str, runtime: &tokio::runtime::Handle) -> Result<Arc<Planned>, JobError> {
         if let Some(planned) = self.plans.lock().get(id) {
             return Ok(planned.clone());
         }
-        let row = self.store.job(id).await?.ok_or_else(|| JobError::UnknownJob(id.to_string()))?;
+        let row = runtime.block_on(self.store.job(id))?.ok_or_else(|| JobError::UnknownJob(id.to_string()))?;
         let params = serde_json::from_str::<BatchParams>(&row.params).map_err(|e| JobError::Worker(e.to_string()))?;
         let topics = eval::formats::parse_topics(&row.topics, &eval::formats::upload_path("topics"))?;
         let rerank = parse_rerank(row.rerank.as_deref())?;
-        let engine = self.engine.clone();
-        let mut plan = tokio::task::spawn_blocking(move || engine.plan_batch(&params, topics, rerank))
-            .await
-            .map_err(|e| JobError::Worker(e.to_string()))??;
+        let mut plan = self.engine.plan_batch(&params, topics, rerank)?;
         plan.restore(&self.engine, &row.provenance)?;
         let planned = Arc::new(Planned { plan, qrels: row.qrels });
         self.plans.lock().insert(id.to_string(), planned.clone());

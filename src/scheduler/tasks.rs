@@ -10,7 +10,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -28,7 +28,7 @@ use crate::progress::{Progress, Unit};
 use crate::rank::{Engine, RankError};
 use crate::replication::writer::{Route, Writer};
 use crate::replication::{Replication, ReplicationError};
-use crate::service::Services;
+use crate::service::{Bell, Next, Services};
 use crate::store::{KeyedRequest, Store, StoreError, TaskFilter, TaskKind, TaskOutcome, TaskRow, TaskStatus};
 
 #[derive(Debug, thiserror::Error)]
@@ -156,7 +156,7 @@ pub struct Tasks {
     data_dir: PathBuf,
     index: IndexConfig,
     /// Told when a task is queued (the worker waits on it).
-    wake: Notify,
+    wake: OnceLock<Bell>,
     /// Told when a task finishes (`?wait=true` waits on it).
     finished: Notify,
     running: Mutex<Option<Running>>,
@@ -185,7 +185,7 @@ impl Tasks {
             engine,
             data_dir: config.data_dir.clone(),
             index: config.index.clone(),
-            wake: Notify::new(),
+            wake: OnceLock::new(),
             finished: Notify::new(),
             running: Mutex::default(),
             taken_over: AtomicBool::new(false),
@@ -207,7 +207,8 @@ impl Tasks {
             Some(writer) => writer.start(replica, url, services).await,
             None => self.take_over().await?,
         }
-        tokio::spawn(self.clone().work());
+        let (tasks, runtime) = (self.clone(), tokio::runtime::Handle::current());
+        let _ = self.wake.set(services.spawn_worker("collection-tasks", Duration::ZERO, move || tasks.work(&runtime)));
         Ok(())
     }
 
@@ -291,7 +292,9 @@ impl Tasks {
             },
             created => created?,
         };
-        self.wake.notify_one();
+        if let Some(worker) = self.wake.get() {
+            worker.ring();
+        }
         Ok((self.get(id).await?, true))
     }
 
@@ -421,68 +424,61 @@ impl Tasks {
         }
     }
 
-    /// Applies queued tasks one at a time, oldest first (on a cluster, while this replica is the writer), and
-    /// publishes each one's result.
-    async fn work(self: Arc<Self>) {
-        loop {
-            if let Some(writer) = &self.writer {
-                if !writer.is_writer() {
-                    self.taken_over.store(false, Ordering::Release);
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-                if !self.taken_over.load(Ordering::Acquire) {
-                    if let Err(e) = self.take_over().await {
-                        tracing::error!("tasks: taking over as the writer: {e}");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                        continue;
-                    }
-                    self.taken_over.store(true, Ordering::Release);
-                }
+    /// The worker's tick: applies the oldest queued task (on a cluster, while this replica is the writer) and
+    /// publishes its result; tasks apply one at a time.
+    fn work(&self, runtime: &tokio::runtime::Handle) -> Next {
+        if let Some(writer) = &self.writer {
+            if !writer.is_writer() {
+                self.taken_over.store(false, Ordering::Release);
+                return Next::After(Duration::from_millis(200));
             }
-            let task = match self.store.start_next_task().await {
-                Ok(Some(task)) => task,
-                Ok(None) => {
-                    // A wake-up or a second (a task queued by another process sharing the store).
-                    let _ = tokio::time::timeout(Duration::from_secs(1), self.wake.notified()).await;
-                    continue;
+            if !self.taken_over.load(Ordering::Acquire) {
+                if let Err(e) = runtime.block_on(self.take_over()) {
+                    tracing::error!("tasks: taking over as the writer: {e}");
+                    return Next::After(Duration::from_secs(1));
                 }
-                Err(e) => {
-                    tracing::error!("tasks: {e}");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    continue;
-                }
-            };
-            let cancel = Cancel::default();
-            *self.running.lock() = Some(Running { id: task.id, cancel: cancel.clone(), progress: None });
-            let input: Input = serde_json::from_str(&task.input).unwrap_or_default();
-            let outcome = self.apply(&task, &input, &cancel).await;
-            *self.running.lock() = None;
-            // Asked to stop, a task that stopped ends cancelled; one that finished anyway, as it finished.
-            let status = match (&outcome.error, cancel.is_cancelled()) {
-                (Some(_), true) => TaskStatus::Cancelled,
-                (Some(_), false) => TaskStatus::Failed,
-                (None, _) => TaskStatus::Succeeded,
-            };
-            if let Err(e) = self.store.finish_task(task.id, status, &outcome).await {
-                tracing::error!("task {}: {e}", task.id);
+                self.taken_over.store(true, Ordering::Release);
             }
-            self.finished.notify_waiters();
-            self.remove_upload(&input).await;
         }
+        let task = match runtime.block_on(self.store.start_next_task()) {
+            Ok(Some(task)) => task,
+            // A ring or a second (a task queued by another process sharing the store).
+            Ok(None) => return Next::After(Duration::from_secs(1)),
+            Err(e) => {
+                tracing::error!("tasks: {e}");
+                return Next::After(Duration::from_secs(1));
+            }
+        };
+        let cancel = Cancel::default();
+        *self.running.lock() = Some(Running { id: task.id, cancel: cancel.clone(), progress: None });
+        let input: Input = serde_json::from_str(&task.input).unwrap_or_default();
+        let outcome = self.apply(&task, &input, &cancel, runtime);
+        *self.running.lock() = None;
+        // Asked to stop, a task that stopped ends cancelled; one that finished anyway, as it finished.
+        let status = match (&outcome.error, cancel.is_cancelled()) {
+            (Some(_), true) => TaskStatus::Cancelled,
+            (Some(_), false) => TaskStatus::Failed,
+            (None, _) => TaskStatus::Succeeded,
+        };
+        if let Err(e) = runtime.block_on(self.store.finish_task(task.id, status, &outcome)) {
+            tracing::error!("task {}: {e}", task.id);
+        }
+        self.finished.notify_waiters();
+        runtime.block_on(self.remove_upload(&input));
+        Next::Now
     }
 
-    async fn apply(self: &Arc<Self>, task: &TaskRow, input: &Input, cancel: &Cancel) -> TaskOutcome {
-        let (tasks, input, cancel, runtime) =
-            (self.clone(), input.clone(), cancel.clone(), tokio::runtime::Handle::current());
-        let (id, kind, name) = (task.id, task.kind, task.collection.clone());
-        let apply = move || match kind {
-            TaskKind::DeleteCollection => tasks.delete_collection(&name, &cancel, &runtime),
-            _ => tasks.apply_blocking(id, kind, &name, &input, &cancel),
+    fn apply(&self, task: &TaskRow, input: &Input, cancel: &Cancel, runtime: &tokio::runtime::Handle) -> TaskOutcome {
+        let name = &task.collection;
+        let apply = || match task.kind {
+            TaskKind::DeleteCollection => self.delete_collection(name, cancel, runtime),
+            kind => self.apply_blocking(task.id, kind, name, input, cancel),
         };
-        match tokio::task::spawn_blocking(apply).await {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(apply)) {
             Ok(applied) => applied.unwrap_or_else(|e| TaskOutcome { error: Some(e.to_string()), ..Default::default() }),
-            Err(e) => TaskOutcome { error: Some(format!("the task's worker failed: {e}")), ..Default::default() },
+            Err(_) => {
+                TaskOutcome { error: Some("the task's worker failed (it panicked)".into()), ..Default::default() }
+            }
         }
     }
 

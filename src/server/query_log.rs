@@ -1,13 +1,16 @@
-//! The query log's one writer. A search hands its entry to a bounded queue and goes on; one task takes what is
+//! The query log's one writer. A search hands its entry to a bounded queue and goes on; one background service
+//! (`service`) takes what is
 //! queued, a batch at a time, and writes each batch in one transaction on a database connection of its own, so
 //! that logging neither grows without bound under load nor takes the pool that jobs and tasks share. Entries
 //! past the bound, and batches the database refused, are dropped and counted (`/metrics`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use crate::service::{Next, Services};
 use crate::store::{QueryLogEntry, Store};
 
 /// Entries written in one transaction at most.
@@ -39,15 +42,18 @@ pub struct QueryLog {
 }
 
 impl QueryLog {
-    /// Starts the writer (on the current runtime) keeping the newest `keep` entries, with at most `bound`
-    /// entries waiting for it.
-    pub fn start(store: &Store, keep: usize, bound: usize) -> QueryLog {
+    /// Starts the writer (a background service reaching the current runtime) keeping the newest `keep`
+    /// entries, with at most `bound` entries waiting for it.
+    pub fn start(store: &Store, keep: usize, bound: usize, services: &Services) -> QueryLog {
         let counts = Arc::new(Counts::default());
         if keep == 0 {
             return QueryLog { sender: None, counts };
         }
         let (sender, receiver) = mpsc::channel(bound.max(1));
-        tokio::spawn(write(store.clone(), keep, receiver, counts.clone()));
+        let shared = store.clone();
+        let mut writer = Writer { shared, own: None, keep, receiver, batch: vec![], counts: counts.clone() };
+        let runtime = tokio::runtime::Handle::current();
+        services.spawn_worker("query-log", Duration::ZERO, move || writer.write(&runtime));
         QueryLog { sender: Some(sender), counts }
     }
 
@@ -69,16 +75,37 @@ impl QueryLog {
     }
 }
 
-async fn write(shared: Store, keep: usize, mut receiver: mpsc::Receiver<Entry>, counts: Arc<Counts>) {
-    let mut own: Option<Store> = None;
-    let mut batch = Vec::with_capacity(BATCH);
-    while receiver.recv_many(&mut batch, BATCH).await > 0 {
-        crate::hooks::reached("query_log.write").await;
-        // Connected when first needed, and again after a failure (the database may have been away).
-        if own.is_none() {
-            own = shared.alone().await.map_err(|e| tracing::warn!("query log: {e}")).ok();
+struct Writer {
+    shared: Store,
+    /// The writer's own connection: connected when first needed, and again after a failure (the database may
+    /// have been away).
+    own: Option<Store>,
+    keep: usize,
+    receiver: mpsc::Receiver<Entry>,
+    batch: Vec<Entry>,
+    counts: Arc<Counts>,
+}
+
+impl Writer {
+    /// The service's tick: the entries queued (waiting a second at most for one, so that a stop is seen),
+    /// written in one transaction.
+    fn write(&mut self, runtime: &tokio::runtime::Handle) -> Next {
+        let (receiver, batch) = (&mut self.receiver, &mut self.batch);
+        // The timer made inside the runtime: this thread is not one of its own.
+        match runtime
+            .block_on(async { tokio::time::timeout(Duration::from_secs(1), receiver.recv_many(batch, BATCH)).await })
+        {
+            // Every sender gone: the server is ending.
+            Ok(0) => return Next::After(Duration::from_secs(3600)),
+            Err(_) => return Next::Now,
+            Ok(_) => {}
         }
-        let entries: Vec<QueryLogEntry> = batch
+        crate::hooks::point("query_log.write");
+        if self.own.is_none() {
+            self.own = runtime.block_on(self.shared.alone()).map_err(|e| tracing::warn!("query log: {e}")).ok();
+        }
+        let entries: Vec<QueryLogEntry> = self
+            .batch
             .iter()
             .map(|e| QueryLogEntry {
                 query: &e.query,
@@ -88,19 +115,21 @@ async fn write(shared: Store, keep: usize, mut receiver: mpsc::Receiver<Entry>, 
                 results: e.results,
             })
             .collect();
-        let written = match &own {
-            Some(store) => {
-                store.log_queries(&entries, keep).await.map_err(|e| tracing::warn!("query log: {e}")).is_ok()
-            }
+        let written = match &self.own {
+            Some(store) => runtime
+                .block_on(store.log_queries(&entries, self.keep))
+                .map_err(|e| tracing::warn!("query log: {e}"))
+                .is_ok(),
             None => false,
         };
-        let n = batch.len() as u64;
+        let n = self.batch.len() as u64;
         if written {
-            counts.written.fetch_add(n, Ordering::Relaxed);
+            self.counts.written.fetch_add(n, Ordering::Relaxed);
         } else {
-            counts.dropped_failed.fetch_add(n, Ordering::Relaxed);
-            own = None;
+            self.counts.dropped_failed.fetch_add(n, Ordering::Relaxed);
+            self.own = None;
         }
-        batch.clear();
+        self.batch.clear();
+        Next::Now
     }
 }

@@ -44,8 +44,9 @@ impl AppState {
     pub fn new(config: Config, catalog: Arc<Catalog>, store: Store, replication: Option<Replication>) -> AppState {
         let engine = Arc::new(Engine::new(catalog, &config));
         let tasks = tasks::Tasks::new(engine.clone(), store.clone(), &config, replication.clone());
-        let query_log =
-            query_log::QueryLog::start(&store, config.server.query_log_entries, config.server.query_log_queue);
+        let services = crate::service::Services::default();
+        let (keep, bound) = (config.server.query_log_entries, config.server.query_log_queue);
+        let query_log = query_log::QueryLog::start(&store, keep, bound, &services);
         let jobs = Jobs::new(engine.clone(), store, config.clone());
         let admission = admission::Admission::new(
             config.server.concurrent_work(),
@@ -64,7 +65,7 @@ impl AppState {
             bound: std::sync::OnceLock::new(),
             replication,
             query_log,
-            services: crate::service::Services::default(),
+            services,
         };
         AppState { inner: Arc::new(inner) }
     }
