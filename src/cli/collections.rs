@@ -75,15 +75,14 @@ fn delete(config: &Config, name: &str) -> anyhow::Result<()> {
         return Ok(());
     }
     let (catalog, _) = Catalog::open(&config.data_dir)?;
-    runtime.block_on(async {
-        let store = super::open_store(config).await?;
-        longrank::scheduler::jobs::delete_collection(&catalog, &store, name).await?;
-        anyhow::Ok(())
-    })?;
-    if let Some(super::Cluster::Publish(replication, _writer)) = &cluster {
-        // Replicas delete their copies when they see it.
-        replication.publish_deletion(name, &Default::default())?;
-    }
+    let store = runtime.block_on(super::open_store(config))?;
+    // On a cluster replicas delete their copies when they see the deletion.
+    let replication = match &cluster {
+        Some(super::Cluster::Publish(replication, _writer)) => Some(replication),
+        _ => None,
+    };
+    let (cancel, runtime) = (Default::default(), runtime.handle());
+    longrank::scheduler::tasks::delete_collection(&catalog, &store, replication, name, &cancel, runtime)?;
     println!("deleted collection {name}");
     Ok(())
 }

@@ -18,11 +18,10 @@ use utoipa::ToSchema;
 
 use crate::config::Config;
 use crate::eval::{self, Comparison, EvalError, EvalOptions, Measure, Qrels, Run, Warning};
-use crate::index::Catalog;
 use crate::model::Cancel;
 use crate::rank::{BatchParams, BatchPlan, Engine, RankError};
 use crate::service::{Bell, Next, Services};
-use crate::store::{Claim, Committed, Completion, JobRow, JobStatus, Lane, NewJob, Store, StoreError};
+use crate::store::{Claim, Committed, Completion, JobRow, JobStatus, KeyedRequest, Lane, NewJob, Store, StoreError};
 
 use super::cluster::{self, Cluster};
 
@@ -44,22 +43,6 @@ pub enum JobError {
     CollectionInUse { collection: String, jobs: Vec<String> },
     #[error("Idempotency-Key {key:?} was given to job {id}, submitted with other parameters or files: use a new key for another job")]
     KeyReused { key: String, id: String },
-}
-
-/// Deletes a collection, refused while a queued or running job reads it (`longrank collections delete`).
-pub async fn delete_collection(catalog: &Catalog, store: &Store, name: &str) -> Result<(), JobError> {
-    check_deletable(store, name).await?;
-    catalog.delete(name).map_err(RankError::from)?;
-    Ok(())
-}
-
-/// Refuses to delete a collection that unfinished jobs run on.
-pub async fn check_deletable(store: &Store, name: &str) -> Result<(), JobError> {
-    let jobs = store.unfinished_jobs_on(name).await?;
-    if !jobs.is_empty() {
-        return Err(JobError::CollectionInUse { collection: name.to_string(), jobs });
-    }
-    Ok(())
 }
 
 /// A batch submission: the parameters and the files' contents.
@@ -172,7 +155,7 @@ pub struct Jobs {
     engine: Arc<Engine>,
     store: Store,
     config: Config,
-    /// The other replicas, and the settings in force (the lease's length).
+    /// What this replica serves, and the settings in force (the lease's length).
     cluster: Arc<Cluster>,
     /// This replica's name in the leases it takes (set by `start`).
     replica: OnceLock<String>,
@@ -210,9 +193,10 @@ struct Planned {
 const IDLE_POLL: Duration = Duration::from_millis(250);
 
 impl Jobs {
-    pub fn new(engine: Arc<Engine>, store: Store, config: Config) -> Arc<Jobs> {
+    /// The queue on `store`, run with the lease and the stranded jobs' rule `cluster` holds in force.
+    pub fn new(engine: Arc<Engine>, store: Store, config: Config, cluster: Arc<Cluster>) -> Arc<Jobs> {
         Arc::new(Jobs {
-            cluster: Arc::new(Cluster::new(engine.clone(), store.clone(), config.batch.clone())),
+            cluster,
             engine,
             store,
             config,
@@ -229,16 +213,16 @@ impl Jobs {
         &self.store
     }
 
-    pub fn cluster(&self) -> &Arc<Cluster> {
-        &self.cluster
-    }
-
     /// Submits a job: its id. With an Idempotency-Key, a repeat of a submission (a client's or a proxy's retry)
     /// answers the first job's id instead of creating another, and the key given with other parameters or
     /// files is refused.
     pub async fn submit(self: &Arc<Self>, submission: Submission, key: Option<&str>) -> Result<String, JobError> {
         let params = serde_json::to_string(&submission.params).unwrap_or_default();
-        if let Some(first) = self.keyed(key, &params, &submission).await? {
+        // The submission's parameters and files, each told from absent.
+        let parts = serde_json::to_string(&(&params, &submission.topics, &submission.qrels, &submission.rerank))
+            .expect("a submission serializes");
+        let keyed = key.map(|key| KeyedRequest::new(key, &[parts.as_bytes()]));
+        if let Some(first) = self.first_with_key(keyed.as_ref()).await? {
             return Ok(first);
         }
         let topics = eval::formats::parse_topics(&submission.topics, &eval::formats::upload_path("topics"))?;
@@ -268,12 +252,12 @@ impl Jobs {
             total,
             fingerprint: Some(&fingerprint),
             weights: weights.as_deref(),
-            idempotency_key: key,
+            keyed: keyed.as_ref(),
         };
         match self.store.create_job(job).await {
             // The same key submitted at once by another request (or replica): the first one created wins.
-            Err(e) if e.is_duplicate() && key.is_some() => {
-                if let Some(first) = self.keyed(key, &params, &submission).await? {
+            Err(e) if e.is_duplicate() && keyed.is_some() => {
+                if let Some(first) = self.first_with_key(keyed.as_ref()).await? {
                     return Ok(first);
                 }
                 return Err(e.into());
@@ -287,23 +271,11 @@ impl Jobs {
         Ok(id)
     }
 
-    /// The job already submitted with `key`, when this submission repeats it.
-    async fn keyed(
-        &self,
-        key: Option<&str>,
-        params: &str,
-        submission: &Submission,
-    ) -> Result<Option<String>, JobError> {
-        let Some(key) = key else { return Ok(None) };
-        let Some(first) = self.store.job_by_idempotency_key(key).await? else { return Ok(None) };
-        let same = first.params == params
-            && first.topics == submission.topics
-            && first.qrels == submission.qrels
-            && first.rerank == submission.rerank;
-        match same {
-            true => Ok(Some(first.id)),
-            false => Err(JobError::KeyReused { key: key.to_string(), id: first.id }),
-        }
+    /// The job already submitted with this key, when this submission repeats it.
+    async fn first_with_key(&self, keyed: Option<&KeyedRequest>) -> Result<Option<String>, JobError> {
+        let Some(keyed) = keyed else { return Ok(None) };
+        let first = self.store.job_by_idempotency_key(&keyed.key).await?;
+        keyed.repeats(first).map_err(|id| JobError::KeyReused { key: keyed.key.clone(), id })
     }
 
     /// Starts this replica's workers, named `replica` in their leases. First the leases a previous run of this
@@ -313,7 +285,6 @@ impl Jobs {
     pub async fn start(self: &Arc<Self>, replica: String, services: &Services) -> Result<(), JobError> {
         let shared = self.store.shared();
         let stale = self.store.release_leases(shared.then_some(replica.as_str())).await?;
-        self.cluster.start(replica.clone(), services).await;
         let _ = self.replica.set(replica);
         if !self.config.batch.resume_interrupted {
             let cut_off = match shared {
@@ -461,7 +432,7 @@ impl Jobs {
         if let Some(planned) = self.plans.lock().get(id) {
             return Ok(planned.clone());
         }
-        let row = runtime.block_on(self.store.job(id))?.ok_or_else(|| JobError::UnknownJob(id.to_string()))?;
+        let row = runtime.block_on(self.row(id))?;
         let params = serde_json::from_str::<BatchParams>(&row.params).map_err(|e| JobError::Worker(e.to_string()))?;
         let topics = eval::formats::parse_topics(&row.topics, &eval::formats::upload_path("topics"))?;
         let rerank = parse_rerank(row.rerank.as_deref())?;
@@ -489,8 +460,13 @@ impl Jobs {
         self.plans.lock().remove(id);
     }
 
+    /// The job `id` as stored; an unknown one is `UnknownJob`.
+    async fn row(&self, id: &str) -> Result<JobRow, JobError> {
+        self.store.job(id).await?.ok_or_else(|| JobError::UnknownJob(id.to_string()))
+    }
+
     pub async fn get(&self, id: &str) -> Result<JobView, JobError> {
-        let row = self.store.job(id).await?.ok_or_else(|| JobError::UnknownJob(id.to_string()))?;
+        let row = self.row(id).await?;
         Ok(self.view(row))
     }
 
@@ -518,7 +494,7 @@ impl Jobs {
         &self,
         id: &str,
     ) -> Result<impl futures_util::Stream<Item = Result<String, StoreError>> + Send + 'static, JobError> {
-        let row = self.store.job(id).await?.ok_or_else(|| JobError::UnknownJob(id.to_string()))?;
+        let row = self.row(id).await?;
         if row.status != JobStatus::Done {
             return Err(JobError::Conflict {
                 id: row.id,
@@ -541,7 +517,7 @@ impl Jobs {
 
     /// Cancels a queued or running job (its view), or deletes a finished one with its run (`None`).
     pub async fn cancel_or_delete(&self, id: &str) -> Result<Option<JobView>, JobError> {
-        let row = self.store.job(id).await?.ok_or_else(|| JobError::UnknownJob(id.to_string()))?;
+        let row = self.row(id).await?;
         if row.status.is_finished() {
             self.store.delete_job(id).await?;
             return Ok(None);
@@ -561,9 +537,9 @@ impl Jobs {
     /// What `longrank compare` gives for two finished jobs with qrels (the first job's qrels judge both).
     pub async fn compare(&self, a: &str, b: &str) -> Result<Vec<Comparison>, JobError> {
         let mut evaluations = Vec::new();
-        let qrels_a = self.store.job(a).await?.ok_or_else(|| JobError::UnknownJob(a.to_string()))?.qrels;
+        let qrels_a = self.row(a).await?.qrels;
         for id in [a, b] {
-            let row = self.store.job(id).await?.ok_or_else(|| JobError::UnknownJob(id.to_string()))?;
+            let row = self.row(id).await?;
             if row.status != JobStatus::Done {
                 return Err(JobError::Conflict {
                     id: row.id,

@@ -19,11 +19,12 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use utoipa::ToSchema;
 
+use super::jobs::JobError;
 use crate::cancel::Cancel;
 use crate::config::{Config, IndexConfig};
 use crate::corpus::{Corpus, Format};
 use crate::hash::Fnv;
-use crate::index::{self, IndexError, OnError};
+use crate::index::{self, Catalog, IndexError, OnError};
 use crate::progress::{Progress, Unit};
 use crate::rank::{Engine, RankError};
 use crate::replication::writer::{Route, Writer};
@@ -263,8 +264,7 @@ impl Tasks {
         input: &Input,
         key: Option<&str>,
     ) -> Result<TaskView, TaskError> {
-        let keyed =
-            key.map(|key| KeyedRequest { key: key.to_string(), request: digest(collection, kind, input, None) });
+        let keyed = key.map(|key| keyed(key, collection, kind, input, None));
         Ok(self.queue(collection, kind, input, keyed).await?.0)
     }
 
@@ -301,11 +301,8 @@ impl Tasks {
     /// The task queued with this key, when this request repeats it.
     async fn first_with_key(&self, keyed: Option<&KeyedRequest>) -> Result<Option<i64>, TaskError> {
         let Some(keyed) = keyed else { return Ok(None) };
-        match self.store.task_by_idempotency_key(&keyed.key).await? {
-            Some((id, request)) if request == keyed.request => Ok(Some(id)),
-            Some((id, _)) => Err(TaskError::KeyReused { key: keyed.key.clone(), id }),
-            None => Ok(None),
-        }
+        let first = self.store.task_by_idempotency_key(&keyed.key).await?;
+        keyed.repeats(first).map_err(|id| TaskError::KeyReused { key: keyed.key.clone(), id })
     }
 
     /// Streams an upload to `uploads/` (at most `limit` bytes, fsynced), then queues its task.
@@ -359,8 +356,7 @@ impl Tasks {
             }
         };
         let kind = TaskKind::AddDocuments;
-        let keyed = key
-            .map(|key| KeyedRequest { key: key.to_string(), request: digest(collection, kind, &input, hash.as_ref()) });
+        let keyed = key.map(|key| keyed(key, collection, kind, &input, hash.as_ref()));
         input.file = Some(name);
         let queued = self.queue(collection, kind, &input, keyed).await;
         // A repeated upload (or a refused one) is not kept: the first task has its own.
@@ -471,7 +467,11 @@ impl Tasks {
     fn apply(&self, task: &TaskRow, input: &Input, cancel: &Cancel, runtime: &tokio::runtime::Handle) -> TaskOutcome {
         let name = &task.collection;
         let apply = || match task.kind {
-            TaskKind::DeleteCollection => self.delete_collection(name, cancel, runtime),
+            TaskKind::DeleteCollection => {
+                let (catalog, replication) = (self.engine.catalog(), self.replication.as_ref());
+                delete_collection(catalog, &self.store, replication, name, cancel, runtime)
+                    .map(|()| TaskOutcome::default())
+            }
             kind => self.apply_blocking(task.id, kind, name, input, cancel),
         };
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(apply)) {
@@ -480,27 +480,6 @@ impl Tasks {
                 TaskOutcome { error: Some("the task's worker failed (it panicked)".into()), ..Default::default() }
             }
         }
-    }
-
-    /// Deletes a collection; on a cluster, publishes the deletion first, so that a deletion not published
-    /// deletes nothing.
-    fn delete_collection(
-        &self,
-        name: &str,
-        cancel: &Cancel,
-        runtime: &tokio::runtime::Handle,
-    ) -> Result<TaskOutcome, TaskError> {
-        let catalog = self.engine.catalog();
-        runtime.block_on(super::jobs::check_deletable(&self.store, name))?;
-        if let Some(replication) = &self.replication {
-            if !catalog.collection_dir(name).is_dir() {
-                return Err(IndexError::UnknownCollection(name.to_string()).into());
-            }
-            let version = replication.publish_deletion(name, cancel).map_err(TaskError::Unpublished)?;
-            tracing::info!(collection = name, version, "published a deletion");
-        }
-        catalog.delete(name).map_err(|e| super::jobs::JobError::from(RankError::from(e)))?;
-        Ok(TaskOutcome::default())
     }
 
     /// Applies a task's change, waiting while another process writes the collection. Alone, it commits in place.
@@ -643,20 +622,39 @@ impl Tasks {
     }
 }
 
-/// What identifies a write for its Idempotency-Key: its kind and collection, its parameters, and an upload's
-/// bytes (their hash).
-fn digest(collection: &str, kind: TaskKind, input: &Input, upload: Option<&Fnv>) -> String {
-    let mut hash = Fnv::default();
-    let parameters = Input { file: None, ..input.clone() };
+/// Deletes a collection (a task's, and `longrank collections delete`'s), refused while a queued or running
+/// batch job reads it; on a cluster the deletion is published first, so that one not published deletes
+/// nothing. Blocking: the store is reached through `runtime`.
+pub fn delete_collection(
+    catalog: &Catalog,
+    store: &Store,
+    replication: Option<&Replication>,
+    name: &str,
+    cancel: &Cancel,
+    runtime: &tokio::runtime::Handle,
+) -> Result<(), TaskError> {
+    let jobs = runtime.block_on(store.unfinished_jobs_on(name))?;
+    if !jobs.is_empty() {
+        return Err(JobError::CollectionInUse { collection: name.to_string(), jobs }.into());
+    }
+    if let Some(replication) = replication {
+        if !catalog.collection_dir(name).is_dir() {
+            return Err(IndexError::UnknownCollection(name.to_string()).into());
+        }
+        let version = replication.publish_deletion(name, cancel).map_err(TaskError::Unpublished)?;
+        tracing::info!(collection = name, version, "published a deletion");
+    }
+    catalog.delete(name).map_err(|e| JobError::from(RankError::from(e)))?;
+    Ok(())
+}
+
+/// `key` given to a write, identified by its kind and collection, its parameters, and an upload's bytes (their
+/// hash).
+fn keyed(key: &str, collection: &str, kind: TaskKind, input: &Input, upload: Option<&Fnv>) -> KeyedRequest {
+    let parameters = serde_json::to_string(&Input { file: None, ..input.clone() }).expect("inputs serialize");
     let kind = serde_json::to_string(&kind).expect("kinds serialize");
-    for part in [collection, &kind, &serde_json::to_string(&parameters).expect("inputs serialize")] {
-        hash.write(part.as_bytes());
-        hash.write(&[0]);
-    }
-    if let Some(upload) = upload {
-        hash.write(&upload.0.to_le_bytes());
-    }
-    hash.hex()
+    let upload = upload.map_or([0; 8], |upload| upload.0.to_le_bytes());
+    KeyedRequest::new(key, &[collection.as_bytes(), kind.as_bytes(), parameters.as_bytes(), &upload])
 }
 
 /// Upload progress, as the build reports bytes read.

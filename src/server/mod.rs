@@ -102,6 +102,8 @@ pub async fn serve(
                 }
                 preparing.set_ready();
                 follow_data_dir(preparing.clone());
+                // The heartbeat first: replicas see what this one serves before its workers claim.
+                preparing.cluster().start(preparing.replica(), preparing.services()).await;
                 if let Err(e) = preparing.jobs().start(preparing.replica(), preparing.services()).await {
                     tracing::error!("starting the batch workers: {e}");
                 }

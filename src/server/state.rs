@@ -15,6 +15,7 @@ use crate::rank::{
     EmbedRequest, Embeddings, Engine, RankError, RerankRequest, RerankResponse, SearchRequest, SearchResponse,
 };
 use crate::replication::Replication;
+use crate::scheduler::cluster::Cluster;
 use crate::scheduler::jobs::Jobs;
 use crate::scheduler::tasks;
 use crate::store::Store;
@@ -38,6 +39,8 @@ struct Inner {
     replication: Option<Replication>,
     query_log: query_log::QueryLog,
     services: crate::service::Services,
+    /// The replicas as this one sees them, and the cluster-wide settings in force.
+    cluster: Arc<Cluster>,
 }
 
 impl AppState {
@@ -47,7 +50,8 @@ impl AppState {
         let services = crate::service::Services::default();
         let (keep, bound) = (config.server.query_log_entries, config.server.query_log_queue);
         let query_log = query_log::QueryLog::start(&store, keep, bound, &services);
-        let jobs = Jobs::new(engine.clone(), store, config.clone());
+        let cluster = Arc::new(Cluster::new(engine.clone(), store.clone(), config.batch.clone()));
+        let jobs = Jobs::new(engine.clone(), store, config.clone(), cluster.clone());
         let admission = admission::Admission::new(
             config.server.concurrent_work(),
             config.server.max_waiting_requests,
@@ -66,12 +70,17 @@ impl AppState {
             replication,
             query_log,
             services,
+            cluster,
         };
         AppState { inner: Arc::new(inner) }
     }
 
     pub fn jobs(&self) -> &Arc<Jobs> {
         &self.inner.jobs
+    }
+
+    pub fn cluster(&self) -> &Arc<Cluster> {
+        &self.inner.cluster
     }
 
     pub fn tasks(&self) -> &Arc<tasks::Tasks> {

@@ -217,7 +217,7 @@ impl Store {
         )
         .bind(status.as_str())
         .bind(&completion.metrics)
-        .bind(super::means_of(completion.metrics.as_deref()))
+        .bind(super::jobs::means_of(completion.metrics.as_deref()))
         .bind(&completion.warnings)
         .bind(now_rfc3339())
         .bind(error)

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 
-use super::{now_rfc3339, Store, StoreError};
+use super::{now_rfc3339, KeyedRequest, Store, StoreError};
 
 /// What a task does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -81,13 +81,6 @@ pub struct TaskOutcome {
     pub error: Option<String>,
 }
 
-/// A write's Idempotency-Key and a digest of what it asked (route, parameters, an upload's bytes).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyedRequest {
-    pub key: String,
-    pub request: String,
-}
-
 /// Which tasks a list shows.
 #[derive(Debug, Clone, Default)]
 pub struct TaskFilter {
@@ -126,7 +119,7 @@ impl Store {
     }
 
     /// The task queued with this Idempotency-Key, if any, and the digest of its request.
-    pub async fn task_by_idempotency_key(&self, key: &str) -> Result<Option<(i64, String)>, StoreError> {
+    pub async fn task_by_idempotency_key(&self, key: &str) -> Result<Option<(i64, Option<String>)>, StoreError> {
         let row = sqlx::query("SELECT id, request FROM tasks WHERE idempotency_key = $1")
             .bind(key)
             .fetch_optional(&self.pool)

@@ -13,7 +13,7 @@ use crate::server::AppState;
 /// live replica can run, and the settings in force.
 #[utoipa::path(get, path = "/cluster", tag = "system", responses((status = 200, body = ClusterView), ClusterErrors))]
 pub async fn get(State(state): State<AppState>) -> Result<Json<ClusterView>, ApiError> {
-    Ok(Json(state.jobs().cluster().view().await?))
+    Ok(Json(state.cluster().view().await?))
 }
 
 /// Replace the cluster-wide settings (absent: each replica's configuration): in force on the replica that
@@ -24,5 +24,5 @@ pub async fn put_settings(
     State(state): State<AppState>,
     ApiJson(settings): ApiJson<ClusterSettings>,
 ) -> Result<Json<ClusterView>, ApiError> {
-    Ok(Json(state.jobs().cluster().set(settings).await?))
+    Ok(Json(state.cluster().set(settings).await?))
 }
