@@ -213,16 +213,6 @@ impl Decoder {
         build().map_err(|e| load_err(dir, format!("loading {family:?} weights: {e}")))
     }
 
-    /// The rotary tables `[len, head_dim / 2]` (cosines, sines) in `dtype`, in f32 as transformers computes them.
-    fn rotary(&self, len: usize, dtype: DType, device: &Device) -> candle_core::Result<(Tensor, Tensor)> {
-        let half = self.head_dim / 2;
-        let base = self.rope_theta as f32;
-        let inverse: Vec<f32> = (0..half).map(|i| 1.0 / base.powf((2 * i) as f32 / self.head_dim as f32)).collect();
-        let angles: Vec<f32> = (0..len).flat_map(|p| inverse.iter().map(move |f| p as f32 * f)).collect();
-        let angles = Tensor::from_vec(angles, (len, half), device)?;
-        Ok((angles.cos()?.to_dtype(dtype)?, angles.sin()?.to_dtype(dtype)?))
-    }
-
     fn attention(
         &self,
         layer: &Layer,
@@ -296,7 +286,7 @@ impl Network for Decoder {
             // transformers multiplies by √hidden in the states' dtype.
             x = x.broadcast_mul(&Tensor::new(scale as f32, x.device())?.to_dtype(x.dtype())?)?;
         }
-        let rotary = self.rotary(len, x.dtype(), x.device())?;
+        let rotary = super::rotary::tables(self.head_dim, self.rope_theta, len, x.dtype(), x.device())?;
         for layer in &self.layers {
             let attended = self.attention(layer, &layer.input_norm.forward(&x)?, &lengths, &rotary)?;
             x = (x + attended)?;

@@ -20,6 +20,7 @@ mod load;
 mod modernbert;
 mod network;
 mod recipe;
+mod rotary;
 mod serve;
 mod tokenize;
 mod trainable;

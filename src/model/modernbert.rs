@@ -1,22 +1,53 @@
 //! ModernBERT (rotary positions, local attention in every layer but each `global_attn_every_n_layers`-th,
-//! GeGLU, inputs up to 8,192 tokens) through candle-transformers' backbone, and what its configuration says of
-//! its sequence-classification head (`head` builds and configures it: candle's answers probabilities, a reranker
-//! needs logits).
-//! Options candle's backbone does not read (biases) are refused rather than ignored.
+//! GeGLU, inputs up to 8,192 tokens): our forward over transformers' weights and layout, and what its
+//! configuration says of its sequence-classification head (`head` builds and configures it). Local layers
+//! compute attention within their window only: queries in blocks, each against the keys its window reaches
+//! (about L x (block + window) scores a head, not L x L), so that 8,192 tokens cost what their arithmetic does;
+//! the projections through our products (`Dense`). Options the forward does not compute (biases) are refused
+//! rather than ignored. Configuration names are candle-transformers' (its `Config` parses them).
 
 use std::path::Path;
 
-use candle_core::Tensor;
-use candle_nn::VarBuilder;
+use candle_core::{Module, Tensor};
+use candle_nn::{Embedding, LayerNorm, VarBuilder};
 use candle_transformers::models::modernbert;
 use serde::Deserialize;
 
+use super::bert::Dense;
+use super::cpu::kernels::{self, Band};
 use super::error::load_err;
 use super::load::read_json;
 use super::ModelError;
 
 /// The backbone over a checkpoint's root (a sequence classifier's `model.*`, or a bare model's names).
-pub struct ModernBert(modernbert::ModernBert);
+pub struct ModernBert {
+    embed: Embedding,
+    embed_norm: LayerNorm,
+    layers: Vec<Layer>,
+    final_norm: LayerNorm,
+    heads: usize,
+    head_dim: usize,
+    /// How far a local layer's query reads on each side (`local_attention / 2`, as transformers masks it).
+    window: usize,
+    global_theta: f64,
+    local_theta: f64,
+}
+
+struct Layer {
+    /// None in the first layer (transformers' identity there).
+    attn_norm: Option<LayerNorm>,
+    /// Queries (1/√head_dim folded in), keys and values as one product.
+    qkv: Dense,
+    out: Dense,
+    mlp_norm: LayerNorm,
+    /// The GeGLU's input and gate projections as one product.
+    wi: Dense,
+    wo: Dense,
+    local: bool,
+}
+
+/// Query positions per attention block: a local layer's block reads at most `QUERY_BLOCK + 2 · window` keys.
+const QUERY_BLOCK: usize = 128;
 
 /// What `config.json` says beyond candle's configuration: the options candle's backbone does not read and
 /// longrank refuses rather than ignores (the head's are `head`'s).
@@ -88,19 +119,104 @@ impl ModernBert {
                 }
             }
         }
-        let config: modernbert::Config =
+        let c: modernbert::Config =
             serde_json::from_value(serde_json::Value::Object(raw)).map_err(|e| load_err(&path, e))?;
-        // candle reads `model.*`: a bare model's checkpoint names its weights without it.
+        // A sequence classifier's backbone is under `model.`; a bare model's checkpoint names it without.
         let vb = match vb.contains_tensor("model.embeddings.tok_embeddings.weight") {
-            true => vb,
-            false => vb.rename_f(|name: &str| name.strip_prefix("model.").unwrap_or(name).to_string()),
+            true => vb.pp("model"),
+            false => vb,
         };
-        modernbert::ModernBert::load(vb, &config).map(ModernBert).map_err(|e| load_err(dir, e))
+        let (h, heads) = (c.hidden_size, c.num_attention_heads);
+        let head_dim = h / heads;
+        let norm = |vb: VarBuilder| candle_nn::layer_norm_no_bias(h, c.layer_norm_eps, vb);
+        let build = || -> candle_core::Result<ModernBert> {
+            let layers = (0..c.num_hidden_layers)
+                .map(|i| {
+                    let vb = vb.pp(format!("layers.{i}"));
+                    let (attn, mlp) = (vb.pp("attn"), vb.pp("mlp"));
+                    let qkv = attn.get((3 * h, h), "Wqkv.weight")?;
+                    let scale = 1.0 / (head_dim as f64).sqrt();
+                    let qkv = Tensor::cat(&[(qkv.narrow(0, 0, h)? * scale)?, qkv.narrow(0, h, 2 * h)?], 0)?;
+                    let i_size = c.intermediate_size;
+                    Ok(Layer {
+                        attn_norm: vb
+                            .contains_tensor("attn_norm.weight")
+                            .then(|| norm(vb.pp("attn_norm")))
+                            .transpose()?,
+                        qkv: Dense::new(qkv, false)?,
+                        out: Dense::new(attn.get((h, h), "Wo.weight")?, false)?,
+                        mlp_norm: norm(vb.pp("mlp_norm"))?,
+                        wi: Dense::new(mlp.get((2 * i_size, h), "Wi.weight")?, false)?,
+                        wo: Dense::new(mlp.get((h, i_size), "Wo.weight")?, false)?,
+                        local: i % c.global_attn_every_n_layers != 0,
+                    })
+                })
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            Ok(ModernBert {
+                embed: Embedding::new(vb.get((c.vocab_size, h), "embeddings.tok_embeddings.weight")?, h),
+                embed_norm: norm(vb.pp("embeddings.norm"))?,
+                layers,
+                final_norm: norm(vb.pp("final_norm"))?,
+                heads,
+                head_dim,
+                window: c.local_attention / 2,
+                global_theta: c.global_rope_theta,
+                local_theta: c.local_rope_theta,
+            })
+        };
+        build().map_err(|e| load_err(dir, e))
     }
 
     /// Final states `[batch, len, hidden]` of right-padded `ids` under `mask` (1 for tokens).
     pub fn forward(&self, ids: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
-        self.0.forward(ids, mask)
+        let (_, len) = ids.dims2()?;
+        let lengths: Vec<usize> =
+            mask.to_dtype(candle_core::DType::U32)?.sum(1)?.to_vec1::<u32>()?.into_iter().map(|n| n as usize).collect();
+        let mut x = self.embed_norm.forward(&self.embed.forward(ids)?)?;
+        let table = |theta| super::rotary::tables(self.head_dim, theta, len, x.dtype(), x.device());
+        let (global, local) = (table(self.global_theta)?, table(self.local_theta)?);
+        for layer in &self.layers {
+            let normed = match &layer.attn_norm {
+                Some(norm) => norm.forward(&x)?,
+                None => x.clone(),
+            };
+            let rotary = if layer.local { &local } else { &global };
+            x = (&x + self.attention(layer, &normed, &lengths, rotary)?)?;
+            let gated = kernels::gelu_gate(&layer.wi.forward(&layer.mlp_norm.forward(&x)?, &lengths)?)?;
+            x = (&x + layer.wo.forward(&gated, &lengths)?)?;
+        }
+        self.final_norm.forward(&x)
+    }
+
+    fn attention(
+        &self,
+        layer: &Layer,
+        x: &Tensor,
+        lengths: &[usize],
+        (cos, sin): &(Tensor, Tensor),
+    ) -> candle_core::Result<Tensor> {
+        let (b, len, h) = x.dims3()?;
+        let qkv = layer.qkv.forward(x, lengths)?.reshape((b, len, 3, self.heads, self.head_dim))?;
+        // `[batch, heads, len, head_dim]` each.
+        let part = |i| qkv.narrow(2, i, 1)?.squeeze(2)?.transpose(1, 2)?.contiguous();
+        let q = candle_nn::rotary_emb::rope(&part(0)?, cos, sin)?;
+        let k = candle_nn::rotary_emb::rope(&part(1)?, cos, sin)?;
+        let v = part(2)?;
+        let window = layer.local.then_some(self.window);
+        let mut contexts = Vec::with_capacity(len.div_ceil(QUERY_BLOCK));
+        for start in (0..len).step_by(QUERY_BLOCK) {
+            let rows = QUERY_BLOCK.min(len - start);
+            let (first_key, end) = match window {
+                Some(w) => (start.saturating_sub(w), (start + rows + w).min(len)),
+                None => (0, len),
+            };
+            let (k, v) = (k.narrow(2, first_key, end - first_key)?, v.narrow(2, first_key, end - first_key)?);
+            let scores = q.narrow(2, start, rows)?.contiguous()?.matmul(&k.t()?)?;
+            let band = Band { first_query: start, first_key, window, lengths };
+            contexts.push(kernels::band_softmax(&scores, &band)?.matmul(&v)?);
+        }
+        let context = Tensor::cat(&contexts, 2)?.transpose(1, 2)?.reshape((b, len, h))?;
+        layer.out.forward(&context, lengths)
     }
 }
 

@@ -85,7 +85,7 @@ impl Network for Bert {
     }
 }
 
-/// candle's ModernBERT and DeBERTa sum in batch-shaped products everywhere: alone on the CPU.
+/// ModernBERT's attention products and candle's DeBERTa sum in batch-shaped products: alone on the CPU.
 impl Network for ModernBert {
     fn forward(&self, inputs: &Inputs, _: Positions) -> candle_core::Result<Tensor> {
         ModernBert::forward(self, &inputs.ids, &inputs.mask)

@@ -41,14 +41,68 @@ pub fn causal_softmax(x: &Tensor, first: usize) -> candle_core::Result<Tensor> {
     candle_nn::ops::softmax_last_dim(&x.to_dtype(DType::F32)?.broadcast_add(&mask)?)?.to_dtype(x.dtype())
 }
 
+/// Which keys each query of a block of attention scores reads, for `band_softmax`: queries from position
+/// `first_query` on, keys from `first_key` on, each sequence's keys below its length, and with a `window`
+/// only those at most that far from the query (ModernBERT's local layers).
+#[derive(Debug, Clone)]
+pub struct Band<'a> {
+    pub first_query: usize,
+    pub first_key: usize,
+    pub window: Option<usize>,
+    /// Each sequence's real positions (the batch's first dimension).
+    pub lengths: &'a [usize],
+}
+
+impl Band<'_> {
+    /// Row `r`'s readable columns (empty for a query of padding whose window holds no real key), of `cols`.
+    fn columns(&self, sequence: usize, r: usize, cols: usize) -> std::ops::Range<usize> {
+        let i = self.first_query + r;
+        let (lo, hi) = match self.window {
+            Some(w) => (i.saturating_sub(w), i + w + 1),
+            None => (0, usize::MAX),
+        };
+        let lo = (lo.max(self.first_key) - self.first_key).min(cols);
+        let hi = hi.min(self.lengths[sequence]).min(self.first_key + cols).saturating_sub(self.first_key);
+        lo..hi.max(lo)
+    }
+}
+
+/// Softmax over the last dimension of attention scores `[batch, heads, rows, cols]` under `band`: each row
+/// over the keys it reads, 0 elsewhere (a row that reads none is all 0). Inference only.
+pub fn band_softmax(x: &Tensor, band: &Band) -> candle_core::Result<Tensor> {
+    let (batch, heads, rows, cols) = x.dims4()?;
+    if fused(x) {
+        return x.contiguous()?.apply_op1_no_bwd(&BandSoftmax { band: band.clone(), heads, rows });
+    }
+    // A finite mask: a row that reads no key gets finite weights (its outputs are padding's), never NaN.
+    let mut mask = vec![-1e30f32; batch * rows * cols];
+    for (b, sequence) in mask.chunks_mut(rows * cols).enumerate() {
+        for (r, row) in sequence.chunks_mut(cols).enumerate() {
+            row[band.columns(b, r, cols)].fill(0.0);
+        }
+    }
+    let mask = Tensor::from_vec(mask, (batch, 1, rows, cols), x.device())?;
+    candle_nn::ops::softmax_last_dim(&x.to_dtype(DType::F32)?.broadcast_add(&mask)?)?.to_dtype(x.dtype())
+}
+
 /// A gated feed-forward's activation: `silu(gate) ⊙ up` for `x` = `[…, gate | up]` (the two projections side by
 /// side along the last dimension), half as wide as `x`. Inference only.
 pub fn silu_gate(x: &Tensor) -> candle_core::Result<Tensor> {
     if fused(x) {
-        x.contiguous()?.apply_op1_no_bwd(&SiluGate)
+        x.contiguous()?.apply_op1_no_bwd(&Gate(silu_gate_row_fn()))
     } else {
         let half = x.dim(D::Minus1)? / 2;
         candle_nn::ops::silu(&x.narrow(D::Minus1, 0, half)?)? * x.narrow(D::Minus1, half, half)?
+    }
+}
+
+/// GeGLU's activation, `gelu(gate) ⊙ up` (the exact GELU, with `erf`'s polynomial), as `silu_gate`.
+pub fn gelu_gate(x: &Tensor) -> candle_core::Result<Tensor> {
+    if fused(x) {
+        x.contiguous()?.apply_op1_no_bwd(&Gate(gelu_gate_row_fn()))
+    } else {
+        let half = x.dim(D::Minus1)? / 2;
+        x.narrow(D::Minus1, 0, half)?.gelu_erf()? * x.narrow(D::Minus1, half, half)?
     }
 }
 
@@ -329,11 +383,39 @@ impl CustomOp1 for CausalSoftmax {
     }
 }
 
-struct SiluGate;
+struct BandSoftmax<'a> {
+    band: Band<'a>,
+    heads: usize,
+    rows: usize,
+}
 
-impl CustomOp1 for SiluGate {
+impl CustomOp1 for BandSoftmax<'_> {
     fn name(&self) -> &'static str {
-        "silu-gate"
+        "band-softmax"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let input = slice(s, l, self.name())?;
+        let width = last_dim(l);
+        let mut output = vec![0f32; input.len()];
+        let row_softmax = softmax_row_fn();
+        rows(input, width, &mut output, |first_row, inp, out| {
+            for (i, (row_in, row_out)) in inp.chunks(width).zip(out.chunks_mut(width)).enumerate() {
+                let row = first_row + i;
+                let read = self.band.columns(row / (self.heads * self.rows), row % self.rows, width);
+                row_softmax(&row_in[read.clone()], &mut row_out[read]);
+            }
+        });
+        Ok((CpuStorage::F32(output), l.shape().clone()))
+    }
+}
+
+/// A gated activation over rows `[gate | up]`, by its row kernel.
+struct Gate(fn(&[f32], &mut [f32]));
+
+impl CustomOp1 for Gate {
+    fn name(&self) -> &'static str {
+        "gate"
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
@@ -342,10 +424,9 @@ impl CustomOp1 for SiluGate {
         let mut dims = l.shape().dims().to_vec();
         *dims.last_mut().expect("a last dimension") = width / 2;
         let mut output = vec![0f32; input.len() / 2];
-        let gate_row = silu_gate_row_fn();
         rows_mut(&mut output, width / 2, |first, out| {
             for (row_out, row_in) in out.chunks_mut(width / 2).zip(input[first * width..].chunks(width)) {
-                gate_row(row_in, row_out);
+                self.0(row_in, row_out);
             }
         });
         Ok((CpuStorage::F32(output), Shape::from(dims)))
@@ -396,6 +477,10 @@ vectorized!(
 vectorized!(
     /// `out = silu(gate) ⊙ up` for one row `[gate | up]`.
     silu_gate_row_fn = silu_gate_row(row: &[f32], out: &mut [f32]) -> ()
+);
+vectorized!(
+    /// `out = gelu(gate) ⊙ up` for one row `[gate | up]`.
+    gelu_gate_row_fn = gelu_gate_row(row: &[f32], out: &mut [f32]) -> ()
 );
 vectorized!(
     /// Softmax's backward pass for one row, in place: `grad ← probs ⊙ (grad − Σ grad ⊙ probs)`.
@@ -472,6 +557,14 @@ fn silu_gate_row(row: &[f32], out: &mut [f32]) {
     let (gate, up) = row.split_at(out.len());
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
         *o = g / (1.0 + exp(-g)) * u;
+    }
+}
+
+#[inline(always)]
+fn gelu_gate_row(row: &[f32], out: &mut [f32]) {
+    let (gate, up) = row.split_at(out.len());
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = 0.5 * g * (1.0 + erf(g * std::f32::consts::FRAC_1_SQRT_2)) * u;
     }
 }
 
@@ -720,7 +813,30 @@ mod tests {
     }
 
     #[test]
-    fn causal_softmax_and_the_silu_gate_equal_candles_composites() {
+    fn the_band_softmax_reads_each_querys_window_of_real_keys_as_the_composite_does() {
+        // Two sequences of 9 and 5 real positions, queries 2.. and keys 1.., a window of 2.
+        let scores = random(&[2, 3, 4, 8], 9, 2.0);
+        let lengths = [9, 5];
+        let band = Band { first_query: 2, first_key: 1, window: Some(2), lengths: &lengths };
+        let fused = band_softmax(&scores, &band).unwrap();
+        let plain = band_softmax(&scores.to_dtype(DType::F64).unwrap(), &band).unwrap().to_dtype(DType::F32).unwrap();
+        let rows = fused.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let read = |row: &[f32]| row.iter().map(|p| (*p > 0.0) as u8).collect::<Vec<_>>();
+        // Query 2 reads keys 1..=4 (columns 0..4); the second sequence's query 5 reads keys 3 and 4 only.
+        assert_eq!(read(&rows[..8]), [1, 1, 1, 1, 0, 0, 0, 0]);
+        assert_eq!(read(&rows[(12 + 3) * 8..(12 + 4) * 8]), [0, 0, 1, 1, 0, 0, 0, 0]);
+        // Where the composite's finite mask spreads a keyless row over its columns, the kernel writes zeros.
+        let empty = Band { first_query: 8, first_key: 0, window: Some(1), lengths: &[9, 5] };
+        let zeros = band_softmax(&random(&[2, 1, 1, 4], 3, 1.0), &empty).unwrap();
+        assert_eq!(zeros.flatten_all().unwrap().to_vec1::<f32>().unwrap(), [0.0; 8]);
+        let real = |t: &Tensor| t.narrow(0, 0, 1).unwrap();
+        assert!(max_diff(&real(&fused), &real(&plain)) < 1e-6, "{}", max_diff(&real(&fused), &real(&plain)));
+        let sums = fused.sum(D::Minus1).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert!(sums.iter().all(|s| (s - 1.0).abs() < 1e-5), "{sums:?}");
+    }
+
+    #[test]
+    fn causal_softmax_and_the_gates_equal_candles_composites() {
         let scores = random(&[2, 3, 4, 9], 7, 2.0);
         // Queries from position 5 on, keys from 0: row r reads 6 + r keys.
         let fused = causal_softmax(&scores, 5).unwrap();
@@ -731,10 +847,12 @@ mod tests {
         let first_row = fused.narrow(2, 0, 1).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
         assert!(first_row.chunks(9).all(|row| row[6..].iter().all(|p| *p == 0.0)), "nothing after position 5");
         let x = random(&[3, 2, 10], 8, 3.0);
-        let fused = silu_gate(&x).unwrap();
-        let plain = silu_gate(&x.to_dtype(DType::F64).unwrap()).unwrap().to_dtype(DType::F32).unwrap();
-        assert_eq!(fused.dims(), [3, 2, 5]);
-        assert!(max_diff(&fused, &plain) < 1e-5, "{}", max_diff(&fused, &plain));
+        for gate in [silu_gate, gelu_gate] {
+            let fused = gate(&x).unwrap();
+            let plain = gate(&x.to_dtype(DType::F64).unwrap()).unwrap().to_dtype(DType::F32).unwrap();
+            assert_eq!(fused.dims(), [3, 2, 5]);
+            assert!(max_diff(&fused, &plain) < 1e-5, "{}", max_diff(&fused, &plain));
+        }
     }
 
     #[test]
