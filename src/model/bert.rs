@@ -108,7 +108,8 @@ impl Dense {
         }
     }
 
-    fn quantize(&mut self, device: &candle_core::Device) -> candle_core::Result<()> {
+    /// Makes the layer int8 (the VNNI kernel's per-row scales on a CPU that has it, else candle's Q8_0 blocks).
+    pub(super) fn quantize(&mut self, device: &candle_core::Device) -> candle_core::Result<()> {
         let weight = match self {
             Dense::Float(linear) => linear.weight().clone(),
             Dense::Blas(linear) => linear.weight(device)?,

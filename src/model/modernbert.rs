@@ -188,6 +188,13 @@ impl ModernBert {
         self.final_norm.forward(&x)
     }
 
+    /// Makes every projection int8 (`quantize = "int8"`).
+    pub fn quantize(&mut self) -> Result<(), ModelError> {
+        let device = self.embed.embeddings().device().clone();
+        let layers = self.layers.iter_mut().flat_map(|l| [&mut l.qkv, &mut l.out, &mut l.wi, &mut l.wo]);
+        super::network::quantize_all(layers, &device)
+    }
+
     fn attention(
         &self,
         layer: &Layer,

@@ -6,7 +6,7 @@
 use candle_core::{Device, Tensor};
 use candle_transformers::models::bert::Config;
 
-use super::bert::{Bert, Positions};
+use super::bert::{Bert, Dense, Positions};
 use super::deberta::Deberta;
 use super::error::ModelError;
 use super::family::Family;
@@ -28,7 +28,7 @@ pub(super) trait Network: Send + Sync {
 
     /// Makes the linear layers int8, where the architecture has such layers of ours.
     fn quantize(&mut self) -> Result<(), ModelError> {
-        Err(ModelError::Unsupported("int8 takes BERT-family encoders only".into()))
+        Err(ModelError::Unsupported("int8 takes BERT-family encoders, ModernBERT and the decoders, not DeBERTa".into()))
     }
 }
 
@@ -94,6 +94,24 @@ impl Network for ModernBert {
     fn computes_alone(&self, device: &Device) -> bool {
         device.is_cpu()
     }
+
+    fn quantize(&mut self) -> Result<(), ModelError> {
+        ModernBert::quantize(self)
+    }
+}
+
+/// Each linear layer of `layers` made int8, on the CPU only (as BERT's).
+pub(super) fn quantize_all<'a>(
+    layers: impl IntoIterator<Item = &'a mut Dense>,
+    device: &Device,
+) -> Result<(), ModelError> {
+    if !device.is_cpu() {
+        return Err(ModelError::Unsupported("int8 layers run on the CPU only".into()));
+    }
+    for dense in layers {
+        dense.quantize(device)?;
+    }
+    Ok(())
 }
 
 impl Network for Deberta {

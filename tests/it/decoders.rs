@@ -87,6 +87,24 @@ fn decoder_rerankers_score_in_half_precision_within_bounds() {
     });
 }
 
+/// int8 (`quantize = "int8"`) takes each recipe's decoder: scores within 0.1 of the reference's f32 ones
+/// (relative beyond 1, as the half-precision bound in bf16), really quantized, and the same alone as in a batch.
+#[test]
+fn decoder_rerankers_take_int8_within_bounds() {
+    for name in DECODERS {
+        let (mut model, cases, inputs) = decoder(name, DType::F32);
+        model.quantize().unwrap();
+        let batch = scores(&model, &inputs);
+        let mut worst = 0f64;
+        for (n, (input, case)) in inputs.iter().zip(&cases).enumerate() {
+            let want = case["score"].as_f64().unwrap();
+            assert_eq!(scores(&model, std::slice::from_ref(input))[0].to_bits(), batch[n].to_bits(), "{name} {n}");
+            worst = worst.max((batch[n] as f64 - want).abs() / want.abs().max(1.0));
+        }
+        assert!(worst > 0.0 && worst <= 0.1, "{name}: worst int8 score error {worst}");
+    }
+}
+
 /// A causal LM without a recipe is refused naming the recipes; a recipe of another family, or a tokenizer
 /// without a token the template needs, is refused with the reason; the query is never cut, but refused past its
 /// budget.
