@@ -56,21 +56,24 @@ fn cross_encoders_of_each_family_read_their_templates_and_score_as_transformers(
 }
 
 /// int8 (`quantize = "int8"`) takes ModernBERT as it takes BERT: logits within BERT's bound (0.1, `model.rs`)
-/// of transformers', really quantized, and a pair's score the same alone as in a batch; DeBERTa (candle's
+/// of transformers' (measured at most 1.2e-4 on these tiny models), other than the float ones (really
+/// quantized), and a pair's score the same alone as in a batch; DeBERTa (candle's
 /// backbone) is refused, naming what takes it.
 #[test]
 fn modernbert_takes_int8_within_berts_bound_and_deberta_is_refused() {
     for name in ["modernbert-cls", "modernbert-mean"] {
         let (mut model, refs, inputs) = cross_encoder(name, DType::F32);
+        let float = model.score(&inputs).unwrap();
         model.quantize().unwrap();
         let batch = model.score(&inputs).unwrap();
+        assert!(batch.iter().zip(&float).any(|(q, f)| q != f), "{name}: int8 scores as float");
         let mut worst = 0f64;
         for (n, (input, pair)) in inputs.iter().zip(refs["pairs"].as_array().unwrap()).enumerate() {
             let alone = model.score(std::slice::from_ref(input)).unwrap()[0];
             assert_eq!(alone.to_bits(), batch[n].to_bits(), "{name} pair {n}: its batch changes its int8 score");
             worst = worst.max((batch[n] as f64 - pair["logit"].as_f64().unwrap()).abs());
         }
-        assert!(worst > 0.0 && worst <= 0.1, "{name}: worst int8 logit error {worst}");
+        assert!(worst <= 0.1, "{name}: worst int8 logit error {worst}");
     }
     let (mut deberta, _, _) = cross_encoder("deberta-v3", DType::F32);
     let error = deberta.quantize().unwrap_err().to_string();
