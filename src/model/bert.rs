@@ -108,8 +108,19 @@ impl Dense {
         }
     }
 
+    /// Makes each of `layers` int8, on the CPU only (an architecture's projections).
+    pub(super) fn quantize_all<'a>(
+        layers: impl IntoIterator<Item = &'a mut Dense>,
+        device: &candle_core::Device,
+    ) -> candle_core::Result<()> {
+        if !device.is_cpu() {
+            candle_core::bail!("int8 layers run on the CPU only");
+        }
+        layers.into_iter().try_for_each(|dense| dense.quantize(device))
+    }
+
     /// Makes the layer int8 (the VNNI kernel's per-row scales on a CPU that has it, else candle's Q8_0 blocks).
-    pub(super) fn quantize(&mut self, device: &candle_core::Device) -> candle_core::Result<()> {
+    fn quantize(&mut self, device: &candle_core::Device) -> candle_core::Result<()> {
         let weight = match self {
             Dense::Float(linear) => linear.weight().clone(),
             Dense::Blas(linear) => linear.weight(device)?,

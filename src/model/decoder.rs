@@ -298,7 +298,7 @@ impl Network for Decoder {
     fn quantize(&mut self) -> Result<(), ModelError> {
         let device = self.embed.embeddings().device().clone();
         let layers = self.layers.iter_mut().flat_map(|l| [&mut l.qkv, &mut l.out, &mut l.gate_up, &mut l.down]);
-        super::network::quantize_all(layers, &device)
+        Ok(Dense::quantize_all(layers, &device)?)
     }
 
     /// Our BLAS products are exact in any batch, candle's attention products are not: alone on the CPU.

@@ -192,7 +192,7 @@ impl ModernBert {
     pub fn quantize(&mut self) -> Result<(), ModelError> {
         let device = self.embed.embeddings().device().clone();
         let layers = self.layers.iter_mut().flat_map(|l| [&mut l.qkv, &mut l.out, &mut l.wi, &mut l.wo]);
-        super::network::quantize_all(layers, &device)
+        Ok(Dense::quantize_all(layers, &device)?)
     }
 
     fn attention(

@@ -6,7 +6,7 @@
 use candle_core::{Device, Tensor};
 use candle_transformers::models::bert::Config;
 
-use super::bert::{Bert, Dense, Positions};
+use super::bert::{Bert, Positions};
 use super::deberta::Deberta;
 use super::error::ModelError;
 use super::family::Family;
@@ -98,20 +98,6 @@ impl Network for ModernBert {
     fn quantize(&mut self) -> Result<(), ModelError> {
         ModernBert::quantize(self)
     }
-}
-
-/// Each linear layer of `layers` made int8, on the CPU only (as BERT's).
-pub(super) fn quantize_all<'a>(
-    layers: impl IntoIterator<Item = &'a mut Dense>,
-    device: &Device,
-) -> Result<(), ModelError> {
-    if !device.is_cpu() {
-        return Err(ModelError::Unsupported("int8 layers run on the CPU only".into()));
-    }
-    for dense in layers {
-        dense.quantize(device)?;
-    }
-    Ok(())
 }
 
 impl Network for Deberta {
