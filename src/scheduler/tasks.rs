@@ -459,8 +459,10 @@ impl Tasks {
         if let Err(e) = runtime.block_on(self.store.finish_task(task.id, status, &outcome)) {
             tracing::error!("task {}: {e}", task.id);
         }
-        self.finished.notify_waiters();
+        // The upload goes before the waiters hear of the finish, so that a client told it is done finds it gone
+        // (after the finish is stored: a stop in between leaves a file that the next take-over removes).
         runtime.block_on(self.remove_upload(&input));
+        self.finished.notify_waiters();
         Next::Now
     }
 
