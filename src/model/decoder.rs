@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use candle_core::{DType, Device, Module, Tensor, D};
+use candle_core::{Device, Module, Tensor, D};
 use candle_nn::{Embedding, VarBuilder};
 use serde::Deserialize;
 
@@ -279,8 +279,7 @@ const QUERY_BLOCK: usize = 256;
 impl Network for Decoder {
     fn forward(&self, inputs: &Inputs, _: Positions) -> candle_core::Result<Tensor> {
         let (_, len) = inputs.ids.dims2()?;
-        let lengths: Vec<usize> =
-            inputs.mask.to_dtype(DType::U32)?.sum(1)?.to_vec1::<u32>()?.into_iter().map(|n| n as usize).collect();
+        let lengths = &inputs.lengths;
         let mut x = self.embed.forward(&inputs.ids)?;
         if let Some(scale) = self.embed_scale {
             // transformers multiplies by √hidden in the states' dtype.
@@ -288,9 +287,9 @@ impl Network for Decoder {
         }
         let rotary = super::rotary::tables(self.head_dim, self.rope_theta, len, x.dtype(), x.device())?;
         for layer in &self.layers {
-            let attended = self.attention(layer, &layer.input_norm.forward(&x)?, &lengths, &rotary)?;
+            let attended = self.attention(layer, &layer.input_norm.forward(&x)?, lengths, &rotary)?;
             x = (x + attended)?;
-            x = (&x + self.feed_forward(layer, &layer.post_norm.forward(&x)?, &lengths)?)?;
+            x = (&x + self.feed_forward(layer, &layer.post_norm.forward(&x)?, lengths)?)?;
         }
         self.norm.forward(&x)
     }

@@ -167,11 +167,9 @@ impl ModernBert {
         build().map_err(|e| load_err(dir, e))
     }
 
-    /// Final states `[batch, len, hidden]` of right-padded `ids` under `mask` (1 for tokens).
-    pub fn forward(&self, ids: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+    /// Final states `[batch, len, hidden]` of right-padded `ids` whose sequences have `lengths` real positions.
+    pub fn forward(&self, ids: &Tensor, lengths: &[usize]) -> candle_core::Result<Tensor> {
         let (_, len) = ids.dims2()?;
-        let lengths: Vec<usize> =
-            mask.to_dtype(candle_core::DType::U32)?.sum(1)?.to_vec1::<u32>()?.into_iter().map(|n| n as usize).collect();
         let mut x = self.embed_norm.forward(&self.embed.forward(ids)?)?;
         let table = |theta| super::rotary::tables(self.head_dim, theta, len, x.dtype(), x.device());
         let (global, local) = (table(self.global_theta)?, table(self.local_theta)?);
@@ -181,9 +179,9 @@ impl ModernBert {
                 None => x.clone(),
             };
             let rotary = if layer.local { &local } else { &global };
-            x = (&x + self.attention(layer, &normed, &lengths, rotary)?)?;
-            let gated = kernels::gelu_gate(&layer.wi.forward(&layer.mlp_norm.forward(&x)?, &lengths)?)?;
-            x = (&x + layer.wo.forward(&gated, &lengths)?)?;
+            x = (&x + self.attention(layer, &normed, lengths, rotary)?)?;
+            let gated = kernels::gelu_gate(&layer.wi.forward(&layer.mlp_norm.forward(&x)?, lengths)?)?;
+            x = (&x + layer.wo.forward(&gated, lengths)?)?;
         }
         self.final_norm.forward(&x)
     }

@@ -46,6 +46,8 @@ pub(super) struct Inputs {
     pub(super) ids: Tensor,
     pub(super) types: Tensor,
     pub(super) mask: Tensor,
+    /// Each input's real positions (before its padding).
+    pub(super) lengths: Vec<usize>,
     /// Whether any input is shorter than the longest (without padding the mask changes nothing, so the
     /// encoder skips it).
     pub(super) padded: bool,
@@ -66,6 +68,7 @@ impl Inputs {
             ids: Tensor::from_vec(ids, shape, device)?,
             types: Tensor::from_vec(types, shape, device)?,
             mask: Tensor::from_vec(mask, shape, device)?,
+            lengths: batch.iter().map(|e| e.ids.len()).collect(),
             padded: batch.iter().any(|e| e.ids.len() != len),
         })
     }
@@ -88,7 +91,7 @@ impl Network for Bert {
 /// ModernBERT's attention products and candle's DeBERTa sum in batch-shaped products: alone on the CPU.
 impl Network for ModernBert {
     fn forward(&self, inputs: &Inputs, _: Positions) -> candle_core::Result<Tensor> {
-        ModernBert::forward(self, &inputs.ids, &inputs.mask)
+        ModernBert::forward(self, &inputs.ids, &inputs.lengths)
     }
 
     fn computes_alone(&self, device: &Device) -> bool {
