@@ -221,6 +221,10 @@ pub fn build(
     // Documents of an earlier run may share docids with new ones: then every add first deletes its docid.
     // Within this run, `seen` finds duplicates (a delete per document would cost memory until each commit).
     let replace_existing = had_documents;
+    // A run that adds nothing (every file already indexed) commits nothing: a commit rewrites meta.json, where
+    // tantivy orders segments of equal size as its hash map does, so the unchanged collection would read as
+    // changed (a new fingerprint, a new version published).
+    let mut changed = staging;
 
     for file in corpus.files() {
         let stamp = FileStamp::of(file);
@@ -269,6 +273,7 @@ pub fn build(
                     }
                     add_document(&writer, fields, &doc, replace_existing || !first_time).map_err(tantivy_err)?;
                     report.indexed += 1;
+                    changed = true;
                 }
                 Err(e) => report.problem(&e, opts.on_error)?,
             }
@@ -284,9 +289,12 @@ pub fn build(
         }
         if let Some(stamp) = stamp {
             payload.files.push(stamp);
+            changed = true;
         }
     }
-    commit(&mut writer, &payload).map_err(tantivy_err)?;
+    if changed {
+        commit(&mut writer, &payload).map_err(tantivy_err)?;
+    }
     writer.wait_merging_threads().map_err(tantivy_err)?;
 
     if staging {
@@ -324,6 +332,9 @@ pub fn delete_documents(data_dir: &Path, name: &str, ids: &[String]) -> Result<u
         .payload
         .and_then(|p| serde_json::from_str(&p).ok())
         .unwrap_or_default();
+    if held == 0 {
+        return Ok(0); // nothing to delete: no commit, meta.json as it was (see `build`)
+    }
     let mut writer: IndexWriter = index.writer_with_num_threads(1, 16 << 20).map_err(tantivy_err)?;
     for id in ids {
         writer.delete_term(Term::from_field_text(fields.docid, id));

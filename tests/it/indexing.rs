@@ -153,6 +153,23 @@ fn duplicates_are_reported_and_reruns_add_and_replace() {
     assert!(!cli_ok(dir.path(), &["search", "--collection", "c", "plums"]).contains("D1"));
 }
 
+/// A re-run over files already indexed commits nothing: meta.json is not rewritten (tantivy orders segments
+/// of equal size as its hash map does, so a rewrite could change its bytes and the collection's fingerprint).
+#[test]
+fn a_rerun_with_nothing_new_leaves_the_commit_as_it_was() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.trec");
+    std::fs::write(&a, format!("{}{}", trec_doc("D1", "apples"), trec_doc("D2", "pears"))).unwrap();
+    cli_ok(dir.path(), &["index", "--collection", "c", a.to_str().unwrap()]);
+    let meta = dir.path().join("collections/c/meta.json");
+    let before = (std::fs::metadata(&meta).unwrap().ino(), std::fs::read(&meta).unwrap());
+    let out = cli_ok(dir.path(), &["index", "--collection", "c", a.to_str().unwrap()]);
+    assert!(out.contains("indexed 0 documents") && out.contains("1 files already indexed"), "{out}");
+    let after = (std::fs::metadata(&meta).unwrap().ino(), std::fs::read(&meta).unwrap());
+    assert!(before == after, "meta.json was rewritten by a run that added nothing");
+}
+
 #[test]
 fn killed_build_leaves_a_usable_index_and_a_rerun_completes() {
     let dir = tempfile::tempdir().unwrap();
