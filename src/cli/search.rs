@@ -60,6 +60,13 @@ pub fn run(mut args: SearchArgs, model: Option<String>, config: &Config) -> anyh
                 let passage = hit.snippet.split_whitespace().collect::<Vec<_>>().join(" ");
                 writeln!(out, "{:17}segment {} ({note}): {passage}", "", best.index + 1)?;
             }
+            // A dense or hybrid first stage's evidence: where each list ranked the document.
+            if let Some(sources) = &hit.first_stages {
+                let lists = [("bm25", sources.bm25), ("dense", sources.dense)];
+                let listed =
+                    lists.iter().filter_map(|(name, l)| l.map(|l| format!("{name} #{} ({:.4})", l.rank, l.score)));
+                writeln!(out, "{:17}first stages: {}", "", listed.collect::<Vec<_>>().join(" · "))?;
+            }
         }
         if let Some(terms) = &response.expansion {
             let terms: Vec<String> = terms.iter().map(|t| format!("{} {:.3}", t.term, t.weight)).collect();

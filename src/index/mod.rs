@@ -311,10 +311,15 @@ impl<'c> Snapshot<'c> {
         })
     }
 
-    /// Every live document, one at a time (the collection is never held in memory).
+    /// The commit this snapshot reads (equal generations hold the same documents at the same addresses).
+    pub fn generation(&self) -> u64 {
+        self.searcher.generation().generation_id()
+    }
+
+    /// Every live document with its address, one at a time (the collection is never held in memory).
     pub fn for_each_document<E: From<IndexError>>(
         &self,
-        mut f: impl FnMut(StoredDoc) -> Result<(), E>,
+        mut f: impl FnMut(DocAddress, StoredDoc) -> Result<(), E>,
     ) -> Result<(), E> {
         let searcher = &self.searcher;
         for (ordinal, segment) in searcher.segment_readers().iter().enumerate() {
@@ -323,7 +328,8 @@ impl<'c> Snapshot<'c> {
                 if alive.is_some_and(|a| !a.is_alive(doc)) {
                     continue;
                 }
-                f(self.document(DocAddress::new(ordinal as u32, doc))?)?;
+                let address = DocAddress::new(ordinal as u32, doc);
+                f(address, self.document(address)?)?;
             }
         }
         Ok(())

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::first_stage::{FirstStageKind, Fusion, Sources};
 use crate::eval::TopicField;
 use crate::index::{Bm25Params, Rm3Params};
 use crate::preselect::Preselect;
@@ -121,6 +122,24 @@ pub struct RankParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(example = 7)]
     pub depth: Option<i64>,
+    /// The first stage: bm25 (BM25, RM3's expanded query under bm25+rm3), dense (documents by their best
+    /// segment's cosine with the query under a bi-encoder, over the segment embeddings `longrank embed` stored)
+    /// or hybrid (both, each cut at its own depth, fused as `hybrid` says). Default: bm25.
+    #[arg(long, value_enum)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_stage: Option<FirstStageKind>,
+    /// The bi-encoder of the dense and hybrid first stages, by name. Default: the request's model when it is a
+    /// bi-encoder, else the default model when it is one.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "minilm")]
+    pub dense_model: Option<String>,
+    /// How the hybrid first stage fuses BM25 and dense, as JSON on the command line: `{"fusion": "rrf",
+    /// "rrf_k": 60}` (the default) or `{"fusion": "linear", "weight": 0.5, "normalize": "minmax"}` (`weight` is
+    /// dense's, 0 to 1; `normalize`: minmax or l2).
+    #[arg(long, value_parser = json_arg::<Fusion>, value_name = "JSON")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hybrid: Option<Fusion>,
     /// BM25 parameters, as JSON on the command line. Default: `[bm25]` (configuration).
     #[arg(long, value_parser = json_arg::<Bm25Params>, value_name = "JSON")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -282,9 +301,13 @@ pub struct SearchHit {
     pub docid: String,
     /// The pipeline's final score.
     pub score: f32,
-    /// BM25 score from the first stage (absent for documents given to `/rerank` as text).
+    /// The first stage's score: BM25's, the best segment's cosine (dense), or the fused score (hybrid); absent
+    /// for documents given to `/rerank` as text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_stage_score: Option<f32>,
+    /// The dense and hybrid first stages: the document's rank and score in each list that held it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_stages: Option<Sources>,
     /// Re-ranked results: the model's aggregated score (before interpolation with the first stage).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model_score: Option<f32>,

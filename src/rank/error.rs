@@ -50,6 +50,17 @@ pub enum RankError {
     #[error("model {name:?} is a {kind}; only a bi-encoder computes embeddings")]
     NotABiEncoder { name: String, kind: &'static str },
     #[error(
+        "the dense and hybrid first stages need a bi-encoder: {}; name one with dense_model",
+        tried.iter().map(|(name, kind)| format!("model {name:?} is a {kind}")).collect::<Vec<_>>().join(", ")
+    )]
+    DenseModelRequired { tried: Vec<(String, &'static str)> },
+    #[error(
+        "collection {collection:?}: {missing} of its {segments} segments have no stored embedding of model \
+         {model:?}, and the dense and hybrid first stages search stored embeddings: run `longrank embed \
+         --collection {collection} --name {model}`"
+    )]
+    NoVectors { collection: String, model: String, missing: usize, segments: usize },
+    #[error(
         "input {index} is {tokens} word pieces long; model {model:?} reads at most {max} (set truncate to cut it)"
     )]
     InputTooLong { index: usize, tokens: usize, max: usize, model: String },

@@ -6,6 +6,8 @@
 //! |---|---|
 //! | `api` | the public wire types: `RankParams` (every ranking parameter, declared once), requests, responses |
 //! | `options` | validation: `RankParams` against `config::Limits` into `RankOptions` |
+//! | `first_stage` | the first stages a request names, and the hybrid's fusion of BM25 and dense |
+//! | `dense` | the dense first stage: documents by their best segment's cosine, over stored embeddings |
 //! | `error` | `RankError`, one variant per cause |
 //! | `rerank` | the re-ranking stage: segments scored by the model, aggregated (FirstP, MaxP, SumP, AvgP), Co-BERT |
 //! | `batch` | topic files through a pipeline, shared by `longrank batch` and the HTTP jobs |
@@ -16,7 +18,9 @@
 mod api;
 mod bags;
 pub mod batch;
+mod dense;
 mod error;
+mod first_stage;
 mod models;
 mod options;
 pub mod rerank;
@@ -40,10 +44,20 @@ pub use api::{
 };
 pub use batch::{BatchPlan, TopicRun};
 pub use error::RankError;
+pub use first_stage::{FirstStageKind, Fusion, Listed, Normalize, Sources};
 pub use models::{LoadedModel, ModelStatus, Models, DEFAULT as DEFAULT_MODEL};
 pub use options::{RankOptions, RerankOptions, Usage, DEFAULT_BATCH_K, FIRST_STAGE_FIELDS, MAX_K1};
 pub use rerank::{aggregate, interpolate, Evidence};
 pub use snippet::snippet;
+
+/// A first stage's answer (`Engine::retrieve`).
+pub struct Retrieved {
+    pub hits: Vec<Hit>,
+    /// RM3's expansion terms (`bm25+rm3`).
+    pub expansion: Option<Vec<ExpansionTerm>>,
+    /// The dense and hybrid first stages: each hit's rank and score in each list.
+    pub sources: std::collections::HashMap<String, Sources>,
+}
 
 /// A topic's ranked documents and what the model's passes cost.
 pub struct Ranking {
@@ -95,6 +109,7 @@ pub struct Engine {
     default_segments: SegmentOptions,
     default_preselect: crate::preselect::Preselect,
     segments: rerank::SegmentCache,
+    vectors: dense::VectorsCache,
 }
 
 impl Engine {
@@ -109,6 +124,7 @@ impl Engine {
             default_segments: config.model.segments,
             default_preselect: config.model.preselect.clone(),
             segments: rerank::SegmentCache::default(),
+            vectors: dense::VectorsCache::default(),
         }
     }
 
@@ -186,7 +202,7 @@ impl Engine {
         let model = self.model_for(&options)?;
         // Every read of the request through one view of the collection.
         let snapshot = collection.snapshot().cancellable(cancel);
-        let (hits, expansion) = self.retrieve(&snapshot, query, &options)?;
+        let Retrieved { hits, expansion, sources } = self.retrieve(&snapshot, query, &options, cancel)?;
         let retrieve_ms = ms(started);
         let (ranked, model_timing) = match &model {
             Some(model) => {
@@ -204,7 +220,11 @@ impl Engine {
             .enumerate()
             .skip(offset)
             .take(page)
-            .map(|(i, ranked)| self.search_hit(i + 1, ranked, Some(&snapshot), &query_terms, request.segment_text))
+            .map(|(i, ranked)| {
+                let mut hit = self.search_hit(i + 1, ranked, Some(&snapshot), &query_terms, request.segment_text)?;
+                hit.first_stages = sources.get(&hit.docid).cloned();
+                Ok(hit)
+            })
             .collect::<Result<Vec<_>, RankError>>()?;
         let total_ms = ms(started);
         Ok(SearchResponse {
@@ -364,7 +384,7 @@ impl Engine {
             pending.clear();
             Ok(())
         };
-        collection.snapshot().for_each_document(|doc| {
+        collection.snapshot().for_each_document(|_, doc| {
             let inputs = self.segments.inputs(segmenter, &self.default_segments, &doc, usize::MAX);
             pending.extend(inputs.into_iter().map(|(_, text)| text.into_owned()));
             if pending.len() >= CHUNK {
@@ -418,7 +438,7 @@ impl Engine {
         cancel: &Cancel,
     ) -> Result<Ranking, RankError> {
         let model = self.model_for(options)?;
-        let (hits, _) = self.retrieve(snapshot, query, options)?;
+        let hits = self.retrieve(snapshot, query, options, cancel)?.hits;
         match model {
             Some(model) => Ok(self.rerank_hits(snapshot, &model, query, options, hits, cancel)?.into()),
             None => Ok(Ranking { ranked: first_stage(hits), flops: None, pairs: 0, segments: 0 }),
@@ -513,6 +533,7 @@ impl Engine {
                 docid,
                 score,
                 first_stage_score,
+                first_stages: None,
                 model_score: None,
                 title: doc.title,
                 best_segment: None,
@@ -538,6 +559,7 @@ impl Engine {
             docid,
             score,
             first_stage_score,
+            first_stages: None,
             model_score: evidence.model_score,
             title: evidence.doc.title,
             best_segment: best,
@@ -545,23 +567,67 @@ impl Engine {
         })
     }
 
-    /// The first stage of a pipeline: at least `k` (and `depth`) hits, best first, and RM3's expanded query
-    /// for `bm25+rm3`.
+    /// The first stage of a pipeline: at least `k` (and `depth`) hits, best first, with RM3's expanded query
+    /// for `bm25+rm3` and, for the dense and hybrid first stages, where each hit came from.
     pub fn retrieve(
         &self,
         snapshot: &Snapshot,
         query: &str,
         options: &RankOptions,
-    ) -> Result<(Vec<Hit>, Option<Vec<ExpansionTerm>>), RankError> {
+        cancel: &Cancel,
+    ) -> Result<Retrieved, RankError> {
         let n = options.rerank.as_ref().map_or(options.k, |r| r.depth.max(options.k));
-        Ok(match options.pipeline {
-            Pipeline::Bm25Rm3 => {
+        let (bm25, expansion) = match options.first_stage {
+            FirstStageKind::Dense => (vec![], None),
+            _ if options.pipeline == Pipeline::Bm25Rm3 => {
                 let expanded = snapshot.search_rm3(query, n, options.bm25, options.rm3)?;
                 let terms = expanded.terms.into_iter().map(|(term, weight)| ExpansionTerm { term, weight });
                 (expanded.hits, Some(terms.collect()))
             }
             _ => (snapshot.search(query, n, options.bm25)?, None),
+        };
+        let retrieved = |hits, sources| Retrieved { hits, expansion, sources };
+        Ok(match (options.first_stage, options.hybrid) {
+            (FirstStageKind::Bm25, _) => retrieved(bm25, Default::default()),
+            (FirstStageKind::Dense, _) => {
+                let dense = self.dense(snapshot, query, options, n, cancel)?;
+                let sources = dense.iter().enumerate().map(|(i, hit)| {
+                    let listed = Listed { rank: i + 1, score: hit.score };
+                    (hit.docid.clone(), Sources { bm25: None, dense: Some(listed) })
+                });
+                let sources = sources.collect();
+                retrieved(dense, sources)
+            }
+            (FirstStageKind::Hybrid, fusion) => {
+                let dense = self.dense(snapshot, query, options, n, cancel)?;
+                let (fused, sources) = first_stage::fuse(bm25, dense, fusion.unwrap_or_default());
+                retrieved(fused, sources)
+            }
         })
+    }
+
+    /// The dense first stage's top `n`: documents by their best segment's cosine with the query.
+    fn dense(
+        &self,
+        snapshot: &Snapshot,
+        query: &str,
+        options: &RankOptions,
+        n: usize,
+        cancel: &Cancel,
+    ) -> Result<Vec<Hit>, RankError> {
+        let mut tried = vec![];
+        for name in &options.dense_models {
+            let model = self.models.get(name, "the dense first stage")?;
+            if !matches!(model.served.model(), crate::model::Reranker::Bi(_)) {
+                tried.push((name.clone(), model.kind()));
+                continue;
+            }
+            let store = self.models.store(snapshot.collection(), &model)?.expect("a bi-encoder has a store");
+            let vectors = self.vectors.get(snapshot, &model, &store, &self.segments, &self.default_segments)?;
+            let embedded = model.served.embed(&[query], cancel).map_err(RankError::Model)?;
+            return Ok(vectors.search(&embedded[0], n));
+        }
+        Err(RankError::DenseModelRequired { tried })
     }
 
     /// A stored document; without a collection, every collection is searched (two matches: ambiguous).

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::first_stage::{FirstStageKind, Fusion};
 use super::{Engine, Pipeline, RankError, RankParams};
 use crate::index::{Bm25Params, Rm3Params};
 use crate::preselect::Preselect;
@@ -19,6 +20,15 @@ pub struct RankOptions {
     pub pipeline: Pipeline,
     pub bm25: Bm25Params,
     pub rm3: Rm3Params,
+    #[serde(default)]
+    pub first_stage: FirstStageKind,
+    /// The dense and hybrid first stages' bi-encoder: the first of these models that is one (the one named,
+    /// else the request's model and the default).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dense_models: Vec<String>,
+    /// The hybrid first stage's fusion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hybrid: Option<Fusion>,
     /// Re-ranking pipelines only.
     pub rerank: Option<RerankOptions>,
 }
@@ -40,7 +50,8 @@ pub struct RerankOptions {
 }
 
 /// The ranking parameters of a first stage, which `/rerank` (the client's own candidates) refuses.
-pub const FIRST_STAGE_FIELDS: [&str; 4] = ["depth", "bm25", "rm3", "interpolate"];
+pub const FIRST_STAGE_FIELDS: [&str; 7] =
+    ["depth", "bm25", "rm3", "interpolate", "first_stage", "dense_model", "hybrid"];
 
 /// What the parameters are for: each use has its defaults, and `/rerank` has no first stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,8 +72,15 @@ impl Engine {
         };
         let default_pipeline = if usage == Usage::Rerank { Pipeline::MaxP } else { Pipeline::Bm25 };
         if usage == Usage::Rerank {
-            let given =
-                [params.depth.is_some(), params.bm25.is_some(), params.rm3.is_some(), params.interpolate.is_some()];
+            let given = [
+                params.depth.is_some(),
+                params.bm25.is_some(),
+                params.rm3.is_some(),
+                params.interpolate.is_some(),
+                params.first_stage.is_some(),
+                params.dense_model.is_some(),
+                params.hybrid.is_some(),
+            ];
             let first_stage = FIRST_STAGE_FIELDS.into_iter().zip(given);
             if let Some((field, _)) = first_stage.into_iter().find(|(_, given)| *given) {
                 return Err(RankError::NotApplicable { field, what: "/rerank (there is no first stage)".into() });
@@ -76,6 +94,7 @@ impl Engine {
             let what = format!("the {} pipeline (only bm25+rm3 takes it)", pipeline.name());
             return Err(RankError::NotApplicable { field: "rm3", what });
         }
+        let (first_stage, dense_models, hybrid) = self.first_stage(params, pipeline)?;
         let rerank = if pipeline.needs_model() {
             if self.models.names().is_empty() {
                 return Err(RankError::ModelRequired { what: pipeline.name() });
@@ -115,7 +134,50 @@ impl Engine {
         within("rm3.fb_docs", rm3.fb_docs as f64, 1.0, limits.max_fb_docs as f64)?;
         within("rm3.fb_terms", rm3.fb_terms as f64, 1.0, limits.max_fb_terms as f64)?;
         unit("rm3.original_query_weight", rm3.original_query_weight)?;
-        Ok(RankOptions { k, pipeline, bm25, rm3, rerank })
+        Ok(RankOptions { k, pipeline, bm25, rm3, first_stage, dense_models, hybrid, rerank })
+    }
+
+    /// The first stage, the bi-encoders a dense one may use (in order), and a hybrid one's fusion.
+    fn first_stage(
+        &self,
+        params: &RankParams,
+        pipeline: Pipeline,
+    ) -> Result<(FirstStageKind, Vec<String>, Option<Fusion>), RankError> {
+        let kind = params.first_stage.unwrap_or_default();
+        let not_for = |field, what: &str| Err(RankError::NotApplicable { field, what: what.to_string() });
+        if params.hybrid.is_some() && kind != FirstStageKind::Hybrid {
+            return not_for("hybrid", "a first stage other than hybrid (only hybrid fuses)");
+        }
+        if kind == FirstStageKind::Bm25 {
+            if params.dense_model.is_some() {
+                return not_for("dense_model", "the bm25 first stage (dense and hybrid take it)");
+            }
+            return Ok((kind, vec![], None));
+        }
+        if kind == FirstStageKind::Dense && pipeline == Pipeline::Bm25Rm3 {
+            return not_for("first_stage", "bm25+rm3 as dense (RM3 expands BM25's query: use hybrid, or bm25)");
+        }
+        if self.models.names().is_empty() {
+            return Err(RankError::ModelRequired { what: "a dense or hybrid first stage" });
+        }
+        let mut models = match &params.dense_model {
+            Some(name) => vec![self.models.check(Some(name))?],
+            None => vec![self.models.check(params.model.as_deref())?],
+        };
+        if params.dense_model.is_none() {
+            if let Ok(default) = self.models.check(None) {
+                if !models.contains(&default) {
+                    models.push(default);
+                }
+            }
+        }
+        let fusion = (kind == FirstStageKind::Hybrid).then(|| params.hybrid.unwrap_or_default());
+        match fusion {
+            Some(Fusion::Rrf { rrf_k }) => within("hybrid.rrf_k", rrf_k as f64, 0.0, MAX_RRF_K)?,
+            Some(Fusion::Linear { weight, .. }) => unit("hybrid.weight", weight)?,
+            None => {}
+        }
+        Ok((kind, models, fusion))
     }
 
     /// A preselection's counts (1 and up: they only ever cut work) and its selector's model (served).
@@ -196,6 +258,9 @@ fn unit(field: &'static str, value: f32) -> Result<(), RankError> {
     }
     Err(RankError::OutOfRange { field, value: value as f64, min: 0.0, max: 1.0 })
 }
+
+/// RRF's k past which every rank contributes about equally (Elasticsearch's default is 60).
+pub const MAX_RRF_K: f64 = 1e6;
 
 /// BM25's k1 past which term frequency no longer saturates in any useful way (tuned values run 0.5 to 3).
 pub const MAX_K1: f64 = 100.0;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::bags::{Bag, BagCache};
+use super::first_stage::minmax;
 use super::{Pipeline, RankError, Ranked, RerankOptions, ScoredSegment};
 use crate::index::{analyzer, bm25, Bm25Params, IndexError, Snapshot, StoredDoc};
 use crate::model::{Cancel, Output, Reranker, Scores, Served, VectorFile};
@@ -55,11 +56,7 @@ pub fn aggregate(pipeline: Pipeline, scores: &[f32]) -> f32 {
 /// Min-max normalizes both score lists over the candidates and mixes them: `weight` × first stage +
 /// (1 − `weight`) × model. A list whose scores are all equal normalizes to zeros.
 pub fn interpolate(first_stage: &[f32], model: &[f32], weight: f32) -> Vec<f32> {
-    fn normalized(scores: &[f32]) -> Vec<f32> {
-        let (lo, hi) = scores.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &s| (lo.min(s), hi.max(s)));
-        scores.iter().map(|&s| if hi > lo { (s - lo) / (hi - lo) } else { 0.0 }).collect()
-    }
-    normalized(first_stage).into_iter().zip(normalized(model)).map(|(f, m)| weight * f + (1.0 - weight) * m).collect()
+    minmax(first_stage).into_iter().zip(minmax(model)).map(|(f, m)| weight * f + (1.0 - weight) * m).collect()
 }
 
 /// Documents' segments, which depend on the document, the strategy and the model's tokenizer but not on the

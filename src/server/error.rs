@@ -88,6 +88,8 @@ codes! {
     UnknownTask = "unknown_task", 404, "No task with that id.";
     MethodNotAllowed = "method_not_allowed", 405, "The route does not take this method.";
     AmbiguousDocument = "ambiguous_document", 409, "The docid exists in several collections; name one.";
+    NoVectors = "no_vectors", 409, "A dense or hybrid first stage on a collection whose segments lack the \
+        bi-encoder's stored embeddings: run `longrank embed` on it (the message says how).";
     CollectionInUse = "collection_in_use", 409, "The collection is read by a queued or running batch job.";
     JobConflict = "job_conflict", 409, "The job is not in a state that allows this (the run of an unfinished job, cancelling a finished one).";
     TaskConflict = "task_conflict", 409, "A finished task cannot be cancelled.";
@@ -105,7 +107,7 @@ codes! {
     ModelRequired = "model_required", 422, "A re-ranking pipeline or embeddings, and no model is configured.";
     UnknownModel = "unknown_model", 422, "No model of that name.";
     NotABiEncoder = "not_a_bi_encoder", 422, "The model named is not a bi-encoder (embeddings computed ahead or \
-        asked for, a `bi-encoder:NAME` selector).";
+        asked for, a `bi-encoder:NAME` selector, a dense or hybrid first stage's model).";
     IdempotencyKeyReused = "idempotency_key_reused", 422, "The Idempotency-Key was given to a job or task submitted \
         with another route, parameters or files (the message names it): a new write needs a new key.";
     MalformedFile = "malformed_file", 422, "A topic, qrels or run file does not parse (the message names the line).";
@@ -329,7 +331,8 @@ impl RankError {
             RankError::ModelRequired { .. } => C::ModelRequired,
             RankError::UnknownModel { .. } => C::UnknownModel,
             RankError::ModelUnavailable { .. } => C::ModelUnavailable,
-            RankError::NotABiEncoder { .. } => C::NotABiEncoder,
+            RankError::NotABiEncoder { .. } | RankError::DenseModelRequired { .. } => C::NotABiEncoder,
+            RankError::NoVectors { .. } => C::NoVectors,
             RankError::InputTooLong { .. } => C::InputTooLong,
             RankError::Unresumable(_) => C::JobConflict,
             RankError::Model(ModelError::Overloaded { .. }) => C::Overloaded,
@@ -476,7 +479,7 @@ route_errors! {
     SearchErrors(Read): [MalformedJson, InvalidBody, InvalidQueryString, DuplicateField, BodyTooLarge,
         UnsupportedMediaType, ForbiddenOrigin, EmptyQuery, QueryTooLong, OutOfRange, InvalidSegments, NotApplicable,
         CollectionRequired, UnknownCollection, UnknownPipeline, PipelineUnavailable, ModelRequired, UnknownModel,
-        NotABiEncoder, Overloaded, ModelUnavailable, ModelError, IndexError];
+        NotABiEncoder, NoVectors, Overloaded, ModelUnavailable, ModelError, IndexError];
     /// `/rerank`.
     RerankErrors(Read): [MalformedJson, InvalidBody, BodyTooLarge, UnsupportedMediaType, ForbiddenOrigin,
         EmptyQuery, QueryTooLong, OutOfRange, InvalidSegments, RerankingPipelineRequired, NotApplicable,

@@ -623,11 +623,18 @@ fn every_batch_field_means_the_same_over_json_multipart_and_the_cli() {
     // A decoder reranker reads `instruction` (an encoder refuses it); the server and the CLI both read the data
     // directory's config.toml. The tiny decoder's tokenizer spends many tokens on its prompt.
     let decoder = crate::fixtures::model_fixture("qwen3-reranker");
+    // The dense and hybrid first stages read a bi-encoder's stored embeddings: a tiny one, named as the schema's
+    // example of `dense_model`.
+    let bi = d.join("bi");
+    crate::fixtures::tiny_bi_encoder(&bi, 12);
     let config = format!(
-        "[model]\nmax_query_tokens = 200\n[model.named]\nqwen3 = {{ path = {:?}, max_length = 480 }}\n",
-        decoder.to_str().unwrap()
+        "[model]\nmax_query_tokens = 200\n[model.named]\nqwen3 = {{ path = {:?}, max_length = 480 }}\n\
+         minilm = {{ path = {:?}, kind = \"bi-encoder\" }}\n",
+        decoder.to_str().unwrap(),
+        bi.to_str().unwrap()
     );
     std::fs::write(d.join("config.toml"), config).unwrap();
+    cli_ok(d, &["embed", "--collection", "cranfield", "--name", "minilm"]);
     let server = TestServer::start(d, &[("LONGRANK_MODEL_PATH", model)]).wait_ready();
     let (_, spec) = get(&server.url("/openapi.json"));
     let spec: Value = serde_json::from_str(&spec).unwrap();
@@ -652,6 +659,12 @@ fn every_batch_field_means_the_same_over_json_multipart_and_the_cli() {
         }
         if name == "instruction" {
             body.insert("model".into(), json!("qwen3"));
+        }
+        if ["first_stage", "dense_model", "hybrid"].contains(&name.as_str()) {
+            // Each needs the others (a hybrid first stage, and its bi-encoder, which the default model is not).
+            for (field, value) in [("first_stage", json!("hybrid")), ("dense_model", json!("minilm"))] {
+                body.entry(field).or_insert(value);
+            }
         }
 
         let via_json = post_json(&server.url("/batch?wait=true"), &Value::Object(body.clone()).to_string());

@@ -13,6 +13,7 @@ mod docs;
 mod ecosystem;
 mod eval;
 mod families;
+mod first_stage;
 mod fixtures;
 mod fuzz;
 mod gpu;

@@ -228,6 +228,11 @@ impl Served {
         Ok((found.into_iter().map(|o| o.expect("every text embedded")).collect(), timing, missing))
     }
 
+    /// A text's embedding as `store` holds it (`embed_into`, or a search that embedded it), if it does.
+    pub fn stored_embedding(&self, text: &str, store: &VectorFile) -> Option<Vec<f32>> {
+        store.get(key(None, text))
+    }
+
     /// Embeds texts ahead of queries into a collection's embedding file (bi-encoders; `longrank embed`).
     /// Returns how many were computed.
     pub fn embed_into(&self, texts: &[&str], file: &VectorFile, cancel: &Cancel) -> Result<usize, ModelError> {
