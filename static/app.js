@@ -49,7 +49,7 @@ async function route() {
   showView("search");
   for (const key of SEARCH_KEYS) {
     if (key === "keep_first") $(key).checked = params.get(key) === "1";
-    else if (key === "read") $(key).value = params.get(key) || "";
+    else if (key === "read" || key === "first_stage") $(key).value = params.get(key) || "";
     else if (params.get(key)) $(key).value = params.get(key);
   }
   syncDepth("pipeline", "depth-label", "model-label");

@@ -184,7 +184,8 @@ function renderResults(response, request) {
   const model = response.model
     ? `, re-ranked by the model ${response.model}${modelSources[response.model] ? ` (${modelSources[response.model]})` : ""}`
     : "";
-  const depth = response.model && request.depth ? ` from BM25's top ${request.depth}` : "";
+  const stage = { dense: "dense search", hybrid: "the hybrid first stage" }[request.first_stage] || "BM25";
+  const depth = response.model && request.depth ? ` from ${stage}'s top ${request.depth}` : "";
   const summary = response.results.length === 0
     ? "No document matches this query."
     : `${counted(response.results.length, "result")} from ${response.collection}, ${response.pipeline}${model}${depth}.`;
@@ -197,7 +198,7 @@ function renderResults(response, request) {
     const title = el("button", { type: "button", className: "title", textContent: hit.title || hit.docid });
     title.addEventListener("click", () => navigate({ ...request, doc: hit.docid }, false, { fromResults: true }));
     const scores = [`score ${fmt(hit.score)}`];
-    if (hit.first_stage_score !== undefined) scores.push(`BM25 ${fmt(hit.first_stage_score)}`);
+    scores.push(...firstStageNotes(hit, request.first_stage));
     if (hit.model_score !== undefined && hit.model_score !== hit.score) scores.push(`model ${fmt(hit.model_score)}`);
     if (hit.segments) scores.push(readNote(hit, response));
     const meta = el("p", { className: "meta" }, el("span", { className: "docid", textContent: hit.docid }), ` · ${scores.join(" · ")}`);
@@ -214,6 +215,15 @@ function renderResults(response, request) {
   }
 }
 
+// A hit's first-stage score under its name, and with a hybrid first stage its rank in each list.
+function firstStageNotes(hit, firstStage) {
+  if (hit.first_stage_score === undefined) return [];
+  if (firstStage !== "hybrid") return [`${firstStage === "dense" ? "dense" : "BM25"} ${fmt(hit.first_stage_score)}`];
+  const lists = hit.first_stages || {};
+  const ranks = ["bm25", "dense"].filter((l) => lists[l]).map((l) => `${l === "bm25" ? "BM25" : "dense"} #${lists[l].rank}`);
+  return [`fused ${fmt(hit.first_stage_score, 4)} (${ranks.join(", ")})`];
+}
+
 // The search as URL parameters: depth and model only for pipelines that re-rank.
 function searchParams() {
   const info = pipelineInfo[$("pipeline").value];
@@ -225,6 +235,7 @@ function searchParams() {
     collection: $("collection").value,
     pipeline: $("pipeline").value,
     model: reranks && !$("model-label").hidden ? $("model").value : undefined,
+    first_stage: $("first_stage").value || undefined,
     k: $("k").value,
     depth: reranks ? $("depth").value : undefined,
     ...(readChosen ? { read: $("read").value || undefined } : {}),
@@ -233,7 +244,7 @@ function searchParams() {
 }
 
 // The parameters that make a search (not the open document): equal keys, the same results.
-const SEARCH_KEYS = ["q", "collection", "pipeline", "model", "k", "depth", "read", "per_doc", "keep_first", "budget"];
+const SEARCH_KEYS = ["q", "collection", "pipeline", "model", "first_stage", "k", "depth", "read", "per_doc", "keep_first", "budget"];
 const searchKey = (params) => SEARCH_KEYS.map((k) => params[k] || "").join("\u0000");
 
 async function search(params) {
@@ -248,6 +259,7 @@ async function search(params) {
     collection: params.collection || undefined,
     pipeline: params.pipeline || undefined,
     model: params.model || undefined,
+    first_stage: params.first_stage || undefined,
     k: Number(params.k) || undefined,
     depth: Number(params.depth) || undefined,
     preselect: preselectOf(params),

@@ -533,3 +533,49 @@ fn collections_are_created_fed_and_deleted_from_the_page() {
     }
     assert_eq!(browser.text(&browser.find_all("#collections-status")[0]), "Deleted web.");
 }
+
+/// The page's first stage: a hybrid search from its URL ranks as `/search` does, each hit naming its fused score
+/// and its rank in each list; then dense from the form.
+#[test]
+fn the_page_searches_through_the_dense_and_hybrid_first_stages() {
+    let dir = tempfile::tempdir().unwrap();
+    cli_ok(dir.path(), &["index", "--collection", "adi", data("adi/docs.jsonl").to_str().unwrap()]);
+    let minilm = crate::common::minilm();
+    let env = [("LONGRANK_MODEL_PATH", minilm.to_str().unwrap())];
+    let out = crate::common::cli_env(dir.path(), &["embed", "--collection", "adi"], &env);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let server = TestServer::start(dir.path(), &env).wait_ready();
+    let browser = Browser::start("first-stage");
+    let query = "retrieval of articles from their titles";
+    browser.goto(&server.url(&format!("/?q={}&collection=adi&first_stage=hybrid", query.replace(' ', "+"))));
+    browser.wait_for("#results li[data-docid]");
+    let api = |first_stage: &str| {
+        let body = json!({"query": query, "collection": "adi", "first_stage": first_stage, "k": 10});
+        post_json(&server.url("/search"), &body.to_string()).json()
+    };
+    let expected = api("hybrid");
+    let hits = expected["results"].as_array().unwrap();
+    let docids = || browser.script("return [...document.querySelectorAll('#results li')].map(li => li.dataset.docid)");
+    let want = |hits: &[Value]| Value::Array(hits.iter().map(|h| h["docid"].clone()).collect());
+    assert_eq!(docids(), want(hits));
+    assert_eq!(browser.script("return document.getElementById('first_stage').value"), json!("hybrid"));
+    let notes = browser.script("return [...document.querySelectorAll('#results li .meta')].map(m => m.textContent)");
+    for (note, hit) in notes.as_array().unwrap().iter().zip(hits) {
+        let lists = &hit["first_stages"];
+        let ranks: Vec<String> = [("bm25", "BM25"), ("dense", "dense")]
+            .iter()
+            .filter(|(l, _)| lists.get(l).is_some())
+            .map(|(l, name)| format!("{name} #{}", lists[l]["rank"]))
+            .collect();
+        let want = format!("fused {:.4} ({})", hit["first_stage_score"].as_f64().unwrap(), ranks.join(", "));
+        assert!(note.as_str().unwrap().contains(&want), "{note} lacks {want}");
+    }
+    // Dense from the form.
+    browser.script("document.getElementById('first_stage').value = 'dense'; document.querySelector('#search button[type=submit]').click();");
+    let dense = api("dense");
+    let dense_hits = dense["results"].as_array().unwrap();
+    crate::common::wait_until("the dense results", Duration::from_secs(20), || docids() == want(dense_hits));
+    let first = browser.script("return document.querySelector('#results li .meta').textContent");
+    let want = format!("dense {:.3}", dense_hits[0]["first_stage_score"].as_f64().unwrap());
+    assert!(first.as_str().unwrap().contains(&want), "{first} lacks {want}");
+}
