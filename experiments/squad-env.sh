@@ -10,4 +10,6 @@ D="$SHARED/data/squad-v1.1-dev-articles"
 export RUST_LOG=warn
 # MaxP reads every segment unless a run says otherwise (--preselect), as EXPERIMENTS.md's figures were measured.
 export LONGRANK_MODEL_PRESELECT_SELECTOR=none
+# ...and a bi-encoder's scores alone, without the first stage's mixed in (the default since issue 54).
+export LONGRANK_MODEL_BI_ENCODER_INTERPOLATE=0
 mkdir -p "$WORK"

@@ -193,6 +193,11 @@ pub struct ModelConfig {
     /// Which segments `maxp` reads, unless a request says otherwise (`preselect`): by default each
     /// candidate's two best by BM25 (EXPERIMENTS.md, "Preselection in front of a cross-encoder").
     pub preselect: Preselect,
+    /// Weight of the first stage's min-max normalized score mixed into a bi-encoder's re-ranked score, unless a
+    /// request says otherwise (`interpolate`); 0 mixes nothing. 0.5: it wins on three collections and loses
+    /// significantly on none (EXPERIMENTS.md, "Dense and hybrid first stages"). Cross-encoders, whose default
+    /// was not measured here, mix nothing unless asked.
+    pub bi_encoder_interpolate: f32,
 }
 
 /// A `[model.named]` entry: a source alone, or a source with its kind.
@@ -279,6 +284,7 @@ impl Default for ModelConfig {
             store_scores: false,
             segments: SegmentOptions::default(),
             preselect: Preselect { selector: Selector::Bm25, per_doc: Some(2), ..Preselect::default() },
+            bi_encoder_interpolate: 0.5,
         }
     }
 }

@@ -161,7 +161,8 @@ pub struct RankParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segments: Option<SegmentOptions>,
     /// Weight (0 to 1) of the min-max normalized first-stage score mixed into the re-ranked score
-    /// (re-ranking pipelines). Default: none.
+    /// (re-ranking pipelines); 0 mixes nothing. Default: `[model] bi_encoder_interpolate` (0.5) when the model
+    /// is a bi-encoder, none for the others.
     #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(example = 0.25)]

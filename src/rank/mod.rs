@@ -108,6 +108,7 @@ pub struct Engine {
     models: Models,
     default_segments: SegmentOptions,
     default_preselect: crate::preselect::Preselect,
+    bi_encoder_interpolate: f32,
     segments: rerank::SegmentCache,
     vectors: dense::VectorsCache,
 }
@@ -123,6 +124,7 @@ impl Engine {
             models: Models::new(&config.model),
             default_segments: config.model.segments,
             default_preselect: config.model.preselect.clone(),
+            bi_encoder_interpolate: config.model.bi_encoder_interpolate,
             segments: rerank::SegmentCache::default(),
             vectors: dense::VectorsCache::default(),
         }

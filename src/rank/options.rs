@@ -101,10 +101,16 @@ impl Engine {
             }
             let segments = params.segments.unwrap_or(self.default_segments);
             segments.validate().map_err(RankError::InvalidSegments)?;
-            if let Some(weight) = params.interpolate {
-                unit("interpolate", weight)?;
-            }
             let model = self.models.check(params.model.as_deref())?;
+            let interpolate = match params.interpolate {
+                Some(weight) => Some(unit("interpolate", weight).map(|_| weight)?),
+                // A bi-encoder mixes in the first stage's score by default (none for `/rerank`'s candidates).
+                None if usage != Usage::Rerank && self.is_bi_encoder(&model) => {
+                    let weight = self.bi_encoder_interpolate;
+                    Some(unit("model.bi_encoder_interpolate", weight).map(|_| weight)?)
+                }
+                None => None,
+            };
             // The configured preselection is MaxP's: a best segment among the selector's picks is most often
             // the best of all (measured), while a sum or a mean over some segments is another score.
             let preselect = params.preselect.clone().unwrap_or_else(|| match pipeline {
@@ -113,7 +119,7 @@ impl Engine {
             });
             self.check_preselect(&preselect)?;
             let instruction = params.instruction.as_deref().map(|i| self.check_instruction(i)).transpose()?;
-            Some(RerankOptions { model, depth, segments, interpolate: params.interpolate, preselect, instruction })
+            Some(RerankOptions { model, depth, segments, interpolate, preselect, instruction })
         } else {
             if let Some(model) = &params.model {
                 self.models.check(Some(model))?;
@@ -178,6 +184,12 @@ impl Engine {
             None => {}
         }
         Ok((kind, models, fusion))
+    }
+
+    /// Whether the named model loads as a bi-encoder (one that does not load is reported when it is used).
+    fn is_bi_encoder(&self, name: &str) -> bool {
+        let model = self.models.get(name, "re-ranking");
+        model.is_ok_and(|m| matches!(m.served.model(), crate::model::Reranker::Bi(_)))
     }
 
     /// A preselection's counts (1 and up: they only ever cut work) and its selector's model (served).

@@ -54,7 +54,8 @@ pub fn aggregate(pipeline: Pipeline, scores: &[f32]) -> f32 {
 }
 
 /// Min-max normalizes both score lists over the candidates and mixes them: `weight` × first stage +
-/// (1 − `weight`) × model. A list whose scores are all equal normalizes to zeros.
+/// (1 − `weight`) × model. A list whose scores are all equal normalizes to zeros. (A weight of 0 is not mixed:
+/// the model's scores stay as they are.)
 pub fn interpolate(first_stage: &[f32], model: &[f32], weight: f32) -> Vec<f32> {
     minmax(first_stage).into_iter().zip(minmax(model)).map(|(f, m)| weight * f + (1.0 - weight) * m).collect()
 }
@@ -310,12 +311,12 @@ pub fn rerank(job: &Reranking<'_>, docs: Vec<Candidate>) -> Result<Reranked, Ran
     // Interpolation and the order are over the candidates the model read; the others follow them.
     let read_scores: Vec<f32> = model_scores.iter().flatten().copied().collect();
     let finals = match job.options.interpolate {
-        Some(weight) => {
+        Some(weight) if weight > 0.0 => {
             let first: Option<Vec<f32>> =
                 docs.iter().zip(&model_scores).filter(|(_, s)| s.is_some()).map(|(c, _)| c.first_stage_score).collect();
             interpolate(&first.ok_or(RankError::NoFirstStage)?, &read_scores, weight)
         }
-        None => read_scores,
+        _ => read_scores,
     };
     let mut finals = finals.into_iter();
     let (mut ranked, mut tail) = (Vec::with_capacity(docs.len()), Vec::new());

@@ -127,6 +127,21 @@ fn maxp_search_over_http_carries_segment_evidence() {
         assert!(!results.is_empty());
         let scores: Vec<f64> = results.iter().map(|r| r["score"].as_f64().unwrap()).collect();
         assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{pipeline}: {scores:?}");
+        // A bi-encoder's score mixes in BM25's by default: half of each, min-max normalized over the candidates
+        // (all five re-ranked here).
+        let normalized = |field: &str| -> Vec<f64> {
+            let values: Vec<f64> = results.iter().map(|r| r[field].as_f64().unwrap()).collect();
+            let (lo, hi) = values.iter().fold((f64::MAX, f64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+            values.iter().map(|v| if hi > lo { (v - lo) / (hi - lo) } else { 0.0 }).collect()
+        };
+        let mixed: Vec<f64> = normalized("first_stage_score")
+            .into_iter()
+            .zip(normalized("model_score"))
+            .map(|(f, m)| 0.5 * f + 0.5 * m)
+            .collect();
+        for (got, want) in scores.iter().zip(mixed) {
+            assert!((got - want).abs() < 1e-5, "{pipeline}: {got} is not half BM25, half the model ({want})");
+        }
         for r in results {
             let docid = r["docid"].as_str().unwrap();
             let (_, doc) = crate::common::get(&server.url(&format!("/documents/{docid}?collection=gov2")));
@@ -143,7 +158,7 @@ fn maxp_search_over_http_carries_segment_evidence() {
             let best = &r["best_segment"];
             let (start, end) = (best["start"].as_u64().unwrap() as usize, best["end"].as_u64().unwrap() as usize);
             assert_eq!(best["text"].as_str().unwrap(), &text[start..end], "{pipeline} {docid}");
-            let score = r["score"].as_f64().unwrap();
+            let score = r["model_score"].as_f64().unwrap();
             let expected = match *pipeline {
                 "maxp" => seg_scores.iter().copied().fold(f64::MIN, f64::max),
                 "firstp" => seg_scores[0],
@@ -344,7 +359,8 @@ fn maxp_search_over_http_carries_segment_evidence() {
         text.lines().map(|l| l.split(' ').collect::<Vec<_>>()).map(|c| (c[0].to_string(), c[2].to_string())).collect()
     };
     let bm25_order = order(&bm25_run);
-    let (_, alone) = rerank_top5("maxp5.run", &[]);
+    // MaxP alone: 0 mixes nothing (a bi-encoder mixes in half of BM25's score by default).
+    let (_, alone) = rerank_top5("maxp5.run", &["--interpolate", "0"]);
     assert_ne!(order(&alone), bm25_order);
     let (_, mixed) = rerank_top5("mixed.run", &["--interpolate", "1"]);
     assert_eq!(order(&mixed), bm25_order);
