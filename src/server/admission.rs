@@ -7,8 +7,9 @@
 //! model's queue, never here, and are never refused). One that cannot is refused at once with 429 and its
 //! estimated wait as Retry-After (at most the timeout); one already waiting is refused as soon as the pace
 //! says its turn comes too late, and at the latest when its turn has not come by then: a request is refused
-//! before it starts rather than started and then timed out. The model's own queue refuses again, exactly,
-//! when a request's inputs would wait past its deadline there.
+//! before it starts rather than started and then timed out. The model's own queue refuses again when the work
+//! queued ahead of a request's inputs could not drain in time for them, and holds them back (the request keeping
+//! its slot) while they would end too late only by its margin.
 
 use std::collections::VecDeque;
 use std::sync::Arc;

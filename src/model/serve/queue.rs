@@ -82,6 +82,18 @@ impl State {
         }
     }
 
+    /// Whether `n` inputs behind `ahead` others cannot end by `deadline` however it waits: the work ahead at the
+    /// model's pace, drained at once, and its own with the margin, pass it.
+    fn hopeless(&self, ahead: usize, n: usize, deadline: Option<Instant>) -> bool {
+        let rate = self.rate.min(self.last_rate);
+        match deadline {
+            Some(deadline) if rate > 0.0 => {
+                Instant::now() + Duration::from_secs_f64((ahead as f64 + 1.1 * n as f64) / rate) > deadline
+            }
+            _ => false,
+        }
+    }
+
     /// The refusal of a request with `ahead` inputs before it: Retry-After their drain time.
     fn overloaded(&self, ahead: usize) -> ModelError {
         let wait = if self.rate > 0.0 { (ahead as f64 / self.rate).ceil() as u64 } else { 1 };
@@ -194,19 +206,31 @@ impl Queue {
             progress: Mutex::new(Progress { outputs: vec![None; n], remaining: n, ..Default::default() }),
             done: Condvar::new(),
         });
-        {
+        loop {
             let mut state = self.shared.state.lock();
             // Ahead of this job: the inputs of requests still waiting (a gone one's are dropped unrun), drained
             // at the model's recent rate.
             let ahead = state.pending.iter().filter(|item| !item.job.cancel.is_cancelled()).count();
             // A job larger than the whole queue still runs when it would wait behind nothing. Refused now rather
-            // than timed out later: the work ahead and its own would pass the request's deadline.
-            if ahead > 0 && ahead + n > self.shared.max_queued || state.ends_too_late(ahead, n, cancel.deadline()) {
+            // than timed out later: the work ahead could not drain in time for its own.
+            if ahead > 0 && (ahead + n > self.shared.max_queued || state.hopeless(ahead, n, cancel.deadline())) {
                 return Err(state.overloaded(ahead).into());
+            }
+            // Behind more than its deadline allows with the margin, it waits for the queue to drain (holding its
+            // request's slot, so that later requests wait in admission's line) rather than being refused: a
+            // burst's requests are served as the model gets to them, not refused while it is busiest.
+            if state.ends_too_late(ahead, n, cancel.deadline()) {
+                drop(state);
+                if cancel.is_cancelled() {
+                    return Err(Unfinished { error: ModelError::Cancelled, outputs: vec![None; n] });
+                }
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
             }
             let mut order: Vec<(usize, Encoded)> = inputs.into_iter().enumerate().collect();
             order.sort_by_key(|(_, e)| e.ids.len());
             state.pending.extend(order.into_iter().map(|(index, input)| Item { job: job.clone(), index, input }));
+            break;
         }
         self.shared.wake.notify_one();
         let mut progress = job.progress.lock();
@@ -441,6 +465,21 @@ mod tests {
             other => panic!("not refused in time: {other:?}"),
         }
         assert_eq!(long.join().unwrap().unwrap().0.len(), 40);
+    }
+
+    /// Behind more than its deadline allows with the margin, but with work ahead that can drain in time for its
+    /// own, a request waits rather than being refused; behind more than that, it is refused at once.
+    #[test]
+    fn a_request_is_refused_only_when_the_work_ahead_cannot_drain_in_time() {
+        let state = State { rate: 100.0, last_rate: 100.0, ..State::default() };
+        let deadline = |secs: f64| Some(Instant::now() + Duration::from_secs_f64(secs));
+        // 400 inputs ahead drain in 4 s; with the margin, 4.41 s for them and one more.
+        assert!(state.ends_too_late(400, 1, deadline(4.2)) && !state.hopeless(400, 1, deadline(4.2)), "it waits");
+        assert!(state.hopeless(400, 1, deadline(3.9)), "refused");
+        assert!(!state.ends_too_late(400, 1, deadline(4.5)), "queued at once");
+        // A slower last batch is believed.
+        let slowed = State { last_rate: 50.0, ..state };
+        assert!(slowed.hopeless(400, 1, deadline(4.2)));
     }
 
     /// A request whose wait ahead would pass its deadline is refused at once, with the drain time as Retry-After;
