@@ -8,6 +8,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use tantivy::DocAddress;
 
+use super::first_stage::{self, best_first};
 use super::rerank::SegmentCache;
 use super::{LoadedModel, RankError};
 use crate::index::{Hit, Snapshot};
@@ -80,16 +81,12 @@ impl SegmentVectors {
             .collect();
         if hits.len() > n {
             // Only the top n need sorting.
-            hits.select_nth_unstable_by(n, order);
+            hits.select_nth_unstable_by(n, best_first);
             hits.truncate(n);
         }
-        hits.sort_by(order);
+        first_stage::sort(&mut hits);
         hits
     }
-}
-
-fn order(a: &Hit, b: &Hit) -> std::cmp::Ordering {
-    b.score.total_cmp(&a.score).then_with(|| a.docid.cmp(&b.docid))
 }
 
 /// The segment vectors read, per collection opening, commit and model; the last few kept.

@@ -137,7 +137,12 @@ pub fn fuse(bm25: Vec<Hit>, dense: Vec<Hit>, fusion: Fusion) -> (Vec<Hit>, HashM
 
 /// Best first; equal scores in docid order (as BM25's ties are).
 pub fn sort(hits: &mut [Hit]) {
-    hits.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.docid.cmp(&b.docid)));
+    hits.sort_by(best_first);
+}
+
+/// The order of `sort`.
+pub fn best_first(a: &Hit, b: &Hit) -> std::cmp::Ordering {
+    b.score.total_cmp(&a.score).then_with(|| a.docid.cmp(&b.docid))
 }
 
 #[cfg(test)]
