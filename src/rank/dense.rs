@@ -92,8 +92,11 @@ impl SegmentVectors {
 /// The segment vectors read, per collection opening, commit and model; the last few kept.
 #[derive(Default)]
 pub struct VectorsCache {
-    read: Mutex<Vec<(VectorsKey, Arc<SegmentVectors>)>>,
+    kept: Mutex<Vec<(VectorsKey, Slot)>>,
 }
+
+/// One key's vectors once read (`None` before, or after a failed read), behind the key's own lock.
+type Slot = Arc<Mutex<Option<Arc<SegmentVectors>>>>;
 
 /// A collection's opening, its commit (`Snapshot::generation`) and the model's name.
 type VectorsKey = (u64, u64, String);
@@ -111,16 +114,37 @@ impl VectorsCache {
         options: &SegmentOptions,
     ) -> Result<Arc<SegmentVectors>, RankError> {
         let key = (snapshot.collection().opening(), snapshot.generation(), model.name.clone());
-        if let Some((_, found)) = self.read.lock().iter().find(|(k, _)| *k == key) {
-            return Ok(found.clone());
+        self.get_or_read(key, || SegmentVectors::read(snapshot, model, store, segments, options))
+    }
+
+    /// The vectors kept under `key`, or `read`'s, kept. Each key has a lock of its own: the requests that
+    /// arrive while a commit's vectors are being read wait for that read rather than each reading the whole
+    /// collection again, and other keys' requests go on meanwhile. A failed read keeps nothing.
+    fn get_or_read(
+        &self,
+        key: VectorsKey,
+        read: impl FnOnce() -> Result<SegmentVectors, RankError>,
+    ) -> Result<Arc<SegmentVectors>, RankError> {
+        let slot = {
+            let mut kept = self.kept.lock();
+            match kept.iter().find(|(k, _)| *k == key) {
+                Some((_, slot)) => slot.clone(),
+                None => {
+                    if kept.len() >= KEPT {
+                        kept.remove(0);
+                    }
+                    let slot = Arc::default();
+                    kept.push((key, Arc::clone(&slot)));
+                    slot
+                }
+            }
+        };
+        let mut slot = slot.lock();
+        if let Some(read) = &*slot {
+            return Ok(read.clone());
         }
-        // Read outside the lock: other collections' queries go on meanwhile.
-        let read = Arc::new(SegmentVectors::read(snapshot, model, store, segments, options)?);
-        let mut kept = self.read.lock();
-        if kept.len() >= KEPT {
-            kept.remove(0);
-        }
-        kept.push((key, read.clone()));
+        let read = Arc::new(read()?);
+        *slot = Some(read.clone());
         Ok(read)
     }
 }
@@ -128,6 +152,44 @@ impl VectorsCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn two_documents() -> SegmentVectors {
+        SegmentVectors {
+            dims: 1,
+            vectors: vec![1.0, 2.0],
+            norms: vec![1.0, 2.0],
+            starts: vec![0, 1, 2],
+            docs: vec![(DocAddress::new(0, 0), "a".into()), (DocAddress::new(0, 1), "b".into())],
+        }
+    }
+
+    #[test]
+    fn a_commits_vectors_are_read_once_however_many_ask_at_once() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let cache = VectorsCache::default();
+        let reads = AtomicUsize::new(0);
+        let read = || {
+            reads.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            Ok(two_documents())
+        };
+        let key = || (1, 7, "minilm".to_string());
+        std::thread::scope(|s| {
+            let asked: Vec<_> = (0..4).map(|_| s.spawn(|| cache.get_or_read(key(), read))).collect();
+            let got: Vec<_> = asked.into_iter().map(|t| t.join().unwrap().ok().unwrap()).collect();
+            assert!(got.windows(2).all(|w| Arc::ptr_eq(&w[0], &w[1])));
+        });
+        assert_eq!(reads.load(Ordering::SeqCst), 1);
+        // A failed read keeps nothing: the next request reads again.
+        let failed = cache.get_or_read((1, 8, "minilm".into()), || {
+            Err(RankError::NoVectors { collection: "c".into(), model: "minilm".into(), missing: 1, segments: 2 })
+        });
+        assert!(failed.is_err());
+        assert!(cache.get_or_read((1, 8, "minilm".into()), || Ok(two_documents())).is_ok());
+        // Another commit is another key.
+        cache.get_or_read((1, 9, "minilm".into()), read).ok().unwrap();
+        assert_eq!(reads.load(Ordering::SeqCst), 2);
+    }
 
     #[test]
     fn a_document_scores_its_best_segment_and_the_top_n_come_best_first() {
