@@ -82,11 +82,13 @@ async function write(path, method, doing, done) {
   try {
     const task = await api(path, { method });
     await followTask(task, () => setStatus("collections-status", `${doing} (task ${task.id} ${task.status})`));
+    // The table first: a status that says done describes the table beside it.
+    await loadCollections().catch(() => {});
     setStatus("collections-status", done, "done");
   } catch (e) {
     setStatus("collections-status", e.message, "error");
+    await loadCollections().catch(() => {});
   }
-  await loadCollections().catch(() => {});
 }
 
 function createCollection(name) {
@@ -134,6 +136,7 @@ async function uploadDocuments(collection, file, format) {
       setStatus("collections-status", `Indexing ${file.name} into ${collection} (task ${t.id} ${t.status})…`);
     });
     showProgress(1);
+    await loadCollections().catch(() => {}); // before the status, as in `write`
     const d = task.documents;
     setStatus("collections-status",
       `Indexed ${counted(d.indexed, "document")} into ${collection}${d.skipped ? `, skipped ${d.skipped}` : ""}.`, "done");
@@ -141,6 +144,6 @@ async function uploadDocuments(collection, file, format) {
   } catch (e) {
     showProgress(null);
     setStatus("collections-status", e.message, "error");
+    await loadCollections().catch(() => {});
   }
-  await loadCollections().catch(() => {});
 }
