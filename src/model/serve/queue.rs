@@ -73,23 +73,21 @@ impl State {
     /// (batches differ in length). Behind nothing, work runs whatever its size (what it finishes is kept for a
     /// retry).
     fn ends_too_late(&self, ahead: usize, n: usize, deadline: Option<Instant>) -> bool {
-        let rate = self.rate.min(self.last_rate);
-        match deadline {
-            Some(deadline) if ahead > 0 && rate > 0.0 => {
-                Instant::now() + Duration::from_secs_f64(1.1 * (ahead + n) as f64 / rate) > deadline
-            }
-            _ => false,
-        }
+        ahead > 0 && self.passes(deadline, 1.1 * (ahead + n) as f64)
     }
 
     /// Whether `n` inputs behind `ahead` others cannot end by `deadline` however it waits: the work ahead at the
     /// model's pace, drained at once, and its own with the margin, pass it.
     fn hopeless(&self, ahead: usize, n: usize, deadline: Option<Instant>) -> bool {
+        self.passes(deadline, ahead as f64 + 1.1 * n as f64)
+    }
+
+    /// Whether `inputs` begun now, at the slower of the recent and the last batch's rate, end past `deadline`
+    /// (never, with no deadline or no pace measured yet).
+    fn passes(&self, deadline: Option<Instant>, inputs: f64) -> bool {
         let rate = self.rate.min(self.last_rate);
         match deadline {
-            Some(deadline) if rate > 0.0 => {
-                Instant::now() + Duration::from_secs_f64((ahead as f64 + 1.1 * n as f64) / rate) > deadline
-            }
+            Some(deadline) if rate > 0.0 => Instant::now() + Duration::from_secs_f64(inputs / rate) > deadline,
             _ => false,
         }
     }
