@@ -23,6 +23,7 @@ use super::cpu::blas::{self, BlasLinear};
 use super::cpu::int8::{self, Int8Linear};
 use super::cpu::kernels;
 use super::family::Family;
+use super::relative::{self, Buckets, Tables};
 
 pub struct Bert {
     word: Embedding,
@@ -32,8 +33,9 @@ pub struct Bert {
     /// None for families without token types (DistilBERT).
     token_type: Option<Embedding>,
     norm: LayerNorm,
-    /// ELECTRA's projection of embeddings narrower than the encoder.
-    project: Option<Linear>,
+    /// ELECTRA's projection of embeddings narrower than the encoder, and its bias (through our products, so that
+    /// a batch's rows are each their own product: candle's sums in an order that follows the batch's shape).
+    project: Option<(Dense, Tensor)>,
     encoder: Encoder,
 }
 
@@ -57,6 +59,8 @@ pub struct Encoder {
     act: HiddenAct,
     eps: f64,
     differentiable: bool,
+    /// DeBERTa's relative positions (each layer's `Tables`).
+    buckets: Option<Buckets>,
 }
 
 /// A linear layer's product `x · Wᵀ`, without its bias (each layer adds that in the pass that follows): float
@@ -181,6 +185,8 @@ struct Layer {
     inter: (Dense, Tensor),
     output: (Dense, Tensor),
     norm2: LayerNorm,
+    /// DeBERTa's: the relative embeddings through this layer's projections.
+    relative: Option<Tables>,
 }
 
 impl Bert {
@@ -207,7 +213,12 @@ impl Bert {
             0 => None,
             types => Some(embedding(types, "token_type_embeddings")?),
         };
-        let project = (width != h).then(|| candle_nn::linear(width, h, vb.pp("embeddings_project"))).transpose()?;
+        let project = (width != h)
+            .then(|| -> candle_core::Result<(Dense, Tensor)> {
+                let vb = vb.pp("embeddings_project");
+                Ok((Dense::new(vb.get((h, width), "weight")?, differentiable)?, vb.get(h, "bias")?))
+            })
+            .transpose()?;
         Ok(Bert {
             word: embedding(config.vocab_size, "word_embeddings")?,
             position: embedding(config.max_position_embeddings, "position_embeddings")?,
@@ -224,19 +235,7 @@ impl Bert {
         if self.encoder.differentiable {
             candle_core::bail!("a training model stays in floating point");
         }
-        let device = self.word.embeddings().device().clone();
-        if !device.is_cpu() {
-            candle_core::bail!("int8 layers run on the CPU only");
-        }
-        for layer in &mut self.encoder.layers {
-            if let Qkv::Fused { dense, .. } = &mut layer.qkv {
-                dense.quantize(&device)?;
-            }
-            for dense in [&mut layer.out.0, &mut layer.inter.0, &mut layer.output.0] {
-                dense.quantize(&device)?;
-            }
-        }
-        Ok(())
+        self.encoder.quantize(self.word.embeddings().device())
     }
 
     /// Whether inputs must be computed one at a time for their states not to depend on what they are batched
@@ -261,27 +260,65 @@ impl Bert {
         let len = ids.dim(1)? as u32;
         // Right-padded inputs: the real positions count from the offset (padding positions are masked).
         let position_ids = Tensor::arange(self.position_offset, self.position_offset + len, ids.device())?;
-        let x = self.word.forward(ids)?;
-        let x = match &self.token_type {
-            Some(token_type) => (x + token_type.forward(types)?)?,
-            None => x,
-        };
+        let x = token_embeddings(&self.word, self.token_type.as_ref(), ids, types)?;
         let x = self.encoder.normalize(&self.norm, &x.broadcast_add(&self.position.forward(&position_ids)?)?)?;
         let x = match &self.project {
-            Some(project) => project.forward(&x)?,
+            Some((dense, bias)) => dense.forward(&x, &vec![len as usize; x.dim(0)?])?.broadcast_add(bias)?,
             None => x,
         };
         self.encoder.forward(&x, mask, positions)
     }
 }
 
+/// DeBERTa's relative positions for `Encoder::disentangled`: the buckets of distances, and the relative
+/// embeddings (normalized) that the layers project.
+pub(super) struct RelativePositions {
+    pub(super) buckets: Buckets,
+    pub(super) embeddings: Tensor,
+}
+
+/// Word embeddings of `ids`, plus their token types' where the model has them.
+pub(super) fn token_embeddings(
+    word: &Embedding,
+    token_type: Option<&Embedding>,
+    ids: &Tensor,
+    types: &Tensor,
+) -> candle_core::Result<Tensor> {
+    let x = word.forward(ids)?;
+    match token_type {
+        Some(token_type) => x + token_type.forward(types)?,
+        None => Ok(x),
+    }
+}
+
 impl Encoder {
     /// `count` layers `layer.0` … under `vb` (an encoder root), shaped by `config`.
     pub fn load(vb: VarBuilder, config: &Config, count: usize, differentiable: bool) -> candle_core::Result<Encoder> {
+        Encoder::build(vb, config, count, differentiable, None)
+    }
+
+    /// DeBERTa's encoder (inference): BERT's layers whose attention scores add content to position and position
+    /// to content (`relative`), scaled by 1/√(3 · head_dim) as transformers scales all three.
+    pub(super) fn disentangled(
+        vb: VarBuilder,
+        config: &Config,
+        positions: RelativePositions,
+    ) -> candle_core::Result<Encoder> {
+        Encoder::build(vb, config, config.num_hidden_layers, false, Some(positions))
+    }
+
+    fn build(
+        vb: VarBuilder,
+        config: &Config,
+        count: usize,
+        differentiable: bool,
+        relative: Option<RelativePositions>,
+    ) -> candle_core::Result<Encoder> {
         let h = config.hidden_size;
         let (heads, head_dim) = (config.num_attention_heads, h / config.num_attention_heads);
         let norm = |vb: VarBuilder| candle_nn::layer_norm(h, config.layer_norm_eps, vb);
-        let scale = 1.0 / (head_dim as f64).sqrt();
+        let terms = if relative.is_some() { 3.0 } else { 1.0 };
+        let scale = 1.0 / (head_dim as f64 * terms).sqrt();
         let layers = (0..count)
             .map(|i| {
                 let vb = vb.pp(format!("layer.{i}"));
@@ -291,12 +328,16 @@ impl Encoder {
                     Ok((vb.get((h, h), "weight")?, vb.get(h, "bias")?))
                 };
                 let (q, k, v) = (part("query")?, part("key")?, part("value")?);
-                let qkv = if differentiable {
-                    Qkv::Parts { weights: [q.0, k.0, v.0], biases: [q.1, k.1, v.1], scale }
+                let (qkv, tables) = if differentiable {
+                    (Qkv::Parts { weights: [q.0, k.0, v.0], biases: [q.1, k.1, v.1], scale }, None)
                 } else {
                     let weight = Tensor::cat(&[&(q.0 * scale)?, &k.0, &v.0], 0)?;
                     let bias = Tensor::cat(&[&(q.1 * scale)?, &k.1, &v.1], 0)?;
-                    Qkv::Fused { dense: Dense::new(weight, false)?, bias }
+                    // The relative embeddings through the same projections as the contents.
+                    let tables = relative
+                        .as_ref()
+                        .map(|r| Tables::new(&r.embeddings.matmul(&weight.t()?)?.broadcast_add(&bias)?, heads));
+                    (Qkv::Fused { dense: Dense::new(weight, false)?, bias }, tables.transpose()?)
                 };
                 // A projection without its bias, and the bias.
                 let split = |name: &str, (outputs, inputs): (usize, usize)| -> candle_core::Result<(Dense, Tensor)> {
@@ -311,10 +352,38 @@ impl Encoder {
                     inter: split("intermediate.dense", (inner, h))?,
                     output: split("output.dense", (h, inner))?,
                     norm2: norm(vb.pp("output.LayerNorm"))?,
+                    relative: tables,
                 })
             })
             .collect::<candle_core::Result<Vec<_>>>()?;
-        Ok(Encoder { layers, heads, head_dim, act: config.hidden_act, eps: config.layer_norm_eps, differentiable })
+        Ok(Encoder {
+            layers,
+            heads,
+            head_dim,
+            act: config.hidden_act,
+            eps: config.layer_norm_eps,
+            differentiable,
+            buckets: relative.map(|r| r.buckets),
+        })
+    }
+
+    /// Makes every linear layer int8 (inference encoders only, on the CPU).
+    pub(super) fn quantize(&mut self, device: &candle_core::Device) -> candle_core::Result<()> {
+        if self.differentiable {
+            candle_core::bail!("a training model stays in floating point");
+        }
+        if !device.is_cpu() {
+            candle_core::bail!("int8 layers run on the CPU only");
+        }
+        for layer in &mut self.layers {
+            if let Qkv::Fused { dense, .. } = &mut layer.qkv {
+                dense.quantize(device)?;
+            }
+            for dense in [&mut layer.out.0, &mut layer.inter.0, &mut layer.output.0] {
+                dense.quantize(device)?;
+            }
+        }
+        Ok(())
     }
 
     /// The final states of `x` (`[batch, len, hidden]`), of `positions` (`[batch, 1, hidden]` for the first
@@ -360,23 +429,23 @@ impl Encoder {
     ) -> candle_core::Result<Tensor> {
         let (batch, len, hidden) = x.dims3()?;
         let qkv = layer.qkv.forward(x, lengths, first)?;
+        let keys = lengths;
         // From here on, with `first`, the first position's row alone.
         let (x, lengths) = match first {
             true => (&x.narrow(1, 0, len.min(1))?.contiguous()?, &vec![len.min(1); batch][..]),
             false => (x, lengths),
         };
+        if let (Some(tables), Some(buckets)) = (&layer.relative, &self.buckets) {
+            let (q, k, v) = self.heads_of(layer, qkv, first)?;
+            let context = relative::attention(&q, &k, &v, tables, buckets, keys)?;
+            return self.feed_forward(layer, x, &context, lengths);
+        }
         // With BLAS loaded, one fused op (with its backward pass in training); else candle's chain.
         let bias = layer.qkv.bias();
         if let Some(context) = blas::attention(&qkv, rows, bias, self.heads, self.differentiable, first)? {
             return self.feed_forward(layer, x, &context, lengths);
         }
-        let qkv = match layer.qkv.bias() {
-            Some(bias) => qkv.broadcast_add(bias)?,
-            None => qkv,
-        };
-        let qkv = qkv.reshape((batch, len, 3, self.heads, self.head_dim))?.permute((2, 0, 3, 1, 4))?;
-        let (q, k, v) = (qkv.get(0)?, qkv.get(1)?.contiguous()?, qkv.get(2)?.contiguous()?);
-        let q = if first { q.narrow(2, 0, len.min(1))? } else { q }.contiguous()?;
+        let (q, k, v) = self.heads_of(layer, qkv, first)?;
         let scores = q.matmul(&k.t()?)?;
         let scores = match additive {
             Some(additive) => scores.broadcast_add(additive)?,
@@ -385,6 +454,20 @@ impl Encoder {
         let probs = kernels::softmax(&scores)?;
         let context = probs.matmul(&v)?.transpose(1, 2)?.contiguous()?.reshape((batch, q.dim(2)?, hidden))?;
         self.feed_forward(layer, x, &context, lengths)
+    }
+
+    /// Queries, keys and values `[batch, heads, len, head_dim]` of a projection `qkv` without its bias (the
+    /// queries at the first position alone with `first`).
+    fn heads_of(&self, layer: &Layer, qkv: Tensor, first: bool) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+        let (batch, len, _) = qkv.dims3()?;
+        let qkv = match layer.qkv.bias() {
+            Some(bias) => qkv.broadcast_add(bias)?,
+            None => qkv,
+        };
+        let qkv = qkv.reshape((batch, len, 3, self.heads, self.head_dim))?.permute((2, 0, 3, 1, 4))?;
+        let (q, k, v) = (qkv.get(0)?, qkv.get(1)?.contiguous()?, qkv.get(2)?.contiguous()?);
+        let q = if first { q.narrow(2, 0, len.min(1))? } else { q }.contiguous()?;
+        Ok((q, k, v))
     }
 
     /// The rest of a layer after attention: output projection, residual and LayerNorm, then the feed-forward

@@ -83,7 +83,7 @@ fn load_network(
 ) -> Result<Box<dyn Network>, ModelError> {
     Ok(match family {
         Family::ModernBert => Box::new(ModernBert::load(vb, origin)?),
-        Family::Deberta => Box::new(Deberta::load(vb, origin)?),
+        Family::Deberta => Box::new(Deberta::load(vb, config, origin)?),
         Family::Qwen2 | Family::Qwen3 | Family::Gemma => Box::new(Decoder::load(vb, family, origin)?),
         Family::Bert | Family::Roberta | Family::Electra | Family::DistilBert => {
             Box::new(Bert::load(vb, config).map_err(|e| load_err(origin, format!("loading {family:?} weights: {e}")))?)

@@ -2,8 +2,8 @@
 //! differ from it only around the same layers (RoBERTa and XLM-RoBERTa: positions offset past the padding id, no
 //! token types in use, their classification head; ELECTRA: embeddings narrower than the encoder, projected, and
 //! its head; DistilBERT: other names, no token types, a pre-classifier). Each runs through `bert::Bert`, whose
-//! CPU kernels pay for all of them; what differs is read here. ModernBERT and DeBERTa are other architectures:
-//! candle's backbones (`modernbert`, `deberta`). Qwen2, Qwen3 and Gemma are causal decoders (`decoder`), loaded
+//! CPU kernels pay for all of them; what differs is read here. ModernBERT is another architecture (`modernbert`);
+//! DeBERTa is BERT's layers with relative attention (`deberta`). Qwen2, Qwen3 and Gemma are causal decoders (`decoder`), loaded
 //! as rerankers through a recipe (`recipe`).
 
 use candle_core::DType;
@@ -19,9 +19,9 @@ pub enum Family {
     Roberta,
     Electra,
     DistilBert,
-    /// ModernBERT: candle-transformers' backbone (`modernbert`), not ours.
+    /// ModernBERT (`modernbert`).
     ModernBert,
-    /// DeBERTa-v2 and v3: candle-transformers' backbone (`deberta`).
+    /// DeBERTa-v2 and v3 (`deberta`).
     Deberta,
     /// Causal decoders (`decoder`), read by a reranker recipe.
     Qwen2,
@@ -58,9 +58,9 @@ impl Family {
         }
     }
 
-    /// The dtype the family computes in when `asked` is: ModernBERT and DeBERTa in f32 whatever is asked, since
-    /// candle-transformers' backbones build parts of their attention in f32 (ModernBERT's masks, DeBERTa's
-    /// relative scores) and add them to scores in the weights' dtype, which fails in f16 and bf16.
+    /// The dtype the family computes in when `asked` is: ModernBERT and DeBERTa in f32 whatever is asked: their
+    /// attention's kernels (banded, disentangled) are f32 ones, and their half-precision paths are not checked
+    /// against transformers.
     pub fn dtype(self, asked: DType) -> DType {
         match self {
             Family::ModernBert | Family::Deberta => DType::F32,

@@ -20,6 +20,7 @@ mod load;
 mod modernbert;
 mod network;
 mod recipe;
+mod relative;
 mod rotary;
 mod serve;
 mod tokenize;

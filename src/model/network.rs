@@ -7,7 +7,6 @@ use candle_core::{Device, Tensor};
 use candle_transformers::models::bert::Config;
 
 use super::bert::{Bert, Positions};
-use super::deberta::Deberta;
 use super::error::ModelError;
 use super::family::Family;
 use super::modernbert::ModernBert;
@@ -26,10 +25,8 @@ pub(super) trait Network: Send + Sync {
         encoder_flops(config, config.num_hidden_layers, len)
     }
 
-    /// Makes the linear layers int8, where the architecture has such layers of ours.
-    fn quantize(&mut self) -> Result<(), ModelError> {
-        Err(ModelError::Unsupported("int8 takes BERT-family encoders, ModernBERT and the decoders, not DeBERTa".into()))
-    }
+    /// Makes the linear layers int8.
+    fn quantize(&mut self) -> Result<(), ModelError>;
 }
 
 /// FLOPs of one encoder pass over `len` positions (multiply-adds counted as two): per layer the four attention
@@ -88,7 +85,7 @@ impl Network for Bert {
     }
 }
 
-/// ModernBERT's attention products and candle's DeBERTa sum in batch-shaped products: alone on the CPU.
+/// ModernBERT's attention products are candle's, which sum in batch-shaped products: alone on the CPU.
 impl Network for ModernBert {
     fn forward(&self, inputs: &Inputs, _: Positions) -> candle_core::Result<Tensor> {
         ModernBert::forward(self, &inputs.ids, &inputs.lengths)
@@ -100,15 +97,5 @@ impl Network for ModernBert {
 
     fn quantize(&mut self) -> Result<(), ModelError> {
         ModernBert::quantize(self)
-    }
-}
-
-impl Network for Deberta {
-    fn forward(&self, inputs: &Inputs, _: Positions) -> candle_core::Result<Tensor> {
-        Deberta::forward(self, &inputs.ids, &inputs.types, &inputs.mask)
-    }
-
-    fn computes_alone(&self, device: &Device) -> bool {
-        device.is_cpu()
     }
 }

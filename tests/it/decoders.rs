@@ -11,7 +11,10 @@ use longrank::model::{CrossEncoder, Encoded, Kind, ModelError, Recipe, Reranker}
 use serde_json::{json, Value};
 
 use crate::common::{post_json, TestServer};
-use crate::fixtures::{assert_half_precision, assert_reranking_pipelines, close, model_fixture, numbers, references};
+use crate::fixtures::{
+    assert_half_precision, assert_outputs_keep_their_bits, assert_reranking_pipelines, close, model_fixture, numbers,
+    references,
+};
 
 /// Each recipe's fixture, and the converted sequence classifier (its recipe told by its architecture).
 const DECODERS: [&str; 4] = ["qwen3-reranker", "qwen3-seq-cls", "mxbai-rerank-v2", "bge-reranker-v2-gemma"];
@@ -64,6 +67,7 @@ fn decoder_rerankers_build_their_authors_inputs_and_score_as_their_code() {
                 || name.contains("gemma"),
             "{name}: a document is cut"
         );
+        assert_outputs_keep_their_bits(name, &model, &inputs);
         let batch = scores(&model, &inputs);
         // One right-padded forward pass over the whole batch, as a GPU computes it (the CPU computes each alone).
         let padded = cross.score(&inputs).unwrap();

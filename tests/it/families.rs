@@ -8,7 +8,10 @@ use longrank::model::{Encoded, Kind, Reranker};
 use serde_json::{json, Value};
 
 use crate::common::{post_json, TestServer};
-use crate::fixtures::{assert_half_precision, assert_reranking_pipelines, close, model_fixture, numbers, references};
+use crate::fixtures::{
+    assert_half_precision, assert_outputs_keep_their_bits, assert_reranking_pipelines, close, model_fixture, numbers,
+    references,
+};
 
 const CROSS: [&str; 7] =
     ["roberta", "xlm-roberta", "electra", "distilbert", "modernbert-cls", "modernbert-mean", "deberta-v3"];
@@ -55,13 +58,30 @@ fn cross_encoders_of_each_family_read_their_templates_and_score_as_transformers(
     }
 }
 
-/// int8 (`quantize = "int8"`) takes ModernBERT as it takes BERT: logits within BERT's bound (0.1, `model.rs`)
-/// of transformers' (measured at most 1.2e-4 on these tiny models), other than the float ones (really
-/// quantized), and a pair's score the same alone as in a batch; DeBERTa (candle's
-/// backbone) is refused, naming what takes it.
+/// Every family's cross- and bi-encoders keep the project's rule: an input's outputs never depend on its batch,
+/// its padding, the thread count or concurrent requests (`fixtures::assert_outputs_keep_their_bits`).
 #[test]
-fn modernbert_takes_int8_within_berts_bound_and_deberta_is_refused() {
-    for name in ["modernbert-cls", "modernbert-mean"] {
+fn every_familys_outputs_keep_their_bits_in_any_batch_pool_or_concurrency() {
+    for name in CROSS {
+        let (model, _, inputs) = cross_encoder(name, DType::F32);
+        assert_outputs_keep_their_bits(name, &Reranker::Cross(model), &inputs);
+    }
+    for name in ["xlm-roberta-bi", "modernbert-bi", "deberta-v3-bi"] {
+        let dir = model_fixture(name);
+        let model = Reranker::load(&dir, &Device::Cpu, DType::F32, Kind::Auto, None).unwrap();
+        let Reranker::Bi(bi) = &model else { panic!("{name}: not a bi-encoder") };
+        let texts = references(&dir)["texts"].as_array().unwrap().clone();
+        let inputs: Vec<Encoded> = texts.iter().map(|t| bi.encode(t["text"].as_str().unwrap()).unwrap()).collect();
+        assert_outputs_keep_their_bits(name, &model, &inputs);
+    }
+}
+
+/// int8 (`quantize = "int8"`) takes ModernBERT and DeBERTa as it takes BERT: logits within BERT's bound (0.1,
+/// `model.rs`) of transformers' (measured at most 1.2e-4 on these tiny models), other than the float ones
+/// (really quantized), and a pair's score the same alone as in a batch.
+#[test]
+fn modernbert_and_deberta_take_int8_within_berts_bound() {
+    for name in ["modernbert-cls", "modernbert-mean", "deberta-v3"] {
         let (mut model, refs, inputs) = cross_encoder(name, DType::F32);
         let float = model.score(&inputs).unwrap();
         model.quantize().unwrap();
@@ -75,9 +95,6 @@ fn modernbert_takes_int8_within_berts_bound_and_deberta_is_refused() {
         }
         assert!(worst <= 0.1, "{name}: worst int8 logit error {worst}");
     }
-    let (mut deberta, _, _) = cross_encoder("deberta-v3", DType::F32);
-    let error = deberta.quantize().unwrap_err().to_string();
-    assert!(error.contains("ModernBERT and the decoders, not DeBERTa"), "{error}");
 }
 
 /// In half precision every family scores within stated bounds of transformers' f32 logits, in a padded batch:
@@ -226,6 +243,24 @@ fn what_cannot_load_names_the_file_and_the_families_that_do() {
         refused.contains("config.json") && refused.contains("\"mpnet\"") && refused.contains("deberta-v2"),
         "{refused}"
     );
+    // A DeBERTa option that the forward does not compute is refused, not ignored.
+    for file in ["tokenizer.json", "model.safetensors"] {
+        std::fs::copy(model_fixture("deberta-v3").join(file), dir.path().join(file)).unwrap();
+    }
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(model_fixture("deberta-v3").join("config.json")).unwrap())
+            .unwrap();
+    for (option, value, said) in [
+        ("conv_kernel_size", json!(3), "a convolution layer"),
+        ("share_att_key", json!(false), "share_att_key = false"),
+        ("pos_att_type", json!(["c2p"]), "pos_att_type"),
+    ] {
+        let mut config = config.clone();
+        config[option] = value;
+        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+        let refused = Reranker::load(dir.path(), &Device::Cpu, DType::F32, Kind::Auto, None).err().unwrap().to_string();
+        assert!(refused.contains("config.json") && refused.contains(said), "{option}: {refused}");
+    }
 }
 
 /// `bench model` times a sequence classifier of any family as it is served.

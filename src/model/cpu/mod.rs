@@ -1,9 +1,11 @@
 //! The encoder's arithmetic on the CPU, used only for CPU tensors (a CUDA device never reaches these):
 //! `blas` (a CBLAS loaded at run time, or built-in kernels, for linear layers and attention), `packed` (the
 //! built-in linear layers on AVX-512), `kernels` (fused row kernels with
-//! their backward passes), `int8` (int8 linear layers on AVX-512 VNNI).
+//! their backward passes), `disentangled` (DeBERTa's attention probabilities), `int8` (int8 linear layers on
+//! AVX-512 VNNI).
 
 pub mod blas;
+pub mod disentangled;
 pub mod int8;
 pub mod kernels;
 mod packed;
