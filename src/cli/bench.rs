@@ -361,10 +361,14 @@ fn model(b: ModelBench) -> anyhow::Result<()> {
     }
     for &length in &b.lengths {
         for &batch in &b.batches {
-            // The peers' documents, repeated past 512 tokens so that long inputs fill up too.
+            // The peers' documents, repeated past `length` of the model's tokens so that long inputs fill up
+            // whatever the tokenizer.
             let inputs = peer_docs(batch)
                 .iter()
-                .map(|doc| scorer.encode(QUERY, &[doc.as_str()].repeat(length.div_ceil(512)).join(" "), length, length))
+                .map(|doc| {
+                    let copies = length.div_ceil(scorer.count_tokens(doc)?.max(1));
+                    scorer.encode(QUERY, &[doc.as_str()].repeat(copies + 1).join(" "), length, length)
+                })
                 .collect::<Result<Vec<_>, _>>()?;
             if let Some(short) = inputs.iter().find(|e| e.ids.len() != length) {
                 bail!("a pair has {} word pieces, not {length}: the model's inputs are shorter", short.ids.len());
