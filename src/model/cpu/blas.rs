@@ -6,7 +6,8 @@
 //! training (`matmul_t`, with its backward pass), and inference attention as one op (`attention`), each
 //! product a one-threaded call on rows cut by a sequence's length alone (the packed linear layers: on any
 //! rows, each row's sum its own). `LONGRANK_BLAS=off` leaves all of it
-//! to candle's own ops; `LONGRANK_BLAS=builtin` takes the built-in kernels even where a library is installed;
+//! to candle's own ops; `LONGRANK_BLAS=builtin` takes the built-in kernels even where a library is installed,
+//! `LONGRANK_BLAS=gemm` the `gemm` crate's alone (what a CPU without AVX-512 gets, on any CPU);
 //! `LONGRANK_BLAS=/path/to/lib` picks the library (OpenBLAS or MKL). A library is tried on one small product
 //! when loaded and passed over if it fails (an MKL missing one of its parts would otherwise end the process on
 //! the first product). BENCHMARKS.md has their speeds.
@@ -45,9 +46,9 @@ enum Kernels {
     /// A CBLAS loaded at run time: its `cblas_sgemm`, its file name as loaded, and the library kept loaded for
     /// `sgemm`'s sake.
     Library { sgemm: Sgemm, name: String, _library: libloading::Library },
-    /// Built into the binary: our micro-kernel on weights packed at load where the CPU has AVX-512
-    /// (`packed.rs`), the `gemm` crate's elsewhere.
-    Builtin,
+    /// Built into the binary: with `packed`, our micro-kernel on weights packed at load (`packed.rs`, where
+    /// the CPU has AVX-512) for linear layers; the `gemm` crate's for the rest, and for everything without.
+    Builtin { packed: bool },
 }
 
 struct Blas {
@@ -159,7 +160,7 @@ fn blas() -> Option<&'static Blas> {
         let openblas = ["libopenblas.so.0", "libopenblas.so"];
         let names: Vec<&str> = match choice.as_str() {
             "off" => return None,
-            "builtin" => vec![],
+            "builtin" | "gemm" => vec![],
             // Where the built-in kernels are AVX-512's they outrun MKL and OpenBLAS (BENCHMARKS.md: 1.07-1.18x
             // MKL, 1.24-1.34x OpenBLAS): no library by default.
             "" if packed::available() => vec![],
@@ -193,12 +194,13 @@ fn blas() -> Option<&'static Blas> {
                 Some(Blas { kernels: Kernels::Library { sgemm, name: name.to_string(), _library: library }, threads })
             }
         });
-        if loaded.is_none() && !matches!(choice.as_str(), "" | "builtin") {
+        if loaded.is_none() && !matches!(choice.as_str(), "" | "builtin" | "gemm") {
             tracing::warn!("LONGRANK_BLAS={choice} could not be loaded: the built-in kernels compute instead");
         }
         Some(loaded.unwrap_or_else(|| {
             tracing::info!("linear layers through the built-in kernels");
-            Blas { kernels: Kernels::Builtin, threads }
+            // `gemm`: what a CPU without AVX-512 computes, on any CPU (CI runs the model layer's tests so).
+            Blas { kernels: Kernels::Builtin { packed: choice != "gemm" && packed::available() }, threads }
         }))
     })
     .as_ref()
@@ -213,8 +215,8 @@ pub fn gemm_path() -> (&'static str, &'static str, usize) {
         Some(Blas { kernels: Kernels::Library { name, .. }, threads }) => {
             (if name.contains("mkl") { "mkl" } else { "openblas" }, name, *threads)
         }
-        Some(Blas { kernels: Kernels::Builtin, threads }) => {
-            ("builtin", if packed::available() { "avx512" } else { "gemm" }, *threads)
+        Some(Blas { kernels: Kernels::Builtin { packed }, threads }) => {
+            ("builtin", if *packed { "avx512" } else { "gemm" }, *threads)
         }
         None => ("candle", "", candle_core::utils::get_num_threads()),
     }
@@ -292,7 +294,7 @@ impl BlasLinear {
         let (outputs, inputs) = weight.dims2()?;
         let rows: Vec<f32> = weight.flatten_all()?.to_vec1()?;
         let packed = match blas() {
-            Some(Blas { kernels: Kernels::Builtin, .. }) => Packed::new(&rows, outputs, inputs),
+            Some(Blas { kernels: Kernels::Builtin { packed: true }, .. }) => Packed::new(&rows, outputs, inputs),
             _ => None,
         };
         let weight = packed.map_or(Weight::Rows(rows), Weight::Packed);
@@ -636,7 +638,7 @@ impl Blas {
                 c,
                 ldc as i32,
             ),
-            Kernels::Builtin => {
+            Kernels::Builtin { .. } => {
                 // (row stride, column stride) of op(X), X row-major with rows `ld` apart.
                 let strides = |ld: usize, t: bool| if t { (1, ld as isize) } else { (ld as isize, 1) };
                 let ((a_rs, a_cs), (b_rs, b_cs)) = (strides(lda, ta), strides(ldb, tb));
@@ -906,7 +908,7 @@ mod tests {
     /// dimensions past the shapes), and equal to a plain sum on small integers (exact in f32).
     #[test]
     fn the_builtin_kernels_multiply_as_cblas_does() {
-        let builtin = Blas { kernels: Kernels::Builtin, threads: 1 };
+        let builtin = Blas { kernels: Kernels::Builtin { packed: false }, threads: 1 };
         let (m, n, k, pad) = (5usize, 7usize, 3usize, 2usize);
         let value = |i: usize| ((i * 37) % 11) as f32 - 5.0;
         for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
