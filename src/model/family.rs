@@ -3,8 +3,8 @@
 //! token types in use, their classification head; ELECTRA: embeddings narrower than the encoder, projected, and
 //! its head; DistilBERT: other names, no token types, a pre-classifier). Each runs through `bert::Bert`, whose
 //! CPU kernels pay for all of them; what differs is read here. ModernBERT is another architecture (`modernbert`);
-//! DeBERTa is BERT's layers with relative attention (`deberta`). Qwen2, Qwen3 and Gemma are causal decoders (`decoder`), loaded
-//! as rerankers through a recipe (`recipe`).
+//! DeBERTa is BERT's layers with relative attention (`deberta`). Qwen2, Qwen3 and Gemma are causal decoders
+//! (`decoder`), loaded as rerankers through a recipe (`recipe`).
 
 use candle_core::DType;
 use candle_nn::VarBuilder;

@@ -122,43 +122,47 @@ impl Int8Linear {
     /// Rows `block · ROWS ..` (at most `rows`) of the output, every tile.
     #[target_feature(enable = "avx512f,avx512vnni")]
     unsafe fn block(&self, bytes: &[u8], row_scales: &[f32], block: usize, rows: usize, y: *mut f32) {
-        use std::arch::x86_64::*;
-        let groups = self.inputs.div_ceil(4);
-        let stride = groups * 4;
-        let first = block * ROWS;
-        let real = (rows - first).min(ROWS);
-        let x = bytes[first * stride..].as_ptr();
-        let tiles = self.outputs.div_ceil(TILE);
-        let tile_bytes = groups * TILE * 4;
-        let mut tile = 0;
-        while tile < tiles {
-            let pair = (tiles - tile).min(2);
-            let w0 = self.packed[tile * tile_bytes..].as_ptr();
-            let w1 = if pair == 2 { self.packed[(tile + 1) * tile_bytes..].as_ptr() } else { w0 };
-            let mut acc = [[_mm512_setzero_si512(); 2]; ROWS];
-            for g in 0..groups {
-                let b0 = _mm512_loadu_si512(w0.add(g * TILE * 4) as *const _);
-                let b1 = _mm512_loadu_si512(w1.add(g * TILE * 4) as *const _);
-                for (r, acc) in acc.iter_mut().enumerate() {
-                    let a = _mm512_set1_epi32((x.add(r * stride + g * 4) as *const i32).read_unaligned());
-                    acc[0] = _mm512_dpbusd_epi32(acc[0], a, b0);
-                    acc[1] = _mm512_dpbusd_epi32(acc[1], a, b1);
+        // SAFETY: called where `available()` (AVX-512 VNNI); `bytes` holds `rows` quantized rows and `y` room for
+        // their outputs (the caller's contract).
+        unsafe {
+            use std::arch::x86_64::*;
+            let groups = self.inputs.div_ceil(4);
+            let stride = groups * 4;
+            let first = block * ROWS;
+            let real = (rows - first).min(ROWS);
+            let x = bytes[first * stride..].as_ptr();
+            let tiles = self.outputs.div_ceil(TILE);
+            let tile_bytes = groups * TILE * 4;
+            let mut tile = 0;
+            while tile < tiles {
+                let pair = (tiles - tile).min(2);
+                let w0 = self.packed[tile * tile_bytes..].as_ptr();
+                let w1 = if pair == 2 { self.packed[(tile + 1) * tile_bytes..].as_ptr() } else { w0 };
+                let mut acc = [[_mm512_setzero_si512(); 2]; ROWS];
+                for g in 0..groups {
+                    let b0 = _mm512_loadu_si512(w0.add(g * TILE * 4) as *const _);
+                    let b1 = _mm512_loadu_si512(w1.add(g * TILE * 4) as *const _);
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let a = _mm512_set1_epi32((x.add(r * stride + g * 4) as *const i32).read_unaligned());
+                        acc[0] = _mm512_dpbusd_epi32(acc[0], a, b0);
+                        acc[1] = _mm512_dpbusd_epi32(acc[1], a, b1);
+                    }
                 }
-            }
-            for t in 0..pair {
-                let column = (tile + t) * TILE;
-                let width = (self.outputs - column).min(TILE);
-                let mask: __mmask16 = if width == TILE { !0 } else { (1u16 << width) - 1 };
-                let w_scale = _mm512_maskz_loadu_ps(mask, self.scales[column..].as_ptr());
-                let offset = _mm512_maskz_loadu_epi32(mask, self.offsets[column..].as_ptr());
-                for (r, acc) in acc.iter().enumerate().take(real) {
-                    let value = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[t], offset));
-                    let scale = _mm512_mul_ps(w_scale, _mm512_set1_ps(row_scales[first + r]));
-                    let out = _mm512_mul_ps(value, scale);
-                    _mm512_mask_storeu_ps(y.add((first + r) * self.outputs + column), mask, out);
+                for t in 0..pair {
+                    let column = (tile + t) * TILE;
+                    let width = (self.outputs - column).min(TILE);
+                    let mask: __mmask16 = if width == TILE { !0 } else { (1u16 << width) - 1 };
+                    let w_scale = _mm512_maskz_loadu_ps(mask, self.scales[column..].as_ptr());
+                    let offset = _mm512_maskz_loadu_epi32(mask, self.offsets[column..].as_ptr());
+                    for (r, acc) in acc.iter().enumerate().take(real) {
+                        let value = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[t], offset));
+                        let scale = _mm512_mul_ps(w_scale, _mm512_set1_ps(row_scales[first + r]));
+                        let out = _mm512_mul_ps(value, scale);
+                        _mm512_mask_storeu_ps(y.add((first + r) * self.outputs + column), mask, out);
+                    }
                 }
+                tile += pair;
             }
-            tile += pair;
         }
     }
 }

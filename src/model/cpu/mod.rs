@@ -4,6 +4,9 @@
 //! their backward passes), `disentangled` (DeBERTa's attention probabilities), `int8` (int8 linear layers on
 //! AVX-512 VNNI).
 
+// Every unsafe operation in its own block, with its reason beside it, even inside an `unsafe fn`.
+#![deny(unsafe_op_in_unsafe_fn)]
+
 pub mod blas;
 pub mod disentangled;
 pub mod int8;

@@ -63,14 +63,18 @@ impl Packed {
         gelu_bias: Option<&[f32]>,
         from: usize,
     ) {
-        let skipped = from.min(self.outputs) / PANEL * PANEL;
-        for row in rows {
-            std::ptr::write_bytes(c.add(row * self.outputs), 0, skipped);
+        // SAFETY: `x` and `c` hold every row named (the caller's contract); the product runs where `available()` made
+        // the weights packed.
+        unsafe {
+            let skipped = from.min(self.outputs) / PANEL * PANEL;
+            for row in rows {
+                std::ptr::write_bytes(c.add(row * self.outputs), 0, skipped);
+            }
+            #[cfg(target_arch = "x86_64")]
+            avx512::product(self, x, rows, c, gelu_bias, skipped / PANEL);
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!("packed only where AVX-512 is, {x:?} {rows:?} {c:?} {gelu_bias:?}");
         }
-        #[cfg(target_arch = "x86_64")]
-        avx512::product(self, x, rows, c, gelu_bias, skipped / PANEL);
-        #[cfg(not(target_arch = "x86_64"))]
-        unreachable!("packed only where AVX-512 is, {x:?} {rows:?} {c:?} {gelu_bias:?}");
     }
 }
 
@@ -111,21 +115,25 @@ mod avx512 {
         gelu_bias: Option<&[f32]>,
         first_panel: usize,
     ) {
-        let (n, k) = (w.outputs, w.inputs);
-        for block in rows.chunks(BLOCK_ROWS) {
-            for p in first_panel..n.div_ceil(PANEL) {
-                let columns = PANEL.min(n - p * PANEL);
-                let tile = Tile {
-                    x,
-                    k,
-                    panel: w.panels.as_ptr().add(p * k * PANEL),
-                    c: c.add(p * PANEL),
-                    n,
-                    columns,
-                    gelu_bias: gelu_bias.map(|b| &b[p * PANEL..p * PANEL + columns]),
-                };
-                for rows in block.chunks(TILE_ROWS) {
-                    tile_of(tile, rows);
+        // SAFETY: the caller's contract (`Packed::rows`): `x` and `c` hold every row named; AVX-512 is enabled for
+        // this function.
+        unsafe {
+            let (n, k) = (w.outputs, w.inputs);
+            for block in rows.chunks(BLOCK_ROWS) {
+                for p in first_panel..n.div_ceil(PANEL) {
+                    let columns = PANEL.min(n - p * PANEL);
+                    let tile = Tile {
+                        x,
+                        k,
+                        panel: w.panels.as_ptr().add(p * k * PANEL),
+                        c: c.add(p * PANEL),
+                        n,
+                        columns,
+                        gelu_bias: gelu_bias.map(|b| &b[p * PANEL..p * PANEL + columns]),
+                    };
+                    for rows in block.chunks(TILE_ROWS) {
+                        tile_of(tile, rows);
+                    }
                 }
             }
         }
@@ -134,15 +142,18 @@ mod avx512 {
     /// `tile::<rows>`, the row count known at compile time so that the accumulators stay in registers.
     #[inline(always)]
     unsafe fn tile_of(t: Tile, rows: &[usize]) {
-        match rows.len() {
-            8 => tile::<8>(t, rows),
-            7 => tile::<7>(t, rows),
-            6 => tile::<6>(t, rows),
-            5 => tile::<5>(t, rows),
-            4 => tile::<4>(t, rows),
-            3 => tile::<3>(t, rows),
-            2 => tile::<2>(t, rows),
-            _ => tile::<1>(t, rows),
+        // SAFETY: as `tile`'s: the caller's tile and rows lie inside its buffers.
+        unsafe {
+            match rows.len() {
+                8 => tile::<8>(t, rows),
+                7 => tile::<7>(t, rows),
+                6 => tile::<6>(t, rows),
+                5 => tile::<5>(t, rows),
+                4 => tile::<4>(t, rows),
+                3 => tile::<3>(t, rows),
+                2 => tile::<2>(t, rows),
+                _ => tile::<1>(t, rows),
+            }
         }
     }
 
@@ -150,40 +161,44 @@ mod avx512 {
     /// multiply-adds.
     #[inline(always)]
     unsafe fn tile<const R: usize>(t: Tile, rows: &[usize]) {
-        const { assert!(R <= TILE_ROWS) };
-        let mask = |v: usize| ((1u32 << t.columns.saturating_sub(16 * v).min(16)) - 1) as __mmask16;
-        let masks = [mask(0), mask(1), mask(2)];
-        let inputs: [*const f32; R] = std::array::from_fn(|r| t.x.add(rows[r] * t.k));
-        let mut acc = [[_mm512_setzero_ps(); 3]; R];
-        // The outputs' lines asked for, to be written, while the sums run: their stores waited on memory.
-        for row in rows {
-            let out = t.c.add(row * t.n);
-            for v in 0..3 {
-                _mm_prefetch::<_MM_HINT_ET0>(out.wrapping_add(16 * v) as *const i8);
-            }
-        }
-        for i in 0..t.k {
-            let w = t.panel.add(i * PANEL);
-            // Past the panel's end this asks for the next panel's first weights, or for an address that a
-            // prefetch does not fault on (hence `wrapping_add`).
-            for v in 0..3 {
-                _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(PREFETCH * PANEL + 16 * v) as *const i8);
-            }
-            let b = [_mm512_loadu_ps(w), _mm512_loadu_ps(w.add(16)), _mm512_loadu_ps(w.add(32))];
-            for (acc, input) in acc.iter_mut().zip(inputs) {
-                let a = _mm512_set1_ps(*input.add(i));
-                for (acc, b) in acc.iter_mut().zip(b) {
-                    *acc = _mm512_fmadd_ps(a, b, *acc);
+        // SAFETY: `t`'s pointers hold every row of `rows` and the panel's outputs (the caller's contract); AVX-512 is
+        // enabled in the functions that inline this one.
+        unsafe {
+            const { assert!(R <= TILE_ROWS) };
+            let mask = |v: usize| ((1u32 << t.columns.saturating_sub(16 * v).min(16)) - 1) as __mmask16;
+            let masks = [mask(0), mask(1), mask(2)];
+            let inputs: [*const f32; R] = std::array::from_fn(|r| t.x.add(rows[r] * t.k));
+            let mut acc = [[_mm512_setzero_ps(); 3]; R];
+            // The outputs' lines asked for, to be written, while the sums run: their stores waited on memory.
+            for row in rows {
+                let out = t.c.add(row * t.n);
+                for v in 0..3 {
+                    _mm_prefetch::<_MM_HINT_ET0>(out.wrapping_add(16 * v) as *const i8);
                 }
             }
-        }
-        for (acc, row) in acc.iter().zip(rows) {
-            let out = t.c.add(row * t.n);
-            for (v, acc) in acc.iter().enumerate() {
-                _mm512_mask_storeu_ps(out.add(16 * v), masks[v], *acc);
+            for i in 0..t.k {
+                let w = t.panel.add(i * PANEL);
+                // Past the panel's end this asks for the next panel's first weights, or for an address that a
+                // prefetch does not fault on (hence `wrapping_add`).
+                for v in 0..3 {
+                    _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(PREFETCH * PANEL + 16 * v) as *const i8);
+                }
+                let b = [_mm512_loadu_ps(w), _mm512_loadu_ps(w.add(16)), _mm512_loadu_ps(w.add(32))];
+                for (acc, input) in acc.iter_mut().zip(inputs) {
+                    let a = _mm512_set1_ps(*input.add(i));
+                    for (acc, b) in acc.iter_mut().zip(b) {
+                        *acc = _mm512_fmadd_ps(a, b, *acc);
+                    }
+                }
             }
-            if let Some(bias) = t.gelu_bias {
-                crate::model::cpu::kernels::bias_gelu_rows(std::slice::from_raw_parts_mut(out, t.columns), bias);
+            for (acc, row) in acc.iter().zip(rows) {
+                let out = t.c.add(row * t.n);
+                for (v, acc) in acc.iter().enumerate() {
+                    _mm512_mask_storeu_ps(out.add(16 * v), masks[v], *acc);
+                }
+                if let Some(bias) = t.gelu_bias {
+                    crate::model::cpu::kernels::bias_gelu_rows(std::slice::from_raw_parts_mut(out, t.columns), bias);
+                }
             }
         }
     }
