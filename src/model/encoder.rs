@@ -39,7 +39,7 @@ impl Backbone {
         dtype: DType,
     ) -> Result<(Backbone, VarBuilder<'static>), ModelError> {
         let (config, pieces) = read_config(dir)?;
-        let vb = weights(dir, device, Family::from_config(&config).dtype(dtype))?;
+        let vb = weights(dir, device, dtype)?;
         Ok((Backbone::new(vb.clone(), &config, pieces, dir)?, vb))
     }
 
@@ -104,7 +104,6 @@ impl CrossEncoder {
     /// The model in `dir`; a decoder's recipe is `recipe`, else detected (`Recipe::detect`).
     pub fn load(dir: &Path, device: &Device, dtype: DType, recipe: Option<Recipe>) -> Result<CrossEncoder, ModelError> {
         let (config, pieces) = read_config(dir)?;
-        let dtype = Family::from_config(&config).dtype(dtype);
         CrossEncoder::new(weights(dir, device, dtype)?, &config, pieces, dir, recipe)
     }
 

@@ -6,7 +6,6 @@
 //! DeBERTa is BERT's layers with relative attention (`deberta`). Qwen2, Qwen3 and Gemma are causal decoders
 //! (`decoder`), loaded as rerankers through a recipe (`recipe`).
 
-use candle_core::DType;
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::Config;
 use serde_json::{Map, Value};
@@ -55,16 +54,6 @@ impl Family {
             "qwen3" => Some(Family::Qwen3),
             "gemma" => Some(Family::Gemma),
             _ => None,
-        }
-    }
-
-    /// The dtype the family computes in when `asked` is: ModernBERT and DeBERTa in f32 whatever is asked: their
-    /// attention's kernels (banded, disentangled) are f32 ones, and their half-precision paths are not checked
-    /// against transformers.
-    pub fn dtype(self, asked: DType) -> DType {
-        match self {
-            Family::ModernBert | Family::Deberta => DType::F32,
-            _ => asked,
         }
     }
 
