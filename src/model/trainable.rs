@@ -127,7 +127,8 @@ impl TrainableEncoder {
         let (config, pieces) = read_config(dir)?;
         let family = Family::from_config(&config);
         if family != Family::Bert {
-            return Err(load_err(dir, format!("training (and `bench model`) take BERT models; this is a {family:?}")));
+            let message = format!("training takes BERT models for now (every family serves); this is a {family:?}");
+            return Err(load_err(dir, message));
         }
         let sentence = bi_encoder.then(|| SentenceLayout::read(dir, pieces.max_len)).transpose()?;
         let config_path = dir.join("config.json");

@@ -57,6 +57,11 @@ fn every_variable_receives_a_gradient_and_training_scores_as_inference() {
     );
     let logits = |m: &TrainableEncoder| m.forward(&encoded).unwrap().to_vec1::<f32>().unwrap();
     assert_eq!(logits(&a), logits(&b));
+
+    // Another family is refused by name, saying that it serves.
+    let modernbert = crate::fixtures::model_fixture("modernbert-mean");
+    let refused = TrainableEncoder::init(&modernbert, &Device::Cpu, DType::F32, 1).err().unwrap().to_string();
+    assert!(refused.contains("training takes BERT models") && refused.contains("ModernBert"), "{refused}");
 }
 
 fn train_args<'a>(model: &'a str, out: &'a str, method: &'a str, steps: &'a str) -> Vec<&'a str> {
