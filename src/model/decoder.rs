@@ -7,8 +7,9 @@
 //! positions count from 0 as in the reference's left-padded batch (a shift that rotary attention cancels).
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
-use candle_core::{Device, Module, Tensor, D};
+use candle_core::{Device, IndexOp, Module, Tensor, D};
 use candle_nn::{Embedding, VarBuilder};
 use serde::Deserialize;
 
@@ -99,7 +100,16 @@ pub struct Decoder {
     intermediate: usize,
     rope_theta: f64,
     activation: Activation,
+    /// The shared prefixes computed last (newest last), by their token ids.
+    prefixes: Mutex<Vec<(Vec<u32>, Arc<Prefix>)>>,
 }
+
+/// A prompt's shared prefix (`Encoded::shared_prefix`: the query side, the same for every segment of a query)
+/// through every layer: each layer's keys and values `[1, kv_heads, p, head_dim]`, normalized and rotated.
+type Prefix = Vec<(Tensor, Tensor)>;
+
+/// Shared prefixes kept (a few queries' worth: the 0.6B model's prefix of 60 tokens takes 14 MB).
+const PREFIXES_KEPT: usize = 4;
 
 impl Decoder {
     /// The decoder under `vb` (a causal LM's or a converted sequence classifier's root, `model.*`, or a bare
@@ -208,19 +218,24 @@ impl Decoder {
                 intermediate: c.intermediate_size,
                 rope_theta,
                 activation,
+                prefixes: Mutex::new(Vec::new()),
             })
         };
         build().map_err(|e| load_err(dir, format!("loading {family:?} weights: {e}")))
     }
 
+    /// Attention's output for `x`, whose positions follow `past`'s keys and values (a shared prefix's; its
+    /// rows are positions `past..` of `rotary`), and the keys and values of every position so far.
     fn attention(
         &self,
         layer: &Layer,
         x: &Tensor,
         lengths: &[usize],
         rotary: &(Tensor, Tensor),
-    ) -> candle_core::Result<Tensor> {
+        past: Option<&(Tensor, Tensor)>,
+    ) -> candle_core::Result<(Tensor, (Tensor, Tensor))> {
         let (b, len, _) = x.dims3()?;
+        let offset = past.map_or(Ok(0), |(k, _)| k.dim(2))?;
         let (d, q_width, kv_width) = (self.head_dim, self.heads * self.head_dim, self.kv_heads * self.head_dim);
         let mut qkv = layer.qkv.forward(x, lengths)?;
         if let Some(bias) = &layer.qkv_bias {
@@ -233,10 +248,14 @@ impl Decoder {
             Some((q_norm, k_norm)) => (q_norm.forward(&q)?, k_norm.forward(&k)?),
             None => (q, k),
         };
-        let (cos, sin) = rotary;
-        let q = candle_nn::rotary_emb::rope(&q.transpose(1, 2)?.contiguous()?, cos, sin)?;
-        let k = candle_nn::rotary_emb::rope(&k.transpose(1, 2)?.contiguous()?, cos, sin)?;
+        let (cos, sin) = (rotary.0.narrow(0, offset, len)?, rotary.1.narrow(0, offset, len)?);
+        let q = candle_nn::rotary_emb::rope(&q.transpose(1, 2)?.contiguous()?, &cos, &sin)?;
+        let k = candle_nn::rotary_emb::rope(&k.transpose(1, 2)?.contiguous()?, &cos, &sin)?;
         let v = v.transpose(1, 2)?.contiguous()?;
+        let (k, v) = match past {
+            Some((past_k, past_v)) => (Tensor::cat(&[past_k, &k], 2)?, Tensor::cat(&[past_v, &v], 2)?),
+            None => (k, v),
+        };
         // Each key and value head serves `group` query heads, next to each other: the query heads of one key
         // head are taken as one matrix of `group` blocks of rows, so keys and values are never repeated.
         let group = self.heads / self.kv_heads;
@@ -246,15 +265,61 @@ impl Decoder {
         // values are read in place (a narrowed prefix of each head's rows).
         let mut contexts = Vec::with_capacity(len.div_ceil(QUERY_BLOCK));
         for start in (0..len).step_by(QUERY_BLOCK) {
-            let (rows, end) = (QUERY_BLOCK.min(len - start), (start + QUERY_BLOCK).min(len));
+            let (rows, end) = (QUERY_BLOCK.min(len - start), offset + (start + QUERY_BLOCK).min(len));
             let (k, v) = (k.narrow(2, 0, end)?, v.narrow(2, 0, end)?);
             let block = q.narrow(3, start, rows)?.contiguous()?.reshape((b, self.kv_heads, group * rows, d))?;
             let scores = block.matmul(&k.t()?)?.reshape((b, self.kv_heads, group, rows, end))?;
-            let probs = kernels::causal_softmax(&scores, start)?.reshape((b, self.kv_heads, group * rows, end))?;
+            let probs =
+                kernels::causal_softmax(&scores, offset + start)?.reshape((b, self.kv_heads, group * rows, end))?;
             contexts.push(probs.matmul(&v)?.reshape((b, self.heads, rows, d))?);
         }
         let context = Tensor::cat(&contexts, 2)?.transpose(1, 2)?.reshape((b, len, q_width))?;
-        layer.out.forward(&context, lengths)
+        Ok((layer.out.forward(&context, lengths)?, (k, v)))
+    }
+
+    /// The states after every layer of the tokens `ids` (`[batch, len]`), whose positions follow `past`'s, and
+    /// each layer's keys and values of every position so far.
+    fn layers(
+        &self,
+        ids: &Tensor,
+        lengths: &[usize],
+        rotary: &(Tensor, Tensor),
+        past: Option<&Prefix>,
+    ) -> candle_core::Result<(Tensor, Prefix)> {
+        let mut x = self.embed.forward(ids)?;
+        if let Some(scale) = self.embed_scale {
+            // transformers multiplies by √hidden in the states' dtype.
+            x = x.broadcast_mul(&Tensor::new(scale as f32, x.device())?.to_dtype(x.dtype())?)?;
+        }
+        let mut cache = Vec::with_capacity(self.layers.len());
+        for (i, layer) in self.layers.iter().enumerate() {
+            let past = past.map(|p| &p[i]);
+            let (attended, kv) = self.attention(layer, &layer.input_norm.forward(&x)?, lengths, rotary, past)?;
+            cache.push(kv);
+            x = (x + attended)?;
+            x = (&x + self.feed_forward(layer, &layer.post_norm.forward(&x)?, lengths)?)?;
+        }
+        Ok((x, cache))
+    }
+
+    /// The keys and values of a shared prefix: kept from an earlier input of the same query, else computed
+    /// (alone, so that they have the same bits whichever input asked first).
+    fn prefix(&self, ids: &[u32], rotary: &(Tensor, Tensor), device: &Device) -> candle_core::Result<Arc<Prefix>> {
+        let kept =
+            |prefixes: &Vec<(Vec<u32>, Arc<Prefix>)>| prefixes.iter().find(|(k, _)| k == ids).map(|e| e.1.clone());
+        if let Some(prefix) = kept(&self.prefixes.lock().expect("the prefixes' lock")) {
+            return Ok(prefix);
+        }
+        let tokens = Tensor::new(ids, device)?.unsqueeze(0)?;
+        let prefix = Arc::new(self.layers(&tokens, &[ids.len()], rotary, None)?.1);
+        let mut prefixes = self.prefixes.lock().expect("the prefixes' lock");
+        if kept(&prefixes).is_none() {
+            if prefixes.len() == PREFIXES_KEPT {
+                prefixes.remove(0);
+            }
+            prefixes.push((ids.to_vec(), prefix.clone()));
+        }
+        Ok(prefix)
     }
 
     fn feed_forward(&self, layer: &Layer, x: &Tensor, lengths: &[usize]) -> candle_core::Result<Tensor> {
@@ -277,21 +342,23 @@ impl Decoder {
 const QUERY_BLOCK: usize = 256;
 
 impl Network for Decoder {
+    /// An input computed alone (the CPU's way) whose prompt has a shared prefix computes the rest after that
+    /// prefix's keys and values, computed once for every segment of its query (`Decoder::prefix`); its states
+    /// at the prefix's positions, which no head reads, are zeros. Every other input runs whole.
     fn forward(&self, inputs: &Inputs, _: Positions) -> candle_core::Result<Tensor> {
-        let (_, len) = inputs.ids.dims2()?;
-        let lengths = &inputs.lengths;
-        let mut x = self.embed.forward(&inputs.ids)?;
-        if let Some(scale) = self.embed_scale {
-            // transformers multiplies by √hidden in the states' dtype.
-            x = x.broadcast_mul(&Tensor::new(scale as f32, x.device())?.to_dtype(x.dtype())?)?;
-        }
-        let rotary = super::rotary::tables(self.head_dim, self.rope_theta, len, x.dtype(), x.device())?;
-        for layer in &self.layers {
-            let attended = self.attention(layer, &layer.input_norm.forward(&x)?, lengths, &rotary)?;
-            x = (x + attended)?;
-            x = (&x + self.feed_forward(layer, &layer.post_norm.forward(&x)?, lengths)?)?;
-        }
-        self.norm.forward(&x)
+        let (batch, len) = inputs.ids.dims2()?;
+        let device = inputs.ids.device();
+        let dtype = self.embed.embeddings().dtype();
+        let rotary = super::rotary::tables(self.head_dim, self.rope_theta, len, dtype, device)?;
+        let shared = match inputs.shared_prefixes[..] {
+            [p] if batch == 1 && p > 0 && p < len => p,
+            _ => return self.norm.forward(&self.layers(&inputs.ids, &inputs.lengths, &rotary, None)?.0),
+        };
+        let ids = inputs.ids.i(0)?.to_vec1::<u32>()?;
+        let prefix = self.prefix(&ids[..shared], &rotary, device)?;
+        let rest = inputs.ids.narrow(1, shared, len - shared)?;
+        let states = self.norm.forward(&self.layers(&rest, &[len - shared], &rotary, Some(&prefix))?.0)?;
+        Tensor::cat(&[&Tensor::zeros((1, shared, self.hidden), states.dtype(), device)?, &states], 1)
     }
 
     fn quantize(&mut self) -> Result<(), ModelError> {

@@ -45,6 +45,8 @@ pub(super) struct Inputs {
     pub(super) mask: Tensor,
     /// Each input's real positions (before its padding).
     pub(super) lengths: Vec<usize>,
+    /// Each input's `Encoded::shared_prefix`.
+    pub(super) shared_prefixes: Vec<usize>,
     /// Whether any input is shorter than the longest (without padding the mask changes nothing, so the
     /// encoder skips it).
     pub(super) padded: bool,
@@ -66,6 +68,7 @@ impl Inputs {
             types: Tensor::from_vec(types, shape, device)?,
             mask: Tensor::from_vec(mask, shape, device)?,
             lengths: batch.iter().map(|e| e.ids.len()).collect(),
+            shared_prefixes: batch.iter().map(|e| e.shared_prefix).collect(),
             padded: batch.iter().any(|e| e.ids.len() != len),
         })
     }

@@ -183,15 +183,20 @@ impl Prompt {
             }
         };
         let instruction = instruction.or(self.recipe.default_instruction());
-        let ids = match self.recipe {
+        // The ids, and how many of them the query's other inputs share (the prompt up to the document).
+        let (ids, shared) = match self.recipe {
             Recipe::Qwen3Reranker => {
-                // The card tokenizes the instruction, query and document as one text and cuts its end.
+                // The card tokenizes the instruction, query and document as one text and cuts its end: the query
+                // side is shared where its tokens alone begin that text's (a token across the boundary: none).
                 let instruction = instruction.unwrap_or_default();
                 let head = format!("<Instruct>: {instruction}\n<Query>: {query}\n");
-                over(pieces.ids(&head)?.len(), max_query_tokens)?;
-                let mut text = pieces.ids(&format!("{head}<Document>: {segment}"))?;
+                let head = pieces.ids(&head)?;
+                over(head.len(), max_query_tokens)?;
+                let mut text =
+                    pieces.ids(&format!("<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {segment}"))?;
                 text.truncate(max_len.saturating_sub(self.prefix.len() + self.suffix.len()));
-                [&self.prefix[..], &text, &self.suffix].concat()
+                let shared = if text.starts_with(&head) { self.prefix.len() + head.len() } else { 0 };
+                ([&self.prefix[..], &text, &self.suffix].concat(), shared)
             }
             Recipe::MxbaiRerankV2 => {
                 // `max_length` there is the input less the fixed parts; the query may take 3/4 of it, the
@@ -205,7 +210,8 @@ impl Prompt {
                 over(head.len(), max_query_tokens.min(content * 3 / 4))?;
                 let mut document = pieces.ids(&format!("document: {segment}"))?;
                 document.truncate(content.saturating_sub(head.len() + self.sep.len()));
-                [&self.prefix[..], &head, &self.sep, &document, &self.suffix].concat()
+                let shared = self.prefix.len() + head.len() + self.sep.len();
+                ([&self.prefix[..], &head, &self.sep, &document, &self.suffix].concat(), shared)
             }
             Recipe::BgeRerankerGemma => {
                 // The prompt follows the pair, after a line; the query may take 3/4 of `max_length`, the input
@@ -221,10 +227,11 @@ impl Prompt {
                 let bos = self.bos.as_slice();
                 let mut pair = [bos, &head, &self.sep, &passage].concat();
                 pair.truncate(content + tail.len());
-                [&pair[..], &tail].concat()
+                let shared = (bos.len() + head.len() + self.sep.len()).min(pair.len());
+                ([&pair[..], &tail].concat(), shared)
             }
         };
-        Ok(Encoded { type_ids: vec![0; ids.len()], ids })
+        Ok(Encoded { type_ids: vec![0; ids.len()], ids, shared_prefix: shared })
     }
 }
 

@@ -15,6 +15,9 @@ use super::error::{load_err, ModelError};
 pub struct Encoded {
     pub ids: Vec<u32>,
     pub type_ids: Vec<u32>,
+    /// Leading tokens that every input of the same query shares (a decoder prompt's query side), which a
+    /// decoder computes once for all of them; 0 where none.
+    pub shared_prefix: usize,
 }
 
 #[derive(Clone)]
@@ -137,7 +140,7 @@ impl Pieces {
     fn template(&self, first: Encoding, second: Option<Encoding>) -> Result<Encoded, ModelError> {
         let encoding =
             self.tokenizer.post_process(first, second, true).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
-        Ok(Encoded { ids: encoding.get_ids().to_vec(), type_ids: encoding.get_type_ids().to_vec() })
+        Ok(Encoded { ids: encoding.get_ids().to_vec(), type_ids: encoding.get_type_ids().to_vec(), shared_prefix: 0 })
     }
 }
 

@@ -77,6 +77,15 @@ fn decoder_rerankers_build_their_authors_inputs_and_score_as_their_code() {
             assert!(close(batch[n], want), "{name} case {n}: {} against {want}", batch[n]);
             assert_eq!(batch[n].to_bits(), alone.to_bits(), "{name} case {n}: its batch changes its score");
             assert!(close(padded[n], want), "{name} case {n} in a padded batch: {} against {want}", padded[n]);
+            // Alone, the query side's keys and values are computed once for the query (a shared prefix) and
+            // the rest after them: the states at the prefix's positions, which no head reads, stay zeros.
+            assert!(input.shared_prefix > 0 && input.shared_prefix < input.ids.len(), "{name} case {n}: a prefix");
+            let first_state = &cross.outputs_with_states(std::slice::from_ref(input)).unwrap()[0][1..];
+            assert!(first_state.iter().all(|x| *x == 0.0), "{name} case {n}: the prefix was computed again");
+            let whole = longrank::model::Encoded { shared_prefix: 0, ..input.clone() };
+            let first_state = &cross.outputs_with_states(std::slice::from_ref(&whole)).unwrap()[0][1..];
+            assert!(first_state.iter().any(|x| *x != 0.0), "{name} case {n}: the whole input");
+            assert!(close(scores(&model, &[whole])[0], want), "{name} case {n} computed whole");
         }
     }
 }

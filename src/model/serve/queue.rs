@@ -381,7 +381,7 @@ mod tests {
     use super::*;
 
     fn input(len: usize, tag: u32) -> Encoded {
-        Encoded { ids: vec![tag; len], type_ids: vec![0; len] }
+        Encoded { ids: vec![tag; len], type_ids: vec![0; len], shared_prefix: 0 }
     }
 
     /// A "model" that returns each input's first id and length, and records batch shapes.
