@@ -278,24 +278,28 @@ impl Decoder {
     }
 
     /// The states after every layer of the tokens `ids` (`[batch, len]`), whose positions follow `past`'s, and
-    /// each layer's keys and values of every position so far.
+    /// with `keep` each layer's keys and values of every position so far (else none: a long input's would hold
+    /// hundreds of MB).
     fn layers(
         &self,
         ids: &Tensor,
         lengths: &[usize],
         rotary: &(Tensor, Tensor),
         past: Option<&Prefix>,
+        keep: bool,
     ) -> candle_core::Result<(Tensor, Prefix)> {
         let mut x = self.embed.forward(ids)?;
         if let Some(scale) = self.embed_scale {
             // transformers multiplies by √hidden in the states' dtype.
             x = x.broadcast_mul(&Tensor::new(scale as f32, x.device())?.to_dtype(x.dtype())?)?;
         }
-        let mut cache = Vec::with_capacity(self.layers.len());
+        let mut cache = Vec::new();
         for (i, layer) in self.layers.iter().enumerate() {
             let past = past.map(|p| &p[i]);
             let (attended, kv) = self.attention(layer, &layer.input_norm.forward(&x)?, lengths, rotary, past)?;
-            cache.push(kv);
+            if keep {
+                cache.push(kv);
+            }
             x = (x + attended)?;
             x = (&x + self.feed_forward(layer, &layer.post_norm.forward(&x)?, lengths)?)?;
         }
@@ -311,7 +315,7 @@ impl Decoder {
             return Ok(prefix);
         }
         let tokens = Tensor::new(ids, device)?.unsqueeze(0)?;
-        let prefix = Arc::new(self.layers(&tokens, &[ids.len()], rotary, None)?.1);
+        let prefix = Arc::new(self.layers(&tokens, &[ids.len()], rotary, None, true)?.1);
         let mut prefixes = self.prefixes.lock().expect("the prefixes' lock");
         if kept(&prefixes).is_none() {
             if prefixes.len() == PREFIXES_KEPT {
@@ -352,12 +356,12 @@ impl Network for Decoder {
         let rotary = super::rotary::tables(self.head_dim, self.rope_theta, len, dtype, device)?;
         let shared = match inputs.shared_prefixes[..] {
             [p] if batch == 1 && p > 0 && p < len => p,
-            _ => return self.norm.forward(&self.layers(&inputs.ids, &inputs.lengths, &rotary, None)?.0),
+            _ => return self.norm.forward(&self.layers(&inputs.ids, &inputs.lengths, &rotary, None, false)?.0),
         };
         let ids = inputs.ids.i(0)?.to_vec1::<u32>()?;
         let prefix = self.prefix(&ids[..shared], &rotary, device)?;
         let rest = inputs.ids.narrow(1, shared, len - shared)?;
-        let states = self.norm.forward(&self.layers(&rest, &[len - shared], &rotary, Some(&prefix))?.0)?;
+        let states = self.norm.forward(&self.layers(&rest, &[len - shared], &rotary, Some(&prefix), false)?.0)?;
         Tensor::cat(&[&Tensor::zeros((1, shared, self.hidden), states.dtype(), device)?, &states], 1)
     }
 
