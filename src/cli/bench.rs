@@ -362,14 +362,16 @@ fn model(b: ModelBench) -> anyhow::Result<()> {
     for &length in &b.lengths {
         for &batch in &b.batches {
             // The peers' documents, repeated past `length` of the model's tokens so that long inputs fill up
-            // whatever the tokenizer.
+            // whatever the tokenizer. Each input is computed whole, as the peers compute theirs: a decoder's
+            // prompt prefix, which serving computes once per query, is computed for every pair here.
             let inputs = peer_docs(batch)
                 .iter()
                 .map(|doc| {
                     let copies = length.div_ceil(scorer.count_tokens(doc)?.max(1));
-                    scorer.encode(QUERY, &[doc.as_str()].repeat(copies + 1).join(" "), length, length)
+                    let encoded = scorer.encode(QUERY, &[doc.as_str()].repeat(copies + 1).join(" "), length, length)?;
+                    Ok(model::Encoded { shared_prefix: 0, ..encoded })
                 })
-                .collect::<Result<Vec<_>, _>>()?;
+                .collect::<Result<Vec<_>, model::ModelError>>()?;
             if let Some(short) = inputs.iter().find(|e| e.ids.len() != length) {
                 bail!("a pair has {} word pieces, not {length}: the model's inputs are shorter", short.ids.len());
             }

@@ -232,9 +232,6 @@ impl Bert {
 
     /// Makes every linear layer of the encoder int8 (inference models only).
     pub fn quantize(&mut self) -> candle_core::Result<()> {
-        if self.encoder.differentiable {
-            candle_core::bail!("a training model stays in floating point");
-        }
         self.encoder.quantize(self.word.embeddings().device())
     }
 
