@@ -206,17 +206,29 @@ mod tests {
             return;
         }
         let device = Device::Cpu;
+        let mut rng = crate::rng::Rng::new(5);
+        let mut normal = |n: usize, sd: f64| -> Vec<f32> { (0..n).map(|_| (rng.normal() * sd) as f32).collect() };
         // Widths off the 4-input groups and 16-output tiles, and rows off the 8-row blocks.
         for (outputs, inputs, rows) in [(37, 30, 11), (384, 384, 16), (48, 1536, 3)] {
-            let weight = Tensor::randn(0f32, 0.1, (outputs, inputs), &device).unwrap();
-            let x = Tensor::randn(0f32, 1.0, (rows, inputs), &device).unwrap();
-            let want = candle_nn::Linear::new(weight.clone(), None).forward(&x).unwrap();
-            let got = Int8Linear::new(&weight).unwrap().forward(&x).unwrap();
-            assert_eq!(got.dims(), [rows, outputs]);
-            let err = (&got - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-            let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-            // Each of the `inputs` products is off by at most half a step of both factors.
-            assert!(err < 0.02 * scale, "{outputs}×{inputs}, {rows} rows: error {err} against values up to {scale}");
+            let (w, xs) = (normal(outputs * inputs, 0.1), normal(rows * inputs, 1.0));
+            let weight = Tensor::from_vec(w.clone(), (outputs, inputs), &device).unwrap();
+            let x = Tensor::from_vec(xs.clone(), (rows, inputs), &device).unwrap();
+            let want = candle_nn::Linear::new(weight.clone(), None).forward(&x).unwrap().to_vec2::<f32>().unwrap();
+            let got = Int8Linear::new(&weight).unwrap().forward(&x).unwrap().to_vec2::<f32>().unwrap();
+            assert_eq!((got.len(), got[0].len()), (rows, outputs));
+            // Each factor is off by at most half its row's step (max |row| / 127): each output by at most
+            // Σ |w| · step_x / 2 + |x| · step_w / 2 + step_x · step_w / 4, and a little float rounding.
+            let step = |row: &[f32]| row.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+            for (r, x_row) in xs.chunks(inputs).enumerate() {
+                for (o, w_row) in w.chunks(inputs).enumerate() {
+                    let (sx, sw) = (step(x_row), step(w_row));
+                    let bound: f32 =
+                        x_row.iter().zip(w_row).map(|(x, w)| w.abs() * sx / 2.0 + x.abs() * sw / 2.0).sum();
+                    let bound = bound + inputs as f32 * sx * sw / 4.0 + 1e-4 * want[r][o].abs() + 1e-5;
+                    let err = (got[r][o] - want[r][o]).abs();
+                    assert!(err <= bound, "{outputs}×{inputs}, row {r} output {o}: error {err}, bound {bound}");
+                }
+            }
         }
     }
 
