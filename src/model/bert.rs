@@ -20,6 +20,7 @@ use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use candle_transformers::models::bert::{Config, HiddenAct};
 
 use super::cpu::blas::{self, BlasLinear};
+use super::cpu::disentangled::Disentangled;
 use super::cpu::int8::{self, Int8Linear};
 use super::cpu::kernels;
 use super::family::Family;
@@ -364,6 +365,11 @@ impl Encoder {
         })
     }
 
+    /// DeBERTa's relative positions on each side of a token (none for other encoders).
+    pub(super) fn span(&self) -> usize {
+        self.buckets.map_or(0, |b| b.span)
+    }
+
     /// Makes every linear layer int8 (inference encoders only, on the CPU).
     pub(super) fn quantize(&mut self, device: &candle_core::Device) -> candle_core::Result<()> {
         if self.differentiable {
@@ -407,10 +413,12 @@ impl Encoder {
             }
             None => vec![len; batch],
         };
+        // DeBERTa's distances' rows and the keys each sequence has, once for every layer.
+        let relative = self.buckets.map(|b| Disentangled { rows: b.rows(len), lengths: lengths.clone() });
         let mut x = x.clone();
         for (i, layer) in self.layers.iter().enumerate() {
             let first = positions == Positions::First && i + 1 == self.layers.len();
-            x = self.layer(layer, &x, additive.as_ref(), &rows, &lengths, first)?;
+            x = self.layer(layer, &x, (additive.as_ref(), &rows, relative.as_ref()), &lengths, first)?;
         }
         Ok(x)
     }
@@ -419,22 +427,20 @@ impl Encoder {
         &self,
         layer: &Layer,
         x: &Tensor,
-        additive: Option<&Tensor>,
-        rows: &Tensor,
+        (additive, rows, relative): (Option<&Tensor>, &Tensor, Option<&Disentangled>),
         lengths: &[usize],
         first: bool,
     ) -> candle_core::Result<Tensor> {
         let (batch, len, hidden) = x.dims3()?;
         let qkv = layer.qkv.forward(x, lengths, first)?;
-        let keys = lengths;
         // From here on, with `first`, the first position's row alone.
         let (x, lengths) = match first {
             true => (&x.narrow(1, 0, len.min(1))?.contiguous()?, &vec![len.min(1); batch][..]),
             false => (x, lengths),
         };
-        if let (Some(tables), Some(buckets)) = (&layer.relative, &self.buckets) {
+        if let (Some(tables), Some(relative)) = (&layer.relative, relative) {
             let (q, k, v) = self.heads_of(layer, qkv, first)?;
-            let context = relative::attention(&q, &k, &v, tables, buckets, keys)?;
+            let context = relative::attention(&q, &k, &v, tables, relative)?;
             return self.feed_forward(layer, x, &context, lengths);
         }
         // With BLAS loaded, one fused op (with its backward pass in training); else candle's chain.

@@ -25,8 +25,6 @@ pub struct Deberta {
     token_type: Option<Embedding>,
     norm: LayerNorm,
     encoder: Encoder,
-    /// Relative positions on each side of a token (its rows of relative embeddings).
-    span: usize,
 }
 
 /// The options of `config.json` that this forward computes, or the reason it refuses the configuration.
@@ -96,7 +94,6 @@ impl Deberta {
                     .transpose()?,
                 norm: norm(vb.pp("embeddings.LayerNorm"))?,
                 encoder: Encoder::disentangled(encoder, config, RelativePositions { buckets, embeddings })?,
-                span: buckets.span,
             })
         };
         build().map_err(|e| load_err(dir, e))
@@ -118,7 +115,7 @@ impl Network for Deberta {
     /// An encoder's, and per layer the products of the queries and keys with the `2 · span` relative positions'
     /// projections (8·L·span·h).
     fn flops(&self, config: &bert::Config, len: usize) -> f64 {
-        let (l, h, span) = (len as f64, config.hidden_size as f64, self.span as f64);
+        let (l, h, span) = (len as f64, config.hidden_size as f64, self.encoder.span() as f64);
         encoder_flops(config, config.num_hidden_layers, len) + config.num_hidden_layers as f64 * 8.0 * l * span * h
     }
 

@@ -65,25 +65,22 @@ impl Tables {
 }
 
 /// Attention's context `[batch, rows, h]` of `q` (`[batch, heads, rows, head_dim]`, scaled; its rows are
-/// positions `0..rows`), `k` and `v` (`[batch, heads, len, head_dim]`) of sequences with `lengths` real
-/// positions.
+/// positions `0..rows`), `k` and `v` (`[batch, heads, len, head_dim]`), under `relative` (the rows of `len`
+/// keys' distances, `Buckets::rows`, and the sequences' lengths).
 pub(super) fn attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     tables: &Tables,
-    buckets: &Buckets,
-    lengths: &[usize],
+    relative: &Disentangled,
 ) -> candle_core::Result<Tensor> {
     let (batch, heads, rows, head_dim) = q.dims4()?;
-    let len = k.dim(2)?;
     // Each sequence's heads against the same tables (one sequence at a time on the CPU: nothing copied).
     let table = |t: &Tensor| t.unsqueeze(0)?.broadcast_as((batch, heads, t.dim(1)?, head_dim))?.contiguous();
     let to_positions = q.matmul(&table(&tables.keys)?.t()?)?;
     let from_positions = k.matmul(&table(&tables.queries)?.t()?)?;
     let scores = q.matmul(&k.t()?)?;
-    let relative = Disentangled { rows: buckets.rows(len), lengths: lengths.to_vec() };
-    let probs = disentangled_softmax(&scores, &to_positions, &from_positions, &relative)?;
+    let probs = disentangled_softmax(&scores, &to_positions, &from_positions, relative)?;
     probs.matmul(v)?.transpose(1, 2)?.contiguous()?.reshape((batch, rows, heads * head_dim))
 }
 

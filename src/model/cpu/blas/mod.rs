@@ -251,6 +251,15 @@ fn operands<'s>(
 mod tests {
     use super::*;
 
+    /// `LONGRANK_BLAS=gemm` (CI's fourth pass) really computes through the gemm crate alone.
+    #[test]
+    fn the_gemm_choice_is_the_path_taken() {
+        if std::env::var("LONGRANK_BLAS").as_deref() == Ok("gemm") {
+            assert_eq!(gemm_path().0, "builtin");
+            assert_eq!(gemm_path().1, "gemm");
+        }
+    }
+
     /// The built-in kernels' products as a library's: every transposition, inside larger buffers (leading
     /// dimensions past the shapes), and equal to a plain sum on small integers (exact in f32).
     #[test]
