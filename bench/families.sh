@@ -30,6 +30,9 @@ shapes = {
     "modernbert-mean": (transformers.ModernBertConfig, transformers.ModernBertForSequenceClassification,
                         dict(hidden_size=768, num_hidden_layers=22, num_attention_heads=12, intermediate_size=1152,
                              max_position_embeddings=8192, classifier_pooling="mean")),
+    # For `longrank bench train` (BENCHMARKS.md, "Training every BERT-shaped family").
+    "electra": (transformers.ElectraConfig, transformers.ElectraForSequenceClassification,
+                dict(base, embedding_size=768, max_position_embeddings=512)),
     "deberta-v3": (transformers.DebertaV2Config, transformers.DebertaV2ForSequenceClassification,
                    dict(base, max_position_embeddings=512, relative_attention=True, position_buckets=256,
                         max_relative_positions=-1, pos_att_type=["p2c", "c2p"], position_biased_input=False,

@@ -215,52 +215,74 @@ def bi_encoder(name, config_class, model_class, tokenizer, **extra):
     print(name, config.model_type, "bi-encoder", f"{len(texts)} texts")
 
 
-def main():
-    os.makedirs(OUT, exist_ok=True)
+DEBERTA_V3 = dict(
+    hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=128,
+    relative_attention=True, position_buckets=16, max_relative_positions=-1, pos_att_type=["p2c", "c2p"],
+    position_biased_input=False, type_vocab_size=0, norm_rel_ebd="layer_norm", share_att_key=True,
+)
+
+
+# ModernBERT: three layers (global, local, global), a local window of 16 shorter than most inputs (48).
+MODERNBERT = dict(
+    hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=48, max_position_embeddings=128,
+    local_attention=16, global_attn_every_n_layers=2,
+)
+
+
+def modernbert(name, pooling, labels, **extra):
+    """A ModernBERT cross-encoder pooling by `pooling` (`cls` or `mean`), its BPE tokenizer's specials its own."""
+    tokenizer = byte_level_bpe(BERT_SPECIALS, bert_template)
+    ids = {name: tokenizer.token_to_id(name) for name in ["[CLS]", "[SEP]"]}
+    cross_encoder(
+        name, transformers.ModernBertConfig, transformers.ModernBertForSequenceClassification, tokenizer, labels,
+        False, classifier_pooling=pooling, cls_token_id=ids["[CLS]"], sep_token_id=ids["[SEP]"],
+        bos_token_id=ids["[CLS]"], eos_token_id=ids["[SEP]"], **MODERNBERT, **extra,
+    )
+
+
+def trained_families():
+    """The cross-encoders of the families longrank also trains (scripts/training-fixtures.py): name -> (config
+    class, model class, the tokenizer's maker, labels, whether it reads token types, config options)."""
     shape = dict(SHAPE, max_position_embeddings=MAX_LENGTH + 16)
     roberta_shape = dict(SHAPE, max_position_embeddings=MAX_LENGTH + 18, type_vocab_size=1)
-    cross_encoder(
-        "roberta", transformers.RobertaConfig, transformers.RobertaForSequenceClassification,
-        byte_level_bpe(["<s>", "<pad>", "</s>", "<unk>", "<mask>"], lambda _: processors.RobertaProcessing(("</s>", 2), ("<s>", 0))),
-        1, False, **roberta_shape,
-    )
-    cross_encoder(
-        "xlm-roberta", transformers.XLMRobertaConfig, transformers.XLMRobertaForSequenceClassification,
-        sentencepiece_unigram(XLM_SPECIALS, xlm_template, "<unk>"), 2, False, **roberta_shape,
-    )
-    cross_encoder(
-        "electra", transformers.ElectraConfig, transformers.ElectraForSequenceClassification, wordpiece(), 1, True,
-        embedding_size=16, **shape,
-    )
+    roberta_template = lambda _: processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
     distil = {"dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 64, "max_position_embeddings": MAX_LENGTH + 16}
-    cross_encoder(
-        "distilbert", transformers.DistilBertConfig, transformers.DistilBertForSequenceClassification, wordpiece(), 2,
-        False, **distil,
-    )
-    # ModernBERT: three layers (global, local, global), a local window of 16 shorter than most inputs (48),
-    # the head's both poolings.
-    modern = dict(
-        hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=48,
-        max_position_embeddings=128, local_attention=16, global_attn_every_n_layers=2,
-    )
+    return {
+        "bert": (transformers.BertConfig, transformers.BertForSequenceClassification, wordpiece, 1, True, shape),
+        "roberta": (
+            transformers.RobertaConfig, transformers.RobertaForSequenceClassification,
+            lambda: byte_level_bpe(["<s>", "<pad>", "</s>", "<unk>", "<mask>"], roberta_template), 1, False,
+            roberta_shape,
+        ),
+        "xlm-roberta": (
+            transformers.XLMRobertaConfig, transformers.XLMRobertaForSequenceClassification,
+            lambda: sentencepiece_unigram(XLM_SPECIALS, xlm_template, "<unk>"), 2, False, roberta_shape,
+        ),
+        "electra": (
+            transformers.ElectraConfig, transformers.ElectraForSequenceClassification, wordpiece, 1, True,
+            dict(shape, embedding_size=16),
+        ),
+        "distilbert": (
+            transformers.DistilBertConfig, transformers.DistilBertForSequenceClassification, wordpiece, 2, False, distil,
+        ),
+        # DeBERTa-v3's shape: relative attention in 16 buckets under inputs of 48, no absolute positions nor token
+        # types, the context pooler.
+        "deberta-v3": (
+            transformers.DebertaV2Config, transformers.DebertaV2ForSequenceClassification,
+            lambda: sentencepiece_unigram(BERT_SPECIALS, bert_template, "[UNK]"), 1, False,
+            dict(DEBERTA_V3, pooler_hidden_size=32, pooler_hidden_act="gelu"),
+        ),
+    }
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    for name, (config_class, model_class, tokenizer, labels, uses_types, extra) in trained_families().items():
+        if name != "bert":  # BERT's tiny models are the tests' own (tests/it/fixtures.rs) and training's
+            cross_encoder(name, config_class, model_class, tokenizer(), labels, uses_types, **extra)
+    # The head's both poolings.
     for pooling, labels in [("cls", 1), ("mean", 2)]:
-        tokenizer = byte_level_bpe(BERT_SPECIALS, bert_template)
-        ids = {name: tokenizer.token_to_id(name) for name in ["[CLS]", "[SEP]", "[MASK]"]}
-        cross_encoder(
-            f"modernbert-{pooling}", transformers.ModernBertConfig, transformers.ModernBertForSequenceClassification,
-            tokenizer, labels, False, classifier_pooling=pooling, cls_token_id=ids["[CLS]"],
-            sep_token_id=ids["[SEP]"], bos_token_id=ids["[CLS]"], eos_token_id=ids["[SEP]"], **modern,
-        )
-    # DeBERTa-v3's shape: relative attention in 16 buckets under inputs of 48, no absolute positions nor token
-    # types, the context pooler.
-    cross_encoder(
-        "deberta-v3", transformers.DebertaV2Config, transformers.DebertaV2ForSequenceClassification,
-        sentencepiece_unigram(BERT_SPECIALS, bert_template, "[UNK]"), 1, False, hidden_size=32,
-        num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=128,
-        relative_attention=True, position_buckets=16, max_relative_positions=-1, pos_att_type=["p2c", "c2p"],
-        position_biased_input=False, type_vocab_size=0, norm_rel_ebd="layer_norm", share_att_key=True,
-        pooler_hidden_size=32, pooler_hidden_act="gelu",
-    )
+        modernbert(f"modernbert-{pooling}", pooling, labels)
     bi_encoder("xlm-roberta-bi", transformers.XLMRobertaConfig, transformers.XLMRobertaModel,
                sentencepiece_unigram(XLM_SPECIALS, xlm_template, "<unk>"), **roberta_shape)
     # The other backbones as sentence-transformers bi-encoders (gte-modernbert-base's kind; DeBERTa's).
@@ -268,12 +290,9 @@ def main():
     ids = {name: tokenizer.token_to_id(name) for name in ["[CLS]", "[SEP]"]}
     bi_encoder("modernbert-bi", transformers.ModernBertConfig, transformers.ModernBertModel, tokenizer,
                cls_token_id=ids["[CLS]"], sep_token_id=ids["[SEP]"], bos_token_id=ids["[CLS]"],
-               eos_token_id=ids["[SEP]"], **modern)
+               eos_token_id=ids["[SEP]"], **MODERNBERT)
     bi_encoder("deberta-v3-bi", transformers.DebertaV2Config, transformers.DebertaV2Model,
-               sentencepiece_unigram(BERT_SPECIALS, bert_template, "[UNK]"), hidden_size=32, num_hidden_layers=2,
-               num_attention_heads=4, intermediate_size=64, max_position_embeddings=128, relative_attention=True,
-               position_buckets=16, max_relative_positions=-1, pos_att_type=["p2c", "c2p"],
-               position_biased_input=False, type_vocab_size=0, norm_rel_ebd="layer_norm", share_att_key=True)
+               sentencepiece_unigram(BERT_SPECIALS, bert_template, "[UNK]"), **DEBERTA_V3)
 
 
 if __name__ == "__main__":

@@ -62,6 +62,9 @@ pub struct Encoder {
     differentiable: bool,
     /// DeBERTa's relative positions (each layer's `Tables`).
     buckets: Option<Buckets>,
+    /// In training, DeBERTa's relative embeddings, projected by each layer on every pass (their variables
+    /// change between passes); inference projects them once at load.
+    relative: Option<RelativePositions>,
 }
 
 /// A linear layer's product `x · Wᵀ`, without its bias (each layer adds that in the pass that follows): float
@@ -272,7 +275,9 @@ impl Bert {
 /// embeddings (normalized) that the layers project.
 pub(super) struct RelativePositions {
     pub(super) buckets: Buckets,
-    pub(super) embeddings: Tensor,
+    /// The relative embeddings' rows that distances reach, and the LayerNorm they go through (if any).
+    pub(super) rows: Tensor,
+    pub(super) norm: Option<LayerNorm>,
 }
 
 /// Word embeddings of `ids`, plus their token types' where the model has them.
@@ -301,8 +306,9 @@ impl Encoder {
         vb: VarBuilder,
         config: &Config,
         positions: RelativePositions,
+        differentiable: bool,
     ) -> candle_core::Result<Encoder> {
-        Encoder::build(vb, config, config.num_hidden_layers, false, Some(positions))
+        Encoder::build(vb, config, config.num_hidden_layers, differentiable, Some(positions))
     }
 
     fn build(
@@ -332,9 +338,13 @@ impl Encoder {
                     let weight = Tensor::cat(&[&(q.0 * scale)?, &k.0, &v.0], 0)?;
                     let bias = Tensor::cat(&[&(q.1 * scale)?, &k.1, &v.1], 0)?;
                     // The relative embeddings through the same projections as the contents.
-                    let tables = relative
-                        .as_ref()
-                        .map(|r| Tables::new(&r.embeddings.matmul(&weight.t()?)?.broadcast_add(&bias)?, heads));
+                    let tables = relative.as_ref().map(|r| {
+                        let embeddings = match &r.norm {
+                            Some(norm) => norm.forward(&r.rows)?,
+                            None => r.rows.clone(),
+                        };
+                        Tables::new(&embeddings.matmul(&weight.t()?)?.broadcast_add(&bias)?, heads)
+                    });
                     (Qkv::Fused { dense: Dense::new(weight, false)?, bias }, tables.transpose()?)
                 };
                 // A projection without its bias, and the bias.
@@ -361,7 +371,8 @@ impl Encoder {
             act: config.hidden_act,
             eps: config.layer_norm_eps,
             differentiable,
-            buckets: relative.map(|r| r.buckets),
+            buckets: relative.as_ref().map(|r| r.buckets),
+            relative: relative.filter(|_| differentiable),
         })
     }
 
@@ -413,12 +424,21 @@ impl Encoder {
             }
             None => vec![len; batch],
         };
-        // DeBERTa's distances' rows and the keys each sequence has, once for every layer.
+        // DeBERTa's distances' rows and the keys each sequence has, once for every layer; in training its
+        // relative embeddings, normalized on this pass.
         let relative = self.buckets.map(|b| Disentangled { rows: b.rows(len), lengths: lengths.clone() });
+        let embeddings = match &self.relative {
+            Some(r) => Some(match &r.norm {
+                Some(norm) => self.normalize(norm, &r.rows)?,
+                None => r.rows.clone(),
+            }),
+            None => None,
+        };
         let mut x = x.clone();
         for (i, layer) in self.layers.iter().enumerate() {
             let first = positions == Positions::First && i + 1 == self.layers.len();
-            x = self.layer(layer, &x, (additive.as_ref(), &rows, relative.as_ref()), &lengths, first)?;
+            let masks = (additive.as_ref(), &rows, relative.as_ref(), embeddings.as_ref());
+            x = self.layer(layer, &x, masks, &lengths, first)?;
         }
         Ok(x)
     }
@@ -427,7 +447,7 @@ impl Encoder {
         &self,
         layer: &Layer,
         x: &Tensor,
-        (additive, rows, relative): (Option<&Tensor>, &Tensor, Option<&Disentangled>),
+        (additive, rows, relative, embeddings): (Option<&Tensor>, &Tensor, Option<&Disentangled>, Option<&Tensor>),
         lengths: &[usize],
         first: bool,
     ) -> candle_core::Result<Tensor> {
@@ -438,14 +458,23 @@ impl Encoder {
             true => (&x.narrow(1, 0, len.min(1))?.contiguous()?, &vec![len.min(1); batch][..]),
             false => (x, lengths),
         };
-        if let (Some(tables), Some(relative)) = (&layer.relative, relative) {
+        let projected = match (&layer.qkv, embeddings) {
+            (Qkv::Parts { weights, biases, scale }, Some(embeddings)) => {
+                let part = |i: usize| embeddings.matmul(&weights[i].t()?)?.broadcast_add(&biases[i]);
+                Some(Tables::new(&Tensor::cat(&[&(part(0)? * *scale)?, &part(1)?, &part(2)?], 1)?, self.heads)?)
+            }
+            _ => None,
+        };
+        if let (Some(tables), Some(relative)) = (layer.relative.as_ref().or(projected.as_ref()), relative) {
             let (q, k, v) = self.heads_of(layer, qkv, first)?;
             let context = relative::attention(&q, &k, &v, tables, relative)?;
             return self.feed_forward(layer, x, &context, lengths);
         }
         // With BLAS loaded, one fused op (with its backward pass in training); else candle's chain.
         let bias = layer.qkv.bias();
-        if let Some(context) = blas::attention(&qkv, rows, bias, self.heads, self.differentiable, first)? {
+        if let Some(context) =
+            blas::attention(&qkv, rows, bias, &blas::Heads::plain(self.heads), self.differentiable, first)?
+        {
             return self.feed_forward(layer, x, &context, lengths);
         }
         let (q, k, v) = self.heads_of(layer, qkv, first)?;

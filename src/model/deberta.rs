@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
-use candle_nn::{Embedding, LayerNorm, Module, VarBuilder};
+use candle_nn::{Embedding, LayerNorm, VarBuilder};
 use candle_transformers::models::bert;
 use candle_transformers::models::debertav2;
 
@@ -56,6 +56,23 @@ impl Deberta {
     /// The backbone under `vb` (the checkpoint's `deberta.*`, or a bare model's root) of the configuration in
     /// `dir`; a context pooler whose activation is not GELU is refused (`head` reads it as GELU).
     pub fn load(vb: VarBuilder, config: &bert::Config, dir: &Path) -> Result<Deberta, ModelError> {
+        let classifier = vb.contains_tensor("deberta.embeddings.word_embeddings.weight");
+        Deberta::build(vb, config, dir, classifier, false)
+    }
+
+    /// The training model (every operation differentiable) over variables named as a sequence classifier's
+    /// (`deberta.*`).
+    pub fn trainable(vb: VarBuilder, config: &bert::Config, dir: &Path) -> Result<Deberta, ModelError> {
+        Deberta::build(vb, config, dir, true, true)
+    }
+
+    fn build(
+        vb: VarBuilder,
+        config: &bert::Config,
+        dir: &Path,
+        classifier: bool,
+        differentiable: bool,
+    ) -> Result<Deberta, ModelError> {
         let path = dir.join("config.json");
         let c: debertav2::Config = read_json(&path)?;
         if c.pooler_hidden_act.is_some_and(|act| act != debertav2::HiddenAct::Gelu) {
@@ -68,7 +85,6 @@ impl Deberta {
             ));
         }
         let buckets = buckets(&c).map_err(|e| load_err(&path, e))?;
-        let classifier = vb.contains_tensor("deberta.embeddings.word_embeddings.weight");
         // BERT's layer names (a renaming applies to whole names, from the root): transformers' DeBERTa names its
         // attention projections `query_proj`, ….
         let vb = vb.rename_f(|name: &str| {
@@ -81,11 +97,12 @@ impl Deberta {
         let norm = |vb: VarBuilder| candle_nn::layer_norm(h, c.layer_norm_eps, vb);
         let build = || -> candle_core::Result<Deberta> {
             let encoder = vb.pp("encoder");
-            let embeddings = relative::embedding_rows(&encoder.get_unchecked("rel_embeddings.weight")?, &buckets)?;
-            let embeddings = match c.norm_rel_ebd.as_deref().map(str::trim) {
-                Some("layer_norm") => norm(encoder.pp("LayerNorm"))?.forward(&embeddings)?,
-                _ => embeddings,
+            let rows = relative::embedding_rows(&encoder.get_unchecked("rel_embeddings.weight")?, &buckets)?;
+            let rel_norm = match c.norm_rel_ebd.as_deref().map(str::trim) {
+                Some("layer_norm") => Some(norm(encoder.pp("LayerNorm"))?),
+                _ => None,
             };
+            let positions = RelativePositions { buckets, rows, norm: rel_norm };
             let embedding = |rows, name: &str| candle_nn::embedding(rows, h, vb.pp("embeddings").pp(name));
             Ok(Deberta {
                 word: embedding(c.vocab_size, "word_embeddings")?,
@@ -93,7 +110,7 @@ impl Deberta {
                     .then(|| embedding(c.type_vocab_size, "token_type_embeddings"))
                     .transpose()?,
                 norm: norm(vb.pp("embeddings.LayerNorm"))?,
-                encoder: Encoder::disentangled(encoder, config, RelativePositions { buckets, embeddings })?,
+                encoder: Encoder::disentangled(encoder, config, positions, differentiable)?,
             })
         };
         build().map_err(|e| load_err(dir, e))

@@ -38,12 +38,24 @@ impl Head {
     /// The head of the checkpoint whose variables `vb` holds (from its root); `origin` (its directory) names it
     /// in errors and holds ModernBERT's head options.
     pub fn load(vb: &VarBuilder, config: &Config, origin: &Path) -> Result<Head, ModelError> {
+        let output = Family::from_config(config).head().2;
+        let labels = Head::labels_in(vb, config)
+            .ok_or_else(|| load_err(origin, format!("no {output} with 1 or 2 labels ({output}.weight)")))?;
+        Head::with_labels(vb, config, origin, labels)
+    }
+
+    /// How many labels (1 or 2) the checkpoint's output layer has, if it has one.
+    pub fn labels_in(vb: &VarBuilder, config: &Config) -> Option<usize> {
+        let output = Family::from_config(config).head().2;
+        [2usize, 1].into_iter().find(|n| vb.pp(output).get((*n, config.hidden_size), "weight").is_ok())
+    }
+
+    /// The head with an output layer of `labels` (as `load`, which finds how many): a model in training builds
+    /// it over its variables, where asking is creating.
+    pub fn with_labels(vb: &VarBuilder, config: &Config, origin: &Path, labels: usize) -> Result<Head, ModelError> {
         let h = config.hidden_size;
         let family = Family::from_config(config);
         let (dense_names, activation, output) = family.head();
-        let labels = [2usize, 1].into_iter().find(|n| vb.pp(output).get((*n, h), "weight").is_ok());
-        let labels =
-            labels.ok_or_else(|| load_err(origin, format!("no {output} with 1 or 2 labels ({output}.weight)")))?;
         let classifier = candle_nn::linear(h, labels, vb.pp(output)).map_err(|e| load_err(origin, e))?;
         let label = labels - 1;
         if family == Family::ModernBert {

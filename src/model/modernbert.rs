@@ -2,11 +2,14 @@
 //! GeGLU, inputs up to 8,192 tokens): our forward over transformers' weights and layout, and what its
 //! configuration says of its sequence-classification head (`head` builds and configures it). Local layers
 //! compute attention within their window only: queries in blocks, each against the keys its window reaches
-//! (about L x (block + window) scores a head, not L x L), so that 8,192 tokens cost what their arithmetic does;
-//! the projections through our products (`Dense`). Options the forward does not compute (biases) are refused
+//! (about L x (block + window) scores a head, not L x L), so that 8,192 tokens cost what their arithmetic does.
+//! On the CPU in f32 attention is one op a layer (`blas::attention`: rotation, window, softmax and products
+//! reading the projection in place), elsewhere candle's chain a block at a time; the projections through our
+//! products (`Dense`). Options the forward does not compute (biases) are refused
 //! rather than ignored. Configuration names are candle-transformers' (its `Config` parses them).
 
 use std::path::Path;
+use std::sync::Arc;
 
 use candle_core::{Module, Tensor};
 use candle_nn::{Embedding, LayerNorm, VarBuilder};
@@ -14,6 +17,7 @@ use candle_transformers::models::modernbert;
 use serde::Deserialize;
 
 use super::bert::Dense;
+use super::cpu::blas::{self, Heads, Rotary};
 use super::cpu::kernels::{self, Band};
 use super::error::load_err;
 use super::load::read_json;
@@ -31,12 +35,15 @@ pub struct ModernBert {
     window: usize,
     global_theta: f64,
     local_theta: f64,
+    /// In training: every operation differentiable, the queries scaled on every pass (their projection is a
+    /// variable that changes between passes; inference folds the scale into it at load).
+    differentiable: bool,
 }
 
 struct Layer {
     /// None in the first layer (transformers' identity there).
     attn_norm: Option<LayerNorm>,
-    /// Queries (1/√head_dim folded in), keys and values as one product.
+    /// Queries (1/√head_dim folded in, in inference), keys and values as one product.
     qkv: Dense,
     out: Dense,
     mlp_norm: LayerNorm,
@@ -84,6 +91,18 @@ fn options(dir: &Path) -> Result<Options, ModelError> {
 impl ModernBert {
     /// The backbone of the checkpoint whose variables `vb` holds and whose configuration is in `dir`.
     pub fn load(vb: VarBuilder, dir: &Path) -> Result<ModernBert, ModelError> {
+        // A sequence classifier's backbone is under `model.`; a bare model's checkpoint names it without.
+        let classifier = vb.contains_tensor("model.embeddings.tok_embeddings.weight");
+        ModernBert::build(vb, dir, classifier, false)
+    }
+
+    /// The training model (every operation differentiable) over variables named as a sequence classifier's
+    /// (`model.*`).
+    pub fn trainable(vb: VarBuilder, dir: &Path) -> Result<ModernBert, ModelError> {
+        ModernBert::build(vb, dir, true, true)
+    }
+
+    fn build(vb: VarBuilder, dir: &Path, classifier: bool, differentiable: bool) -> Result<ModernBert, ModelError> {
         options(dir)?;
         let path = dir.join("config.json");
         let mut raw: serde_json::Map<String, serde_json::Value> = read_json(&path)?;
@@ -121,11 +140,7 @@ impl ModernBert {
         }
         let c: modernbert::Config =
             serde_json::from_value(serde_json::Value::Object(raw)).map_err(|e| load_err(&path, e))?;
-        // A sequence classifier's backbone is under `model.`; a bare model's checkpoint names it without.
-        let vb = match vb.contains_tensor("model.embeddings.tok_embeddings.weight") {
-            true => vb.pp("model"),
-            false => vb,
-        };
+        let vb = if classifier { vb.pp("model") } else { vb };
         let (h, heads) = (c.hidden_size, c.num_attention_heads);
         let head_dim = h / heads;
         let norm = |vb: VarBuilder| candle_nn::layer_norm_no_bias(h, c.layer_norm_eps, vb);
@@ -136,18 +151,21 @@ impl ModernBert {
                     let (attn, mlp) = (vb.pp("attn"), vb.pp("mlp"));
                     let qkv = attn.get((3 * h, h), "Wqkv.weight")?;
                     let scale = 1.0 / (head_dim as f64).sqrt();
-                    let qkv = Tensor::cat(&[(qkv.narrow(0, 0, h)? * scale)?, qkv.narrow(0, h, 2 * h)?], 0)?;
+                    let qkv = match differentiable {
+                        true => qkv,
+                        false => Tensor::cat(&[(qkv.narrow(0, 0, h)? * scale)?, qkv.narrow(0, h, 2 * h)?], 0)?,
+                    };
                     let i_size = c.intermediate_size;
                     Ok(Layer {
                         attn_norm: vb
                             .contains_tensor("attn_norm.weight")
                             .then(|| norm(vb.pp("attn_norm")))
                             .transpose()?,
-                        qkv: Dense::new(qkv, false)?,
-                        out: Dense::new(attn.get((h, h), "Wo.weight")?, false)?,
+                        qkv: Dense::new(qkv, differentiable)?,
+                        out: Dense::new(attn.get((h, h), "Wo.weight")?, differentiable)?,
                         mlp_norm: norm(vb.pp("mlp_norm"))?,
-                        wi: Dense::new(mlp.get((2 * i_size, h), "Wi.weight")?, false)?,
-                        wo: Dense::new(mlp.get((h, i_size), "Wo.weight")?, false)?,
+                        wi: Dense::new(mlp.get((2 * i_size, h), "Wi.weight")?, differentiable)?,
+                        wo: Dense::new(mlp.get((h, i_size), "Wo.weight")?, differentiable)?,
                         local: i % c.global_attn_every_n_layers != 0,
                     })
                 })
@@ -162,6 +180,7 @@ impl ModernBert {
                 window: c.local_attention / 2,
                 global_theta: c.global_rope_theta,
                 local_theta: c.local_rope_theta,
+                differentiable,
             })
         };
         build().map_err(|e| load_err(dir, e))
@@ -169,17 +188,25 @@ impl ModernBert {
 
     /// Final states `[batch, len, hidden]` of right-padded `ids` whose sequences have `lengths` real positions.
     pub fn forward(&self, ids: &Tensor, lengths: &[usize]) -> candle_core::Result<Tensor> {
-        let (_, len) = ids.dims2()?;
+        let (batch, len) = ids.dims2()?;
         let mut x = self.embed_norm.forward(&self.embed.forward(ids)?)?;
-        let table = |theta| super::rotary::tables(self.head_dim, theta, len, x.dtype(), x.device());
+        let table = |theta| -> candle_core::Result<Positions> {
+            let (cos, sin) = super::rotary::tables(self.head_dim, theta, len, x.dtype(), x.device())?;
+            let fused = blas::available_for(&x).then(|| Rotary::new(&cos, &sin).map(Arc::new)).transpose()?;
+            Ok(Positions { cos, sin, fused })
+        };
         let (global, local) = (table(self.global_theta)?, table(self.local_theta)?);
+        // The fused op's mask: 0 at each sequence's positions, the most negative value at its padding.
+        let mask: Vec<f32> =
+            lengths.iter().flat_map(|n| (0..len).map(move |i| if i < *n { 0.0 } else { f32::MIN })).collect();
+        let mask = Tensor::from_vec(mask, (batch, len), x.device())?;
         for layer in &self.layers {
             let normed = match &layer.attn_norm {
                 Some(norm) => norm.forward(&x)?,
                 None => x.clone(),
             };
-            let rotary = if layer.local { &local } else { &global };
-            x = (&x + self.attention(layer, &normed, lengths, rotary)?)?;
+            let positions = if layer.local { &local } else { &global };
+            x = (&x + self.attention(layer, &normed, lengths, &mask, positions)?)?;
             let gated = kernels::gelu_gate(&layer.wi.forward(&layer.mlp_norm.forward(&x)?, lengths)?)?;
             x = (&x + layer.wo.forward(&gated, lengths)?)?;
         }
@@ -198,16 +225,32 @@ impl ModernBert {
         layer: &Layer,
         x: &Tensor,
         lengths: &[usize],
-        (cos, sin): &(Tensor, Tensor),
+        mask: &Tensor,
+        positions: &Positions,
     ) -> candle_core::Result<Tensor> {
         let (b, len, h) = x.dims3()?;
-        let qkv = layer.qkv.forward(x, lengths)?.reshape((b, len, 3, self.heads, self.head_dim))?;
+        let qkv = layer.qkv.forward(x, lengths)?;
+        let qkv = match self.differentiable {
+            true => {
+                let scale = 1.0 / (self.head_dim as f64).sqrt();
+                Tensor::cat(&[&(qkv.narrow(2, 0, h)? * scale)?, &qkv.narrow(2, h, 2 * h)?], 2)?
+            }
+            false => qkv,
+        };
+        let window = layer.local.then_some(self.window);
+        // With BLAS loaded, one fused op (rotation, window and all); else candle's chain, a block at a time.
+        let heads = Heads { count: self.heads, rotary: positions.fused.clone(), window };
+        if positions.fused.is_some() {
+            if let Some(context) = blas::attention(&qkv, mask, None, &heads, self.differentiable, false)? {
+                return layer.out.forward(&context, lengths);
+            }
+        }
+        let qkv = qkv.reshape((b, len, 3, self.heads, self.head_dim))?;
         // `[batch, heads, len, head_dim]` each.
         let part = |i| qkv.narrow(2, i, 1)?.squeeze(2)?.transpose(1, 2)?.contiguous();
-        let q = candle_nn::rotary_emb::rope(&part(0)?, cos, sin)?;
-        let k = candle_nn::rotary_emb::rope(&part(1)?, cos, sin)?;
+        let q = candle_nn::rotary_emb::rope(&part(0)?, &positions.cos, &positions.sin)?;
+        let k = candle_nn::rotary_emb::rope(&part(1)?, &positions.cos, &positions.sin)?;
         let v = part(2)?;
-        let window = layer.local.then_some(self.window);
         let mut contexts = Vec::with_capacity(len.div_ceil(QUERY_BLOCK));
         for start in (0..len).step_by(QUERY_BLOCK) {
             let rows = QUERY_BLOCK.min(len - start);
@@ -217,12 +260,19 @@ impl ModernBert {
             };
             let (k, v) = (k.narrow(2, first_key, end - first_key)?, v.narrow(2, first_key, end - first_key)?);
             let scores = q.narrow(2, start, rows)?.contiguous()?.matmul(&k.t()?)?;
-            let band = Band { first_query: start, first_key, window, lengths };
+            let band = Band { first_query: start, first_key, window, lengths: lengths.to_vec() };
             contexts.push(kernels::band_softmax(&scores, &band)?.matmul(&v)?);
         }
         let context = Tensor::cat(&contexts, 2)?.transpose(1, 2)?.reshape((b, len, h))?;
         layer.out.forward(&context, lengths)
     }
+}
+
+/// A layer kind's rotary tables: as tensors for candle's chain, and as the fused op takes them (with BLAS).
+struct Positions {
+    cos: Tensor,
+    sin: Tensor,
+    fused: Option<Arc<Rotary>>,
 }
 
 /// transformers 5 writes ModernBERT's layers as `layer_types`: the `n` of a global layer every `n` (the first

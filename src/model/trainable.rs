@@ -1,8 +1,9 @@
-//! A model to fine-tune: the BERT of a Hugging Face directory as candle variables, forward passes on the
-//! autograd graph, and checkpoints in the layout its server-side loader reads. Either a cross-encoder (from a
-//! cross-encoder, or a bare or sentence-transformers encoder to which a pooler and a one-logit classifier are
-//! added; `CrossEncoder::load`) or a sentence-transformers bi-encoder's encoder with its pooling
-//! (`BiEncoder::load`: the learned preselection).
+//! A model to fine-tune: an encoder of a Hugging Face directory (BERT, RoBERTa and XLM-R, ELECTRA, DistilBERT,
+//! DeBERTa, ModernBERT: our encoders with their backward passes) as candle variables named as the family's
+//! checkpoints name them, forward passes on the autograd graph, and checkpoints that are the family's own
+//! sequence classifier. Either a cross-encoder (from a cross-encoder, whose head it keeps, or a bare, masked-LM or
+//! sentence-transformers encoder to which the family's head with one label is added; `CrossEncoder::load`) or a
+//! sentence-transformers bi-encoder's encoder with its pooling (`BiEncoder::load`: the learned preselection).
 //!
 //! Variables are kept in f32 (the optimizer's master copy); with a half-precision `dtype` every pass casts
 //! them, so updates are never lost to rounding.
@@ -11,16 +12,20 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use candle_core::{DType, Device, IndexOp, Module, Shape, Tensor, Var};
+use candle_core::{DType, Device, IndexOp, Shape, Tensor, Var};
 use candle_nn::var_builder::SimpleBackend;
-use candle_nn::{Linear, VarBuilder, VarMap};
+use candle_nn::{VarBuilder, VarMap};
 use candle_transformers::models::bert::Config;
 use parking_lot::Mutex;
 
 use super::bert::{encoder_root, Bert, Positions};
 use super::cobert::{CoBert, CoBertConfig, CoBertHeads};
+use super::deberta::Deberta;
 use super::encoder::{Backbone, SentenceLayout};
 use super::family::Family;
+use super::head::Head;
+use super::modernbert::ModernBert;
+use super::network::Network;
 use super::{load_err, read_config, weights, BiEncoder, CrossEncoder, Encoded, Fnv, Inputs, ModelError, Pieces};
 use crate::rng::Rng;
 
@@ -34,6 +39,8 @@ pub struct TrainableEncoder {
     pieces: Pieces,
     config: Config,
     config_json: serde_json::Value,
+    /// A cross-encoder's labels (`None`: a bi-encoder).
+    labels: Option<usize>,
     source: PathBuf,
     device: Device,
     dtype: DType,
@@ -55,27 +62,47 @@ pub struct CoBertInit {
     pub from_backbone: bool,
 }
 
-/// The encoder with, on a cross-encoder, the pooler and classifier.
+/// The encoder with, on a cross-encoder, its family's classification head (`head::Head`, as served: BERT's
+/// pooler, RoBERTa's and ELECTRA's `classifier.dense`, DistilBERT's `pre_classifier`, DeBERTa's context pooler,
+/// ModernBERT's dense layer and norm, then the output layer).
+/// The variables are named as the family's checkpoints name them, so that a checkpoint is the variables.
 struct Heads {
-    bert: Bert,
-    classifier: Option<(Linear, Linear)>,
+    backbone: Trained,
+    head: Option<Head>,
+}
+
+/// The encoder in training: BERT's (and its kin's), DeBERTa's (BERT's layers with the disentangled attention), or
+/// ModernBERT's.
+enum Trained {
+    Bert(Bert),
+    Deberta(Deberta),
+    ModernBert(ModernBert),
 }
 
 impl Heads {
-    fn build(vb: VarBuilder, config: &Config, classifier: bool) -> candle_core::Result<Heads> {
-        let h = config.hidden_size;
-        let classifier = classifier
-            .then(|| {
-                let pooler = candle_nn::linear(h, h, vb.pp("bert.pooler.dense"))?;
-                Ok::<_, candle_core::Error>((pooler, candle_nn::linear(h, 1, vb.pp("classifier"))?))
-            })
-            .transpose()?;
-        Ok(Heads { bert: Bert::trainable(vb.pp("bert"), config)?, classifier })
+    fn build(vb: VarBuilder, config: &Config, labels: Option<usize>, origin: &Path) -> Result<Heads, ModelError> {
+        let family = Family::from_config(config);
+        let backbone = match family {
+            Family::Deberta => Trained::Deberta(Deberta::trainable(vb.clone(), config, origin)?),
+            Family::ModernBert => Trained::ModernBert(ModernBert::trainable(vb.clone(), origin)?),
+            _ => Trained::Bert(
+                Bert::trainable(family.bert_names(vb.clone()).pp(family.prefix()), config)
+                    .map_err(|e| load_err(origin, format!("building the model: {e}")))?,
+            ),
+        };
+        let head = labels.map(|labels| Head::with_labels(&vb, config, origin, labels)).transpose()?;
+        Ok(Heads { backbone, head })
     }
 
     /// The final hidden states `[batch, len, hidden]`.
     fn hidden(&self, inputs: &Inputs) -> candle_core::Result<Tensor> {
-        self.bert.forward(&inputs.ids, &inputs.types, inputs.padded.then_some(&inputs.mask), Positions::All)
+        match &self.backbone {
+            Trained::Bert(bert) => {
+                bert.forward(&inputs.ids, &inputs.types, inputs.padded.then_some(&inputs.mask), Positions::All)
+            }
+            Trained::Deberta(deberta) => deberta.forward(inputs, Positions::All),
+            Trained::ModernBert(modernbert) => Network::forward(modernbert, inputs, Positions::All),
+        }
     }
 
     /// The final `[CLS]` states `[batch, hidden]`.
@@ -84,11 +111,10 @@ impl Heads {
     }
 
     fn forward(&self, inputs: &Inputs) -> candle_core::Result<Tensor> {
-        let Some((pooler, classifier)) = &self.classifier else {
+        let Some(head) = &self.head else {
             candle_core::bail!("a bi-encoder has no classifier");
         };
-        let pooled = pooler.forward(&self.cls(inputs)?)?.tanh()?;
-        classifier.forward(&pooled)?.squeeze(1)
+        head.forward(&self.hidden(inputs)?, &inputs.mask)
     }
 }
 
@@ -126,9 +152,15 @@ impl TrainableEncoder {
     ) -> Result<TrainableEncoder, ModelError> {
         let (config, pieces) = read_config(dir)?;
         let family = Family::from_config(&config);
-        if family != Family::Bert {
-            let message = format!("training takes BERT models for now (every family serves); this is a {family:?}");
+        if !TRAINED.contains(&family) {
+            let message = format!(
+                "training takes BERT, RoBERTa and XLM-R, ELECTRA, DistilBERT, DeBERTa and ModernBERT models for \
+                 now (every family serves); this is a {family:?}"
+            );
             return Err(load_err(dir, message));
+        }
+        if cobert.is_some() && family != Family::Bert {
+            return Err(load_err(dir, format!("Co-BERT's heads train over BERT models for now; this is a {family:?}")));
         }
         let sentence = bi_encoder.then(|| SentenceLayout::read(dir, pieces.max_len)).transpose()?;
         let config_path = dir.join("config.json");
@@ -139,10 +171,14 @@ impl TrainableEncoder {
         let source = weights(dir, &Device::Cpu, DType::F32)?;
         let varmap = VarMap::new();
         let initialized = Arc::new(Mutex::new(Vec::new()));
+        // A cross-encoder keeps its source's output layer (1 or 2 labels, the last one's logit the score, as
+        // served); a model without one gets one label.
+        let labels = (!bi_encoder).then(|| Head::labels_in(&source, &config).unwrap_or(1));
         let initializer = Initializer {
             varmap: varmap.clone(),
-            source: encoder_root(source.clone(), &config),
-            heads: source,
+            encoder: encoder_root(source.clone(), &config),
+            root: source,
+            prefix: family.prefix(),
             seed,
             std,
             initialized: initialized.clone(),
@@ -150,8 +186,7 @@ impl TrainableEncoder {
             cobert: cobert.filter(|c| c.from_backbone).map(|c| c.config),
         };
         let vb = VarBuilder::from_backend(Box::new(initializer), DType::F32, device.clone());
-        let heads = Heads::build(vb.clone(), &config, sentence.is_none())
-            .map_err(|e| load_err(dir, format!("building the model: {e}")))?;
+        let heads = Heads::build(vb.clone(), &config, labels, dir)?;
         let cobert = cobert
             .map(|c| CoBertHeads::new(vb.pp("cobert"), &config, c.config, true))
             .transpose()
@@ -165,6 +200,7 @@ impl TrainableEncoder {
             pieces,
             config,
             config_json,
+            labels,
             source: dir.to_path_buf(),
             device: device.clone(),
             dtype,
@@ -255,7 +291,7 @@ impl TrainableEncoder {
                     self.dtype,
                     self.device.clone(),
                 );
-                f(&Heads::build(vb, &self.config, self.sentence.is_none())?, &inputs)?
+                f(&Heads::build(vb, &self.config, self.labels, &self.source)?, &inputs)?
             }
         };
         Ok(out.to_dtype(DType::F32)?)
@@ -325,11 +361,17 @@ impl TrainableEncoder {
                 .map_err(|e| load_err(&path, e))?;
         }
         let mut config = self.config_json.clone();
+        let labels = self.labels.unwrap_or(1);
         if let Some(map) = config.as_object_mut() {
-            map.insert("architectures".into(), serde_json::json!(["BertForSequenceClassification"]));
-            map.insert("num_labels".into(), serde_json::json!(1));
-            map.insert("id2label".into(), serde_json::json!({"0": "LABEL_0"}));
-            map.insert("label2id".into(), serde_json::json!({"LABEL_0": 0}));
+            let model_type = map.get("model_type").and_then(|t| t.as_str()).unwrap_or("bert");
+            map.insert("architectures".into(), serde_json::json!([sequence_classifier(model_type)]));
+            map.insert("num_labels".into(), serde_json::json!(labels));
+            let id2label: serde_json::Map<String, serde_json::Value> =
+                (0..labels).map(|i| (i.to_string(), format!("LABEL_{i}").into())).collect();
+            let label2id: serde_json::Map<String, serde_json::Value> =
+                (0..labels).map(|i| (format!("LABEL_{i}"), i.into())).collect();
+            map.insert("id2label".into(), id2label.into());
+            map.insert("label2id".into(), label2id.into());
         }
         let config_path = staging.join("config.json");
         std::fs::write(&config_path, serde_json::to_vec_pretty(&config).unwrap_or_default())
@@ -389,6 +431,24 @@ impl TrainableEncoder {
     }
 }
 
+/// The families `longrank train` takes: the encoders whose kernels have their backward passes (the decoders'
+/// training, LoRA, is another matter).
+const TRAINED: [Family; 6] =
+    [Family::Bert, Family::Roberta, Family::Electra, Family::DistilBert, Family::Deberta, Family::ModernBert];
+
+/// transformers' sequence-classification architecture for a `model_type` longrank trains.
+fn sequence_classifier(model_type: &str) -> &'static str {
+    match model_type {
+        "roberta" => "RobertaForSequenceClassification",
+        "xlm-roberta" => "XLMRobertaForSequenceClassification",
+        "electra" => "ElectraForSequenceClassification",
+        "distilbert" => "DistilBertForSequenceClassification",
+        "deberta-v2" => "DebertaV2ForSequenceClassification",
+        "modernbert" => "ModernBertForSequenceClassification",
+        _ => "BertForSequenceClassification",
+    }
+}
+
 /// Copies the named files `from` has into `to`.
 fn copy_files(from: &Path, to: &Path, names: &[&str]) -> Result<(), ModelError> {
     for name in names {
@@ -424,9 +484,11 @@ pub(crate) fn replace_dir(staging: &Path, dir: &Path) -> Result<(), ModelError> 
 /// else drawn from the seed.
 struct Initializer {
     varmap: VarMap,
-    /// The source's encoder root (`bert.`, `{model_type}.` or bare) and its top level (heads).
-    source: VarBuilder<'static>,
-    heads: VarBuilder<'static>,
+    /// The source's top level, and its encoder root under BERT's names (Co-BERT's layers start from it).
+    root: VarBuilder<'static>,
+    encoder: VarBuilder<'static>,
+    /// The family's encoder prefix (`bert`, `roberta`, …), which a bare encoder's checkpoint leaves out.
+    prefix: &'static str,
     seed: u64,
     std: f64,
     initialized: Arc<Mutex<Vec<String>>>,
@@ -440,15 +502,14 @@ impl Initializer {
         if let Some(rest) = name.strip_prefix("cobert.") {
             return self.cobert_from_backbone(shape, rest);
         }
-        let (vb, name) = match name.strip_prefix("bert.") {
-            Some(rest) => (&self.source, rest),
-            None => (&self.heads, name),
-        };
-        // The pooler sits under the encoder root in some checkpoints and at the top in others.
-        let candidates = [name.to_string(), format!("bert.{name}")];
-        candidates.iter().find_map(|n| vb.get(shape.clone(), n).ok()).or_else(|| {
-            name.strip_prefix("pooler.").and_then(|rest| self.heads.get(shape.clone(), &format!("pooler.{rest}")).ok())
-        })
+        self.names(name).find_map(|n| self.root.get(shape.clone(), n).ok())
+    }
+
+    /// Where the source may hold variable `name`: under it, or without the family's prefix (a bare encoder's
+    /// checkpoint, a BERT pooler at the top).
+    fn names<'n>(&self, name: &'n str) -> impl Iterator<Item = &'n str> {
+        let bare = name.strip_prefix(self.prefix).and_then(|rest| rest.strip_prefix('.'));
+        std::iter::once(name).chain(bare)
     }
 
     /// Co-BERT's encoder layers start as the backbone's last ones (layer i of c as layer L − c + i), their
@@ -472,7 +533,7 @@ impl Initializer {
         } else {
             return None;
         };
-        let tensor = self.source.get_unchecked(&source).ok()?;
+        let tensor = self.encoder.get_unchecked(&source).ok()?;
         let rows = shape.dims().first().copied()?;
         let tensor =
             if tensor.rank() == 2 && tensor.dim(0).ok()? >= rows { tensor.narrow(0, 0, rows).ok()? } else { tensor };
@@ -520,12 +581,19 @@ impl SimpleBackend for Initializer {
         Ok(out)
     }
 
-    fn get_unchecked(&self, name: &str, _: DType, _: &Device) -> candle_core::Result<Tensor> {
-        candle_core::bail!("the trainable model has no unshaped variable {name}")
+    /// A variable whose shape the source says (ELECTRA's embedding width).
+    fn get_unchecked(&self, name: &str, dtype: DType, device: &Device) -> candle_core::Result<Tensor> {
+        if let Some(var) = variables(&self.varmap).get(name) {
+            return Ok(var.as_tensor().clone());
+        }
+        let shape = self.names(name).find_map(|n| self.root.get_unchecked(n).ok()).map(|t| t.shape().clone());
+        let shape = shape.ok_or_else(|| candle_core::Error::Msg(format!("the source has no {name}")))?;
+        self.get(shape, name, candle_nn::Init::Const(0.0), dtype, device)
     }
 
+    /// A variable made already, or one the source holds (ModernBERT's first layer has no `attn_norm`).
     fn contains_tensor(&self, name: &str) -> bool {
-        variables(&self.varmap).contains_key(name)
+        variables(&self.varmap).contains_key(name) || self.names(name).any(|n| self.root.contains_tensor(n))
     }
 }
 
@@ -546,7 +614,9 @@ impl SimpleBackend for Cast {
     }
 
     fn get_unchecked(&self, name: &str, _: DType, _: &Device) -> candle_core::Result<Tensor> {
-        candle_core::bail!("the trainable model has no unshaped variable {name}")
+        let data = variables(&self.varmap);
+        let var = data.get(name).ok_or_else(|| candle_core::Error::Msg(format!("no variable {name}")))?;
+        var.as_tensor().to_dtype(self.dtype)
     }
 
     fn contains_tensor(&self, name: &str) -> bool {

@@ -12,7 +12,7 @@ use super::data::{Example, TrainingDoc};
 use super::log::{Entry, Log};
 use super::optim::{learning_rate, AdamW};
 use super::scorer::Scorer;
-use super::{inputs_of, Loss, ModelReport, Run, TrainError, TrainOptions};
+use super::{inputs_of, ModelReport, Run, TrainError, TrainOptions};
 use crate::eval::Run as TrecRun;
 use crate::model::{Encoded, TrainableEncoder};
 use crate::progress::Unit;
@@ -233,16 +233,7 @@ impl Learner {
             let logits = self.model.forward(&encoded)?;
             let per_example = chunk[0].docs.len();
             let scores = logits.reshape((chunk.len(), per_example))?;
-            let loss = match options.loss {
-                Loss::Hinge => {
-                    let margin = (scores.narrow(1, 1, 1)? - scores.narrow(1, 0, 1)?)? + 1.0;
-                    margin?.relu()?.mean_all()?
-                }
-                Loss::Softmax => {
-                    let log_probs = candle_nn::ops::log_softmax(&scores, 1)?;
-                    (log_probs.narrow(1, 0, 1)?.mean_all()? * -1.0)?
-                }
-            };
+            let loss = options.loss.of(&scores)?;
             let weight = chunk.len() as f64 / examples.len() as f64;
             loss_total += loss.to_scalar::<f32>()? as f64 * weight;
             let grads = (loss * weight)?.backward()?;

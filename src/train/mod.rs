@@ -24,7 +24,7 @@ mod selector;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use candle_core::Device;
+use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::config::ModelConfig;
@@ -88,6 +88,23 @@ pub enum Loss {
     Hinge,
     /// Softmax cross-entropy over one positive and `negatives` negatives.
     Softmax,
+}
+
+impl Loss {
+    /// The loss of a batch's scores `[examples, 1 + negatives]` (each example's positive first), averaged over
+    /// its examples, on the autograd graph.
+    pub fn of(self, scores: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Loss::Hinge => {
+                let margin = (scores.narrow(1, 1, 1)? - scores.narrow(1, 0, 1)?)? + 1.0;
+                margin?.relu()?.mean_all()
+            }
+            Loss::Softmax => {
+                let log_probs = candle_nn::ops::log_softmax(scores, 1)?;
+                log_probs.narrow(1, 0, 1)?.mean_all()? * -1.0
+            }
+        }
+    }
 }
 
 /// The dev measure for early stopping and model selection.

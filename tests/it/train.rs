@@ -6,12 +6,104 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Tensor};
 use longrank::model::{CrossEncoder, TrainableEncoder};
+use longrank::train::{learning_rate, AdamW, Loss};
 use serde_json::{json, Value};
 
 use crate::common::{cli, cli_ok, post_json, tsv_value, TestServer};
 use crate::fixtures::{buried_sentence_collection, tiny_bi_encoder, tiny_cross_encoder};
+
+/// One training step against PyTorch's on the same batch (`scripts/training-fixtures.py`, committed beside each
+/// tiny model): the inputs token for token, the loss, every parameter's gradient, and the weights after ten
+/// updates at longrank's schedule. Each family that trains is listed here.
+#[test]
+fn a_training_step_and_ten_updates_match_pytorchs() {
+    let families = ["bert", "roberta", "xlm-roberta", "electra", "distilbert", "deberta-v3", "modernbert"];
+    for name in families.map(|f| format!("{f}-train")) {
+        let name = name.as_str();
+        let dir = crate::fixtures::model_fixture(name);
+        let read = |file: &str| -> Value { serde_json::from_slice(&std::fs::read(dir.join(file)).unwrap()).unwrap() };
+        let (references, training) = (read("references.json"), read("training.json"));
+        let want = candle_core::safetensors::load(dir.join("training.safetensors"), &Device::Cpu).unwrap();
+        let model = TrainableEncoder::init(&dir, &Device::Cpu, DType::F32, 0).unwrap();
+        assert!(model.initialized().is_empty(), "{name}: {:?}", model.initialized());
+        let number = |v: &Value| v.as_u64().unwrap() as usize;
+        let (max_length, max_query) = (number(&references["max_length"]), number(&references["max_query_tokens"]));
+        let examples = training["examples"].as_array().unwrap();
+        let per_example = examples[0].as_array().unwrap().len();
+        let encoded: Vec<_> = examples
+            .iter()
+            .flat_map(|e| e.as_array().unwrap().iter().map(|i| &references["pairs"][number(i)]))
+            .map(|pair| {
+                let (query, document) = (pair["query"].as_str().unwrap(), pair["document"].as_str().unwrap());
+                let encoded = model.encode(query, document, max_length, max_query).unwrap();
+                assert_eq!(json!(encoded.ids), pair["ids"], "{name}: {query} / {document}");
+                assert_eq!(json!(encoded.type_ids), pair["type_ids"], "{name}: {query} / {document}");
+                encoded
+            })
+            .collect();
+        let loss = || {
+            let scores = model.forward(&encoded).unwrap().reshape((examples.len(), per_example)).unwrap();
+            Loss::Softmax.of(&scores).unwrap()
+        };
+        let first = loss();
+        let got = first.to_scalar::<f32>().unwrap() as f64;
+        assert!((got - training["loss"].as_f64().unwrap()).abs() < 1e-5, "{name}: loss {got}, {}", training["loss"]);
+        let grads = first.backward().unwrap();
+        let norm = |t: &Tensor| t.sqr().unwrap().sum_all().unwrap().sqrt().unwrap().to_scalar::<f32>().unwrap();
+        let worst = |a: &Tensor, b: &Tensor| (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>();
+        let vars = model.variables();
+        assert_eq!(vars.len() * 2, want.len(), "{name}: every parameter, and only those");
+        for (var_name, var) in &vars {
+            let want =
+                want.get(&format!("grad.{var_name}")).unwrap_or_else(|| panic!("{name}: PyTorch has no {var_name}"));
+            let got = grads.get(var.as_tensor()).unwrap();
+            let (entries, norms) = (worst(got, want).unwrap(), (norm(got) - norm(want)).abs());
+            // A gradient that is zero in exact arithmetic (the classifier's bias under a softmax over scores,
+            // the keys' biases under attention's) is rounding on both sides: the entries' bound alone.
+            let relative = if norm(want) > 1e-5 { norms / norm(want) } else { 0.0 };
+            assert!(entries < 1e-5 && relative < 1e-4, "{name} {var_name}: entries {entries}, norm {relative}");
+        }
+        // Ten updates on the same batch at longrank's schedule.
+        let (lr, warmup, steps) =
+            (training["lr"].as_f64().unwrap(), number(&training["warmup"]), number(&training["steps"]));
+        let mut optimizer = AdamW::new(vars.clone(), training["weight_decay"].as_f64().unwrap()).unwrap();
+        for step in 1..=steps {
+            let grads = loss().backward().unwrap();
+            let grads: Vec<Tensor> = vars.iter().map(|(_, v)| grads.get(v.as_tensor()).unwrap().clone()).collect();
+            optimizer.step(&grads, learning_rate(lr, step, warmup, steps)).unwrap();
+        }
+        // Adam divides each gradient by its own size, so a gradient that is only rounding (zero in exact
+        // arithmetic: the biases above, or a head's bias whose unit every pair activates, the softmax's gradients
+        // summing to zero over each example) moves its weight by up to the learning rate each step, in rounding's
+        // direction: the weights are compared where the first gradient is above 1e-6.
+        let mut largest = 0f32;
+        for (var_name, var) in &vars {
+            let first = want[&format!("grad.{var_name}")].abs().unwrap().gt(1e-6).unwrap().to_dtype(DType::F32);
+            let diff = (var.as_tensor() - &want[&format!("final.{var_name}")]).unwrap().abs().unwrap();
+            let diff = (diff * first.unwrap()).unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            largest = largest.max(diff);
+        }
+        assert!(largest < 1e-5, "{name}: after ten updates the weights differ by up to {largest}");
+        // The checkpoint is the family's own sequence classifier, which the server scores as training does.
+        let saved = tempfile::tempdir().unwrap();
+        model.save(saved.path()).unwrap();
+        let config: Value = serde_json::from_slice(&std::fs::read(saved.path().join("config.json")).unwrap()).unwrap();
+        assert_eq!(config["architectures"], read("config.json")["architectures"], "{name}");
+        let trained: Vec<f32> = model.forward(&encoded).unwrap().to_vec1().unwrap();
+        let served = CrossEncoder::load(saved.path(), &Device::Cpu, DType::F32, None).unwrap().score(&encoded).unwrap();
+        for (a, b) in trained.iter().zip(&served) {
+            assert!((a - b).abs() < 1e-5, "{name}: trained {trained:?}, served {served:?}");
+        }
+        if let Ok(out) = std::env::var("LONGRANK_TRAINED_OUT") {
+            // By hand, for the check in transformers (CI has no PyTorch): the checkpoint and its scores.
+            let out = Path::new(&out).join(name);
+            model.save(&out).unwrap();
+            std::fs::write(out.join("scores.json"), json!({"pairs": encoded.iter().map(|e| json!({"ids": e.ids, "type_ids": e.type_ids})).collect::<Vec<_>>(), "scores": trained}).to_string()).unwrap();
+        }
+    }
+}
 
 #[test]
 fn every_variable_receives_a_gradient_and_training_scores_as_inference() {
@@ -58,10 +150,30 @@ fn every_variable_receives_a_gradient_and_training_scores_as_inference() {
     let logits = |m: &TrainableEncoder| m.forward(&encoded).unwrap().to_vec1::<f32>().unwrap();
     assert_eq!(logits(&a), logits(&b));
 
+    // Another family's bare encoder (DistilBertModel's names: no prefix, no head) gets its family's head, seeded,
+    // with one label.
+    let distil = tempfile::tempdir().unwrap();
+    let source = crate::fixtures::model_fixture("distilbert-train");
+    for file in ["config.json", "tokenizer.json"] {
+        std::fs::copy(source.join(file), distil.path().join(file)).unwrap();
+    }
+    let tensors = candle_core::safetensors::load(source.join("model.safetensors"), &Device::Cpu).unwrap();
+    let bare: std::collections::HashMap<_, _> =
+        tensors.into_iter().filter_map(|(n, t)| Some((n.strip_prefix("distilbert.")?.to_string(), t))).collect();
+    candle_core::safetensors::save(&bare, distil.path().join("model.safetensors")).unwrap();
+    let model = TrainableEncoder::init(distil.path(), &Device::Cpu, DType::F32, 9).unwrap();
+    assert_eq!(
+        model.initialized(),
+        ["classifier.bias", "classifier.weight", "pre_classifier.bias", "pre_classifier.weight"]
+    );
+    let encoded: Vec<_> = pairs.iter().map(|(q, s)| model.encode(q, s, 48, 8).unwrap()).collect();
+    assert_eq!(model.forward(&encoded).unwrap().dims(), [2]);
+
     // Another family is refused by name, saying that it serves.
-    let modernbert = crate::fixtures::model_fixture("modernbert-mean");
-    let refused = TrainableEncoder::init(&modernbert, &Device::Cpu, DType::F32, 1).err().unwrap().to_string();
-    assert!(refused.contains("training takes BERT models") && refused.contains("ModernBert"), "{refused}");
+    let decoder = crate::fixtures::model_fixture("qwen3-seq-cls");
+    let refused = TrainableEncoder::init(&decoder, &Device::Cpu, DType::F32, 1).err().unwrap().to_string();
+    let takes = "training takes BERT, RoBERTa and XLM-R, ELECTRA, DistilBERT, DeBERTa and ModernBERT models";
+    assert!(refused.contains(takes) && refused.contains("Qwen3"), "{refused}");
 }
 
 fn train_args<'a>(model: &'a str, out: &'a str, method: &'a str, steps: &'a str) -> Vec<&'a str> {

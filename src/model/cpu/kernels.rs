@@ -45,15 +45,15 @@ pub fn causal_softmax(x: &Tensor, first: usize) -> candle_core::Result<Tensor> {
 /// `first_query` on, keys from `first_key` on, each sequence's keys below its length, and with a `window`
 /// only those at most that far from the query (ModernBERT's local layers).
 #[derive(Debug, Clone)]
-pub struct Band<'a> {
+pub struct Band {
     pub first_query: usize,
     pub first_key: usize,
     pub window: Option<usize>,
     /// Each sequence's real positions (the batch's first dimension).
-    pub lengths: &'a [usize],
+    pub lengths: Vec<usize>,
 }
 
-impl Band<'_> {
+impl Band {
     /// Row `r`'s readable columns (empty for a query of padding whose window holds no real key), of `cols`.
     fn columns(&self, sequence: usize, r: usize, cols: usize) -> std::ops::Range<usize> {
         let i = self.first_query + r;
@@ -68,11 +68,11 @@ impl Band<'_> {
 }
 
 /// Softmax over the last dimension of attention scores `[batch, heads, rows, cols]` under `band`: each row
-/// over the keys it reads, 0 elsewhere (a row that reads none is all 0). Inference only.
+/// over the keys it reads, 0 elsewhere (a row that reads none is all 0); with its backward pass.
 pub fn band_softmax(x: &Tensor, band: &Band) -> candle_core::Result<Tensor> {
     let (batch, heads, rows, cols) = x.dims4()?;
     if fused(x) {
-        return x.contiguous()?.apply_op1_no_bwd(&BandSoftmax { band: band.clone(), heads, rows });
+        return x.contiguous()?.apply_op1(BandSoftmax { band: band.clone(), heads, rows });
     }
     // A finite mask: a row that reads no key gets finite weights (its outputs are padding's), never NaN.
     let mut mask = vec![-1e30f32; batch * rows * cols];
@@ -86,10 +86,10 @@ pub fn band_softmax(x: &Tensor, band: &Band) -> candle_core::Result<Tensor> {
 }
 
 /// A gated feed-forward's activation: `silu(gate) ⊙ up` for `x` = `[…, gate | up]` (the two projections side by
-/// side along the last dimension), half as wide as `x`. Inference only.
+/// side along the last dimension), half as wide as `x`; with its backward pass (`[dgate | dup]`).
 pub fn silu_gate(x: &Tensor) -> candle_core::Result<Tensor> {
     if fused(x) {
-        x.contiguous()?.apply_op1_no_bwd(&Gate(silu_gate_row_fn()))
+        x.contiguous()?.apply_op1(Gate::silu())
     } else {
         let half = x.dim(D::Minus1)? / 2;
         candle_nn::ops::silu(&x.narrow(D::Minus1, 0, half)?)? * x.narrow(D::Minus1, half, half)?
@@ -99,7 +99,7 @@ pub fn silu_gate(x: &Tensor) -> candle_core::Result<Tensor> {
 /// GeGLU's activation, `gelu(gate) ⊙ up` (the exact GELU, with `erf`'s polynomial), as `silu_gate`.
 pub fn gelu_gate(x: &Tensor) -> candle_core::Result<Tensor> {
     if fused(x) {
-        x.contiguous()?.apply_op1_no_bwd(&Gate(gelu_gate_row_fn()))
+        x.contiguous()?.apply_op1(Gate::gelu())
     } else {
         let half = x.dim(D::Minus1)? / 2;
         x.narrow(D::Minus1, 0, half)?.gelu_erf()? * x.narrow(D::Minus1, half, half)?
@@ -383,13 +383,13 @@ impl CustomOp1 for CausalSoftmax {
     }
 }
 
-struct BandSoftmax<'a> {
-    band: Band<'a>,
+struct BandSoftmax {
+    band: Band,
     heads: usize,
     rows: usize,
 }
 
-impl CustomOp1 for BandSoftmax<'_> {
+impl CustomOp1 for BandSoftmax {
     fn name(&self) -> &'static str {
         "band-softmax"
     }
@@ -408,10 +408,30 @@ impl CustomOp1 for BandSoftmax<'_> {
         });
         Ok((CpuStorage::F32(output), l.shape().clone()))
     }
+
+    /// Softmax's: the keys a row does not read have probability 0, and so gradient 0.
+    fn bwd(&self, _: &Tensor, probs: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(probs.apply_op2_no_bwd(&grad.contiguous()?, &SoftmaxBackward)?))
+    }
 }
 
-/// A gated activation over rows `[gate | up]`, by its row kernel.
-struct Gate(fn(&[f32], &mut [f32]));
+/// A gated activation over rows `[gate | up]`, by its row kernel, and its gradient's.
+#[derive(Clone, Copy)]
+struct Gate {
+    row: fn(&[f32], &mut [f32]),
+    /// `[dgate | dup]` of a row `[gate | up]` and its output's gradient.
+    grad_row: fn(&[f32], &[f32], &mut [f32]),
+}
+
+impl Gate {
+    fn silu() -> Gate {
+        Gate { row: silu_gate_row_fn(), grad_row: silu_gate_grad_row_fn() }
+    }
+
+    fn gelu() -> Gate {
+        Gate { row: gelu_gate_row_fn(), grad_row: gelu_gate_grad_row_fn() }
+    }
+}
 
 impl CustomOp1 for Gate {
     fn name(&self) -> &'static str {
@@ -426,10 +446,45 @@ impl CustomOp1 for Gate {
         let mut output = vec![0f32; input.len() / 2];
         rows_mut(&mut output, width / 2, |first, out| {
             for (row_out, row_in) in out.chunks_mut(width / 2).zip(input[first * width..].chunks(width)) {
-                self.0(row_in, row_out);
+                (self.row)(row_in, row_out);
             }
         });
         Ok((CpuStorage::F32(output), Shape::from(dims)))
+    }
+
+    fn bwd(&self, x: &Tensor, _: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(x.apply_op2_no_bwd(&grad.contiguous()?, &GateBackward(*self))?))
+    }
+}
+
+/// `Gate`'s gradient with respect to its input, `[dgate | dup]` a row.
+struct GateBackward(Gate);
+
+impl CustomOp2 for GateBackward {
+    fn name(&self) -> &'static str {
+        "gate-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s: &CpuStorage,
+        l: &Layout,
+        gs: &CpuStorage,
+        gl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (input, grad) = (slice(s, l, self.name())?, slice(gs, gl, self.name())?);
+        let width = last_dim(l);
+        if grad.len() * 2 != input.len() {
+            candle_core::bail!("gate-backward: a gradient of {} values for an input of {:?}", grad.len(), l.shape());
+        }
+        let mut output = vec![0f32; input.len()];
+        rows_mut(&mut output, width, |first, out| {
+            let rows = input[first * width..].chunks(width).zip(grad[first * width / 2..].chunks(width / 2));
+            for (row_out, (row_in, row_grad)) in out.chunks_mut(width).zip(rows) {
+                (self.0.grad_row)(row_in, row_grad, row_out);
+            }
+        });
+        Ok((CpuStorage::F32(output), l.shape().clone()))
     }
 }
 
@@ -481,6 +536,14 @@ vectorized!(
 vectorized!(
     /// `out = gelu(gate) ⊙ up` for one row `[gate | up]`.
     gelu_gate_row_fn = gelu_gate_row(row: &[f32], out: &mut [f32]) -> ()
+);
+vectorized!(
+    /// `silu_gate_row`'s gradient: `[dgate | dup]` of a row `[gate | up]` and its output's gradient.
+    silu_gate_grad_row_fn = silu_gate_grad_row(row: &[f32], grad: &[f32], out: &mut [f32]) -> ()
+);
+vectorized!(
+    /// `gelu_gate_row`'s gradient, as `silu_gate_grad_row`'s.
+    gelu_gate_grad_row_fn = gelu_gate_grad_row(row: &[f32], grad: &[f32], out: &mut [f32]) -> ()
 );
 vectorized!(
     /// Softmax's backward pass for one row, in place: `grad ← probs ⊙ (grad − Σ grad ⊙ probs)`.
@@ -565,6 +628,27 @@ fn gelu_gate_row(row: &[f32], out: &mut [f32]) {
     let (gate, up) = row.split_at(out.len());
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
         *o = 0.5 * g * (1.0 + erf(g * std::f32::consts::FRAC_1_SQRT_2)) * u;
+    }
+}
+
+#[inline(always)]
+fn silu_gate_grad_row(row: &[f32], grad: &[f32], out: &mut [f32]) {
+    let ((gate, up), (d_gate, d_up)) = (row.split_at(grad.len()), out.split_at_mut(grad.len()));
+    for ((((dg, du), &g), &u), &dy) in d_gate.iter_mut().zip(d_up).zip(gate).zip(up).zip(grad) {
+        let sigmoid = 1.0 / (1.0 + exp(-g));
+        *dg = dy * u * sigmoid * (1.0 + g * (1.0 - sigmoid));
+        *du = dy * g * sigmoid;
+    }
+}
+
+#[inline(always)]
+fn gelu_gate_grad_row(row: &[f32], grad: &[f32], out: &mut [f32]) {
+    let ((gate, up), (d_gate, d_up)) = (row.split_at(grad.len()), out.split_at_mut(grad.len()));
+    let inv_sqrt_2pi = 0.5 * std::f32::consts::FRAC_2_SQRT_PI * std::f32::consts::FRAC_1_SQRT_2;
+    for ((((dg, du), &g), &u), &dy) in d_gate.iter_mut().zip(d_up).zip(gate).zip(up).zip(grad) {
+        let cdf = 0.5 * (1.0 + erf(g * std::f32::consts::FRAC_1_SQRT_2));
+        *dg = dy * u * (cdf + g * inv_sqrt_2pi * exp(-0.5 * g * g));
+        *du = dy * g * cdf;
     }
 }
 
@@ -817,7 +901,7 @@ pub(super) mod tests {
         // Two sequences of 9 and 5 real positions, queries 2.. and keys 1.., a window of 2.
         let scores = random(&[2, 3, 4, 8], 9, 2.0);
         let lengths = [9, 5];
-        let band = Band { first_query: 2, first_key: 1, window: Some(2), lengths: &lengths };
+        let band = Band { first_query: 2, first_key: 1, window: Some(2), lengths: lengths.to_vec() };
         let fused = band_softmax(&scores, &band).unwrap();
         let plain = band_softmax(&scores.to_dtype(DType::F64).unwrap(), &band).unwrap().to_dtype(DType::F32).unwrap();
         let rows = fused.flatten_all().unwrap().to_vec1::<f32>().unwrap();
@@ -826,13 +910,24 @@ pub(super) mod tests {
         assert_eq!(read(&rows[..8]), [1, 1, 1, 1, 0, 0, 0, 0]);
         assert_eq!(read(&rows[(12 + 3) * 8..(12 + 4) * 8]), [0, 0, 1, 1, 0, 0, 0, 0]);
         // Where the composite's finite mask spreads a keyless row over its columns, the kernel writes zeros.
-        let empty = Band { first_query: 8, first_key: 0, window: Some(1), lengths: &[9, 5] };
+        let empty = Band { first_query: 8, first_key: 0, window: Some(1), lengths: vec![9, 5] };
         let zeros = band_softmax(&random(&[2, 1, 1, 4], 3, 1.0), &empty).unwrap();
         assert_eq!(zeros.flatten_all().unwrap().to_vec1::<f32>().unwrap(), [0.0; 8]);
         let real = |t: &Tensor| t.narrow(0, 0, 1).unwrap();
         assert!(max_diff(&real(&fused), &real(&plain)) < 1e-6, "{}", max_diff(&real(&fused), &real(&plain)));
         let sums = fused.sum(D::Minus1).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
         assert!(sums.iter().all(|s| (s - 1.0).abs() < 1e-5), "{sums:?}");
+        // Every row here reads a key: values and gradients as a differentiable softmax's (in f64) under the band.
+        let (b, _, r, c) = scores.dims4().unwrap();
+        let mask: Vec<f64> = (0..b * r * c)
+            .map(|i| if band.columns(i / (r * c), i / c % r, c).contains(&(i % c)) { 0.0 } else { -1e30 })
+            .collect();
+        let mask = Tensor::from_vec(mask, (b, 1, r, c), &Device::Cpu).unwrap();
+        let plain = |x: &Tensor| {
+            let masked = x.to_dtype(DType::F64).unwrap().broadcast_add(&mask).unwrap();
+            candle_nn::ops::softmax(&masked, D::Minus1).unwrap().to_dtype(DType::F32).unwrap()
+        };
+        compare(&[scores], |t| band_softmax(&t[0], &band).unwrap(), |t| plain(&t[0]), 1e-5);
     }
 
     #[test]
@@ -912,6 +1007,18 @@ pub(super) mod tests {
             |t| t[0].broadcast_add(&t[1]).unwrap().gelu_erf().unwrap(),
             2e-5,
         );
+    }
+
+    #[test]
+    fn the_gates_match_candles_composites_with_gradients() {
+        // Rows of 37 values a half: past the vectorized passes' lanes and not a multiple of them.
+        let x = random(&[3, 4, 2 * 37], 9, 3.0);
+        let plain = |gate: fn(&Tensor) -> candle_core::Result<Tensor>, x: &Tensor| {
+            gate(&x.to_dtype(DType::F64).unwrap()).unwrap().to_dtype(DType::F32).unwrap()
+        };
+        for gate in [silu_gate, gelu_gate] {
+            compare(std::slice::from_ref(&x), |t| gate(&t[0]).unwrap(), |t| plain(gate, &t[0]), 2e-5);
+        }
     }
 
     #[test]

@@ -19,7 +19,7 @@ mod library;
 mod linear;
 mod threads;
 
-pub use attention::attention;
+pub use attention::{attention, Heads, Rotary};
 pub use linear::{matmul_t, BlasLinear};
 pub(super) use threads::{split, written, Shared};
 
@@ -171,13 +171,28 @@ impl Blas {
     ///
     /// # Safety
     /// The pointers must hold matrices of those shapes and leading dimensions.
-    #[allow(clippy::too_many_arguments)]
     unsafe fn block(
+        &self,
+        shape: (usize, usize, usize),
+        a: (*const f32, usize, bool),
+        b: (*const f32, usize, bool),
+        c: (*mut f32, usize),
+    ) {
+        // SAFETY: the caller's contract, which is `block_into`'s.
+        unsafe { self.block_into(shape, a, b, c, false) }
+    }
+
+    /// As `block`, and with `accumulate` `C += op(A) · op(B)` (C's old values read).
+    ///
+    /// # Safety
+    /// As `block`'s.
+    unsafe fn block_into(
         &self,
         (m, n, k): (usize, usize, usize),
         (a, lda, ta): (*const f32, usize, bool),
         (b, ldb, tb): (*const f32, usize, bool),
         (c, ldc): (*mut f32, usize),
+        accumulate: bool,
     ) {
         // SAFETY: the pointers hold matrices of those shapes and leading dimensions (the caller's contract).
         unsafe {
@@ -195,7 +210,7 @@ impl Blas {
                     lda as i32,
                     b,
                     ldb as i32,
-                    0.0,
+                    if accumulate { 1.0 } else { 0.0 },
                     c,
                     ldc as i32,
                 ),
@@ -203,8 +218,8 @@ impl Blas {
                     // (row stride, column stride) of op(X), X row-major with rows `ld` apart.
                     let strides = |ld: usize, t: bool| if t { (1, ld as isize) } else { (ld as isize, 1) };
                     let ((a_rs, a_cs), (b_rs, b_cs)) = (strides(lda, ta), strides(ldb, tb));
-                    // dst = 0·dst + 1·lhs·rhs (gemm's alpha scales the output's old values, its beta the product),
-                    // on this thread.
+                    // dst = α·dst + 1·lhs·rhs (gemm's alpha scales the output's old values, read only with
+                    // `accumulate`, its beta the product), on this thread.
                     gemm::gemm(
                         m,
                         n,
@@ -212,14 +227,14 @@ impl Blas {
                         c,
                         1,
                         ldc as isize,
-                        false,
+                        accumulate,
                         a,
                         a_cs,
                         a_rs,
                         b,
                         b_cs,
                         b_rs,
-                        0.0,
+                        if accumulate { 1.0 } else { 0.0 },
                         1.0,
                         false,
                         false,
