@@ -198,6 +198,11 @@ pub struct ModelConfig {
     /// significantly on none (EXPERIMENTS.md, "Dense and hybrid first stages"). Cross-encoders, whose default
     /// was not measured here, mix nothing unless asked.
     pub bi_encoder_interpolate: f32,
+    /// Segments (of a collection's commit) from which a dense first stage searches the collection's vector
+    /// index (`longrank embed` builds it), where one was built, rather than comparing the query with every
+    /// segment; below, exact search is as fast (BENCHMARKS.md, "The dense first stage at scale"). 0: the index
+    /// whenever there is one.
+    pub approximate_from: usize,
 }
 
 /// A `[model.named]` entry: a source alone, or a source with its kind.
@@ -285,6 +290,7 @@ impl Default for ModelConfig {
             segments: SegmentOptions::default(),
             preselect: Preselect { selector: Selector::Bm25, per_doc: Some(2), ..Preselect::default() },
             bi_encoder_interpolate: 0.5,
+            approximate_from: 10_000,
         }
     }
 }

@@ -2,6 +2,7 @@
 //! `search`: query latency in process, one thread, top-k (what the tantivy-py and bm25s peers measure), then
 //! `/search` over HTTP at several client concurrencies (any pipeline) against a server in this process.
 //! `model`: cross-encoder pairs/s on the peers' workload (the PyTorch and onnxruntime peers).
+//! `dense`: the dense first stage's exact search against its vector index at several collection sizes.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,6 +25,9 @@ pub enum BenchCommand {
     /// One training step (pairwise hinge, AdamW over every weight) on the workload of ../shared/bench, as its
     /// PyTorch peer (`peers_torch.py train`) times it.
     Train(TrainBench),
+    /// The dense first stage at scale: exact search and the vector index over synthetic segment vectors drawn
+    /// around real ones (query time, recall of exact search's documents, index build time, size, memory).
+    Dense(DenseBench),
 }
 
 /// `before`: the configuration flags given before `bench`.
@@ -35,6 +39,7 @@ pub fn run(command: BenchCommand, before: &super::Global) -> anyhow::Result<()> 
         }
         BenchCommand::Model(b) => model(b),
         BenchCommand::Train(b) => train(b),
+        BenchCommand::Dense(b) => dense(b),
     }
 }
 
@@ -66,6 +71,9 @@ pub struct SearchBench {
     /// First-stage candidates re-ranked per HTTP request.
     #[arg(long, default_value_t = 10)]
     depth: usize,
+    /// First stage of the HTTP runs: `bm25`, `dense` or `hybrid` (`first_stage`).
+    #[arg(long, default_value = "bm25")]
+    first_stage: String,
     /// The HTTP requests' `preselect`, as JSON (`'{"selector": "bm25", "per_doc": 2}'`)
     /// [default: none, the server's `[model.preselect]`].
     #[arg(long, value_parser = longrank::rank::json_arg::<Preselect>, value_name = "JSON")]
@@ -93,7 +101,7 @@ fn search(b: SearchBench, config: Config) -> anyhow::Result<()> {
         }
     };
     let url = format!("{base}/search");
-    let (pipeline, depth) = (b.pipeline.to_string(), b.depth);
+    let (pipeline, depth, first_stage) = (b.pipeline.to_string(), b.depth, b.first_stage.clone());
     let preselect = b.preselect.as_ref().map(serde_json::to_value).transpose()?;
     // Resident memory, and of it the heap (the rest is mapped index files: page cache).
     let memory = |pid: u32| format!("rss_mb={:.0} heap_mb={:.0}", rss_mb(pid, "VmRSS:"), rss_mb(pid, "RssAnon:"));
@@ -107,14 +115,15 @@ fn search(b: SearchBench, config: Config) -> anyhow::Result<()> {
         let mut handles = Vec::new();
         for c in 0..clients {
             let (url, queries, collection, k) = (url.clone(), queries.clone(), b.collection.clone(), b.http_k);
-            let (pipeline, preselect) = (pipeline.clone(), preselect.clone());
+            let (pipeline, preselect, first_stage) = (pipeline.clone(), preselect.clone(), first_stage.clone());
             handles.push(std::thread::spawn(move || -> anyhow::Result<(Vec<Duration>, usize)> {
                 let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(300)).build();
                 let (mut lat, mut refused) = (Vec::new(), 0);
                 let mut i = c * 7919;
                 while Instant::now() < deadline {
                     let mut body = serde_json::json!({"query": queries[i % queries.len()], "k": k,
-                        "collection": collection, "pipeline": pipeline, "depth": depth.max(k)});
+                        "collection": collection, "pipeline": pipeline, "depth": depth.max(k),
+                        "first_stage": first_stage});
                     if let Some(preselect) = &preselect {
                         body["preselect"] = preselect.clone();
                     }
@@ -144,8 +153,10 @@ fn search(b: SearchBench, config: Config) -> anyhow::Result<()> {
             refused += r;
         }
         let what = format!(
-            "longrank-http collection={} pipeline={} preselect={} k={} depth={} clients={clients} refused={refused}",
+            "longrank-http collection={} first_stage={} pipeline={} preselect={} k={} depth={} clients={clients} \
+             refused={refused}",
             b.collection,
+            b.first_stage,
             b.pipeline,
             preselect.as_ref().map_or("default".to_string(), |p| p.to_string()),
             b.http_k,
@@ -476,6 +487,112 @@ fn train(b: TrainBench) -> anyhow::Result<()> {
         peak_rss_mb(),
         b.device,
     );
+    Ok(())
+}
+
+#[derive(clap::Args)]
+pub struct DenseBench {
+    /// Real segment embeddings to draw around: a vector file `longrank embed` wrote
+    /// (`collections/NAME/embeddings/MODEL.f32`).
+    #[arg(long)]
+    vectors: PathBuf,
+    /// Their dimensions.
+    #[arg(long, default_value_t = 384)]
+    dims: usize,
+    /// Collection sizes, in segments.
+    #[arg(long, value_delimiter = ',', default_value = "10000,100000,1000000")]
+    segments: Vec<usize>,
+    /// Segments per document.
+    #[arg(long, default_value_t = 4)]
+    per_doc: usize,
+    /// Queries per size.
+    #[arg(long, default_value_t = 200)]
+    queries: usize,
+    /// Documents per query (the first stage's depth).
+    #[arg(short, long, default_value_t = 100)]
+    k: usize,
+}
+
+/// Segment i is real vector i, and past the real ones, real vector i (cycled) mixed with a random other
+/// (weight 0.2 to 0.8) plus seeded noise of length 0.05: distinct vectors that keep the structure of real
+/// embeddings (Gaussian noise alone, of any useful size, fills all 384 dimensions and makes every collection
+/// of a million look random). Queries are such mixtures too, not in the collection.
+fn dense(b: DenseBench) -> anyhow::Result<()> {
+    use longrank::model::{Neighbours, VectorFile};
+    use longrank::rank::SegmentVectors;
+    let bytes = std::fs::read(&b.vectors).with_context(|| b.vectors.display().to_string())?;
+    let real: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();
+    let (dims, reals) = (b.dims, real.len() / b.dims);
+    anyhow::ensure!(
+        reals > 0 && real.len().is_multiple_of(dims),
+        "{}: not {dims}-dimensional vectors",
+        b.vectors.display()
+    );
+    let sigma = 0.05 / (dims as f64).sqrt();
+    // Each vector from its own stream: the same at every collection size.
+    let draw = |i: usize| -> Vec<f32> {
+        let v = &real[(i % reals) * dims..(i % reals + 1) * dims];
+        if i < reals {
+            return v.to_vec();
+        }
+        let mut rng = longrank::rng::Rng::stream(17, i as u64);
+        let other = rng.below(reals);
+        let weight = 0.2 + 0.6 * rng.uniform() as f32;
+        let w = &real[other * dims..(other + 1) * dims];
+        v.iter().zip(w).map(|(x, y)| x + weight * y + (sigma * rng.normal()) as f32).collect()
+    };
+    // Streams no collection size reaches.
+    let queries: Vec<Vec<f32>> = (0..b.queries).map(|q| draw((1 << 40) + q * 7919)).collect();
+    for &segments in &b.segments {
+        let dir = std::env::temp_dir().join(format!("longrank-bench-dense-{}", std::process::id()));
+        let file = Arc::new(VectorFile::open(&dir, "bench-f32", dims)?);
+        for i in 0..segments {
+            file.append(i as u64, &draw(i))?;
+        }
+        let started = Instant::now();
+        Neighbours::update(&file, "bench", &|_| {})?;
+        let build_s = started.elapsed().as_secs_f64();
+        let index_mb = std::fs::metadata(dir.join("bench-f32.usearch"))?.len() as f64 / 1e6;
+        let documents = segments / b.per_doc;
+        let records: Vec<u64> = (0..(documents * b.per_doc) as u64).collect();
+        let starts: Vec<usize> = (0..=documents).map(|d| d * b.per_doc).collect();
+        let docs = || (0..documents).map(|d| (tantivy::DocAddress::new(0, d as u32), format!("{d:08}"))).collect();
+        // Resident memory each way takes once its queries ran (the index's graph is mapped, read as touched).
+        let rss = || rss_mb(std::process::id(), "VmRSS:");
+        let (before, mut index_ms, mut answers) = (rss(), vec![], vec![]);
+        let index = SegmentVectors::new(&file, "bench", records.clone(), starts.clone(), docs(), 0)?;
+        for query in &queries {
+            let started = Instant::now();
+            answers.push(index.search(query, b.k)?);
+            index_ms.push(started.elapsed());
+        }
+        let index_rss = rss() - before;
+        let (before, mut exact_ms, mut found) = (rss(), vec![], 0);
+        let exact = SegmentVectors::new(&file, "bench", records, starts, docs(), usize::MAX)?;
+        for (query, got) in queries.iter().zip(&answers) {
+            let started = Instant::now();
+            let want = exact.search(query, b.k)?;
+            exact_ms.push(started.elapsed());
+            let got: std::collections::HashSet<_> = got.iter().map(|h| &h.docid).collect();
+            found += want.iter().filter(|h| got.contains(&h.docid)).count();
+        }
+        let exact_rss = rss() - before;
+        drop((index, exact, file));
+        std::fs::remove_dir_all(&dir)?;
+        let p50 = |times: &mut Vec<Duration>| {
+            times.sort();
+            times[times.len() / 2].as_secs_f64() * 1e3
+        };
+        println!(
+            "RESULT dense segments={segments} documents={documents} k={} build_s={build_s:.1} index_mb={index_mb:.0} \
+             exact_p50_ms={:.2} index_p50_ms={:.2} recall_at_k={:.4} exact_rss_mb={exact_rss:.0} \
+             index_rss_mb={index_rss:.0}",
+            b.k,
+            p50(&mut exact_ms),
+            p50(&mut index_ms),
+            found as f64 / (b.k.min(documents) * queries.len()) as f64,
+        );
+    }
     Ok(())
 }
 

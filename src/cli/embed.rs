@@ -25,9 +25,12 @@ pub fn run(args: EmbedArgs, config: &Config) -> anyhow::Result<()> {
     let engine = super::open_engine(config)?;
     let collection = engine.collection(args.collection.as_deref())?;
     let bar = Bar::counting(collection.num_docs(), "documents");
-    let (computed, stored) =
+    let (computed, stored, indexed) =
         engine.embed_collection(&collection, args.name.as_deref(), args.for_model.as_deref(), &bar)?;
     bar.finish();
-    println!("collection {}: {computed} segment embeddings computed, {stored} stored", collection.name());
+    let name = collection.name();
+    println!(
+        "collection {name}: {computed} segment embeddings computed, {stored} stored, {indexed} in the vector index"
+    );
     Ok(())
 }

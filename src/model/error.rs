@@ -26,6 +26,10 @@ pub enum ModelError {
     QueryOverBudget { tokens: usize, budget: usize },
     #[error("{0}")]
     Unsupported(String),
+    /// A vector index beside a model's embeddings that holds another model's (`Neighbours`): the message says
+    /// whose (one string: the error type stays small, as it travels in every model result).
+    #[error("{0}")]
+    OtherModelsIndex(String),
 }
 
 impl ModelError {

@@ -43,6 +43,7 @@ use load::{read_config, read_json, weights};
 pub use network::encoder_flops;
 use network::Inputs;
 pub use recipe::{Recipe, RECIPES};
+pub use serve::neighbours::Neighbours;
 pub use serve::queue::{BatchStats, JobTiming};
 pub use serve::served::{Output, Scores, ServeOptions, Served};
 pub use serve::vectors::VectorFile;

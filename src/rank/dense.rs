@@ -1,8 +1,12 @@
-//! The dense first stage, by exact search: every segment of a collection as a bi-encoder embedded it (the
-//! embeddings `longrank embed` stored), a document scored by its best segment's cosine with the query (MaxP
-//! retrieval), so a document's dense score is the score the bi-encoder's `maxp` gives it. The vectors of one
-//! commit of a collection are read into memory once and kept for the queries that follow.
+//! The dense first stage: every segment of a collection as a bi-encoder embedded it (the embeddings
+//! `longrank embed` stored), a document scored by its best segment's cosine with the query (MaxP retrieval),
+//! so a document's dense score is the score the bi-encoder's `maxp` gives it. Below `approximate_from`
+//! segments, or without a vector index, every segment is compared with the query (its vectors read into
+//! memory once per commit); above, the index (`model::Neighbours`) proposes the segments nearest the query,
+//! and each document they belong to, with every document whose segments the index does not hold yet, is
+//! scored over all its segments exactly as above: an index can miss a document, never misscore one.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -12,81 +16,185 @@ use super::first_stage::{self, best_first};
 use super::rerank::SegmentCache;
 use super::{LoadedModel, RankError};
 use crate::index::{Hit, Snapshot};
-use crate::model::{dot, norm, VectorFile};
+use crate::model::{dot, norm, Neighbours, VectorFile};
 use crate::segment::SegmentOptions;
 
 /// A collection's segment vectors under one bi-encoder, documents' segments contiguous.
 pub struct SegmentVectors {
     dims: usize,
-    vectors: Vec<f32>,
-    norms: Vec<f32>,
+    /// Each segment's record in the vector file.
+    records: Vec<u64>,
     /// Document d's segments are `starts[d]..starts[d + 1]`.
     starts: Vec<usize>,
     docs: Vec<(DocAddress, String)>,
+    search: Search,
 }
 
+enum Search {
+    /// Every segment's vector and length, in memory.
+    Exact { vectors: Vec<f32>, norms: Vec<f32> },
+    /// Candidates from the index; vectors read from the file when scored.
+    Approximate { neighbours: Neighbours, file: Arc<VectorFile>, owners: Vec<(u64, u32)> },
+}
+
+/// Segments the index proposes per document asked for, at first: documents have several segments each, and
+/// a document's best can sit below another's second.
+const SEGMENTS_PER_DOCUMENT: usize = 4;
+
 impl SegmentVectors {
-    /// Reads the stored vector of every segment of every live document of `snapshot`, cut as `longrank embed`
-    /// cuts them; refused (naming what to run) when any is missing.
+    /// Reads the stored vector (or, with an index over `approximate_from` segments, the record) of every
+    /// segment of every live document of `snapshot`, cut as `longrank embed` cuts them; refused (naming what
+    /// to run) when any is missing.
     pub fn read(
         snapshot: &Snapshot,
         model: &LoadedModel,
-        store: &VectorFile,
+        file: &Arc<VectorFile>,
         segments: &SegmentCache,
         options: &SegmentOptions,
+        approximate_from: usize,
     ) -> Result<SegmentVectors, RankError> {
-        let mut read = SegmentVectors { dims: 0, vectors: vec![], norms: vec![], starts: vec![0], docs: vec![] };
+        let (mut records, mut starts, mut docs) = (vec![], vec![0], vec![]);
         let (mut missing, mut total) = (0usize, 0usize);
         snapshot.for_each_document(|address, doc| {
             for (_, text) in segments.inputs(&model.served, options, &doc, usize::MAX) {
                 total += 1;
-                match model.served.stored_embedding(&text, store) {
-                    Some(vector) => {
-                        read.dims = vector.len();
-                        read.norms.push(norm(&vector));
-                        read.vectors.extend_from_slice(&vector);
-                    }
+                match model.served.stored_record(&text, file) {
+                    Some(record) => records.push(record),
                     None => missing += 1,
                 }
             }
-            read.starts.push(read.norms.len());
-            read.docs.push((address, doc.docid));
+            starts.push(records.len());
+            docs.push((address, doc.docid));
             Ok::<(), RankError>(())
         })?;
         if missing > 0 {
             let collection = snapshot.collection().name().to_string();
             return Err(RankError::NoVectors { collection, model: model.name.clone(), missing, segments: total });
         }
-        Ok(read)
+        SegmentVectors::new(file, &model.name, records, starts, docs, approximate_from)
+    }
+
+    /// Documents' segments as records of `file` (document d's are `records[starts[d]..starts[d + 1]]`),
+    /// searched through the index beside `file` (holding `model`'s vectors) from `approximate_from` segments
+    /// where there is one, else exactly.
+    pub fn new(
+        file: &Arc<VectorFile>,
+        model: &str,
+        records: Vec<u64>,
+        starts: Vec<usize>,
+        docs: Vec<(DocAddress, String)>,
+        approximate_from: usize,
+    ) -> Result<SegmentVectors, RankError> {
+        let neighbours = match records.len() >= approximate_from {
+            true => Neighbours::open(file, model).map_err(RankError::Model)?,
+            false => None,
+        };
+        let search = match neighbours {
+            Some(neighbours) => {
+                Search::Approximate { neighbours, file: file.clone(), owners: owners(&records, &starts) }
+            }
+            None => {
+                let mut vectors = Vec::with_capacity(records.len() * file.dims());
+                for &record in &records {
+                    vectors.extend(file.read(record..record + 1).map_err(RankError::Model)?);
+                }
+                let norms = vectors.chunks_exact(file.dims()).map(norm).collect();
+                Search::Exact { vectors, norms }
+            }
+        };
+        Ok(SegmentVectors { dims: file.dims(), records, starts, docs, search })
     }
 
     /// The `n` documents whose best segment is closest to `query` by cosine, best first (ties to the smaller
     /// docid); each scored as `model::cosine` scores the pair.
-    pub fn search(&self, query: &[f32], n: usize) -> Vec<Hit> {
+    pub fn search(&self, query: &[f32], n: usize) -> Result<Vec<Hit>, RankError> {
         let query_norm = norm(query);
-        let mut hits: Vec<Hit> = self
-            .docs
-            .iter()
-            .enumerate()
-            .filter(|(d, _)| self.starts[d + 1] > self.starts[*d])
-            .map(|(d, (address, docid))| {
-                let score = (self.starts[d]..self.starts[d + 1])
-                    .map(|s| {
-                        let vector = &self.vectors[s * self.dims..(s + 1) * self.dims];
-                        dot(query, vector) / (query_norm * self.norms[s]).max(1e-12)
-                    })
-                    .fold(f32::NEG_INFINITY, f32::max);
-                Hit { address: *address, docid: docid.clone(), score }
-            })
-            .collect();
+        let cosine = |vector: &[f32], norm: f32| dot(query, vector) / (query_norm * norm).max(1e-12);
+        let mut hits = match &self.search {
+            Search::Exact { vectors, norms } => (0..self.docs.len())
+                .filter_map(|d| {
+                    let best = (self.starts[d]..self.starts[d + 1])
+                        .map(|s| cosine(&vectors[s * self.dims..(s + 1) * self.dims], norms[s]))
+                        .reduce(f32::max)?;
+                    Some(self.hit(d, best))
+                })
+                .collect(),
+            Search::Approximate { neighbours, file, owners } => {
+                let mut hits = vec![];
+                for d in self.candidates(neighbours, owners, query, n)? {
+                    let mut best = f32::NEG_INFINITY;
+                    for records in runs(&self.records[self.starts[d]..self.starts[d + 1]]) {
+                        for vector in file.read(records).map_err(RankError::Model)?.chunks_exact(self.dims) {
+                            best = best.max(cosine(vector, norm(vector)));
+                        }
+                    }
+                    hits.push(self.hit(d, best));
+                }
+                hits
+            }
+        };
         if hits.len() > n {
             // Only the top n need sorting.
             hits.select_nth_unstable_by(n, best_first);
             hits.truncate(n);
         }
         first_stage::sort(&mut hits);
-        hits
+        Ok(hits)
     }
+
+    fn hit(&self, d: usize, score: f32) -> Hit {
+        let (address, docid) = &self.docs[d];
+        Hit { address: *address, docid: docid.clone(), score }
+    }
+
+    /// The documents to score for the top `n`: those owning the segments nearest the query among the
+    /// index's (at least `n` of them where there are), and all those owning a segment the index lacks.
+    fn candidates(
+        &self,
+        neighbours: &Neighbours,
+        owners: &[(u64, u32)],
+        query: &[f32],
+        n: usize,
+    ) -> Result<BTreeSet<usize>, RankError> {
+        let covered = neighbours.covered();
+        let tail = owners.partition_point(|o| o.0 < covered);
+        let owned = |record: u64| owners[..tail].binary_search_by_key(&record, |o| o.0).is_ok();
+        let mut count = n * SEGMENTS_PER_DOCUMENT;
+        let found = loop {
+            let found = neighbours.search(query, count, owned).map_err(RankError::Model)?;
+            let mut docs = BTreeSet::new();
+            for record in &found {
+                let first = owners.partition_point(|o| o.0 < *record);
+                docs.extend(owners[first..].iter().take_while(|o| o.0 == *record).map(|o| o.1 as usize));
+            }
+            if docs.len() >= n || found.len() < count {
+                break docs;
+            }
+            count *= 2;
+        };
+        Ok(found.into_iter().chain(owners[tail..].iter().map(|o| o.1 as usize)).collect())
+    }
+}
+
+/// `records` as ranges of consecutive ones, in order: a document's segments, embedded one after another, are
+/// read in one call.
+fn runs(records: &[u64]) -> impl Iterator<Item = std::ops::Range<u64>> + '_ {
+    let mut rest = records;
+    std::iter::from_fn(move || {
+        let (&first, _) = rest.split_first()?;
+        let length = rest.iter().zip(first..).take_while(|(r, expected)| **r == *expected).count();
+        rest = &rest[length..];
+        Some(first..first + length as u64)
+    })
+}
+
+/// (record, document) of every segment, by record (a text in two documents is one record).
+fn owners(records: &[u64], starts: &[usize]) -> Vec<(u64, u32)> {
+    let documents = starts.len() - 1;
+    let mut owners: Vec<(u64, u32)> =
+        (0..documents).flat_map(|d| records[starts[d]..starts[d + 1]].iter().map(move |&r| (r, d as u32))).collect();
+    owners.sort_unstable();
+    owners
 }
 
 /// The segment vectors read, per collection opening, commit and model; the last few kept.
@@ -98,8 +206,9 @@ pub struct VectorsCache {
 /// One key's vectors once read (`None` before, or after a failed read), behind the key's own lock.
 type Slot = Arc<Mutex<Option<Arc<SegmentVectors>>>>;
 
-/// A collection's opening, its commit (`Snapshot::generation`) and the model's name.
-type VectorsKey = (u64, u64, String);
+/// A collection's opening, its commit (`Snapshot::generation`), the model's name and its vector index's
+/// stamp (`Neighbours::stamp`: a `longrank embed` that updated the index is read at the next query).
+type VectorsKey = (u64, u64, String, Option<(u64, std::time::SystemTime)>);
 
 /// Commits (of any collections and models) whose vectors stay in memory.
 const KEPT: usize = 4;
@@ -109,12 +218,14 @@ impl VectorsCache {
         &self,
         snapshot: &Snapshot,
         model: &LoadedModel,
-        store: &VectorFile,
+        store: &Arc<VectorFile>,
         segments: &SegmentCache,
         options: &SegmentOptions,
+        approximate_from: usize,
     ) -> Result<Arc<SegmentVectors>, RankError> {
-        let key = (snapshot.collection().opening(), snapshot.generation(), model.name.clone());
-        self.get_or_read(key, || SegmentVectors::read(snapshot, model, store, segments, options))
+        let stamp = Neighbours::stamp(store);
+        let key = (snapshot.collection().opening(), snapshot.generation(), model.name.clone(), stamp);
+        self.get_or_read(key, || SegmentVectors::read(snapshot, model, store, segments, options, approximate_from))
     }
 
     /// The vectors kept under `key`, or `read`'s, kept. Each key has a lock of its own: the requests that
@@ -153,14 +264,25 @@ impl VectorsCache {
 mod tests {
     use super::*;
 
+    fn documents(count: usize) -> Vec<(DocAddress, String)> {
+        (0..count).map(|i| (DocAddress::new(0, i as u32), format!("d{i:03}"))).collect()
+    }
+
+    fn exact(dims: usize, vectors: Vec<f32>, starts: Vec<usize>) -> SegmentVectors {
+        let norms = vectors.chunks_exact(dims).map(norm).collect();
+        let records = (0..starts[starts.len() - 1] as u64).collect();
+        let docs = documents(starts.len() - 1);
+        SegmentVectors { dims, records, starts, docs, search: Search::Exact { vectors, norms } }
+    }
+
     fn two_documents() -> SegmentVectors {
-        SegmentVectors {
-            dims: 1,
-            vectors: vec![1.0, 2.0],
-            norms: vec![1.0, 2.0],
-            starts: vec![0, 1, 2],
-            docs: vec![(DocAddress::new(0, 0), "a".into()), (DocAddress::new(0, 1), "b".into())],
-        }
+        exact(1, vec![1.0, 2.0], vec![0, 1, 2])
+    }
+    #[test]
+    fn records_are_read_in_runs_of_consecutive_ones() {
+        let runs = |records: &[u64]| runs(records).collect::<Vec<_>>();
+        assert_eq!(runs(&[4, 5, 6, 9, 3, 4]), [4..7, 9..10, 3..5]);
+        assert_eq!(runs(&[]), []);
     }
 
     #[test]
@@ -173,7 +295,7 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(200));
             Ok(two_documents())
         };
-        let key = || (1, 7, "minilm".to_string());
+        let key = || (1, 7, "minilm".to_string(), None);
         std::thread::scope(|s| {
             let asked: Vec<_> = (0..4).map(|_| s.spawn(|| cache.get_or_read(key(), read))).collect();
             let got: Vec<_> = asked.into_iter().map(|t| t.join().unwrap().ok().unwrap()).collect();
@@ -181,37 +303,58 @@ mod tests {
         });
         assert_eq!(reads.load(Ordering::SeqCst), 1);
         // A failed read keeps nothing: the next request reads again.
-        let failed = cache.get_or_read((1, 8, "minilm".into()), || {
+        let failed = cache.get_or_read((1, 8, "minilm".into(), None), || {
             Err(RankError::NoVectors { collection: "c".into(), model: "minilm".into(), missing: 1, segments: 2 })
         });
         assert!(failed.is_err());
-        assert!(cache.get_or_read((1, 8, "minilm".into()), || Ok(two_documents())).is_ok());
+        assert!(cache.get_or_read((1, 8, "minilm".into(), None), || Ok(two_documents())).is_ok());
         // Another commit is another key.
-        cache.get_or_read((1, 9, "minilm".into()), read).ok().unwrap();
+        cache.get_or_read((1, 9, "minilm".into(), None), read).ok().unwrap();
         assert_eq!(reads.load(Ordering::SeqCst), 2);
     }
 
     #[test]
     fn a_document_scores_its_best_segment_and_the_top_n_come_best_first() {
-        let vectors = SegmentVectors {
-            dims: 2,
-            // Document a: two segments; b: one; c: none (an empty document).
-            vectors: vec![1.0, 0.0, 0.0, 1.0, 1.0, 1.0],
-            norms: vec![1.0, 1.0, 2f32.sqrt()],
-            starts: vec![0, 2, 3, 3],
-            docs: ["a", "b", "c"]
-                .iter()
-                .enumerate()
-                .map(|(i, d)| (DocAddress::new(0, i as u32), d.to_string()))
-                .collect(),
-        };
+        // Document d000: two segments; d001: one; d002: none (an empty document).
+        let vectors = exact(2, vec![1.0, 0.0, 0.0, 1.0, 1.0, 1.0], vec![0, 2, 3, 3]);
         let scored = |hits: Vec<Hit>| hits.into_iter().map(|h| (h.docid, h.score)).collect::<Vec<_>>();
         assert_eq!(
-            scored(vectors.search(&[0.0, 2.0], 5)),
-            [("a".into(), 1.0), ("b".into(), 2.0 / (2.0 * 2f32.sqrt()))]
+            scored(vectors.search(&[0.0, 2.0], 5).unwrap()),
+            [("d000".into(), 1.0), ("d001".into(), 2.0 / (2.0 * 2f32.sqrt()))]
         );
-        assert_eq!(scored(vectors.search(&[1.0, 1.0], 1)), [("b".into(), 2.0 / (2f32.sqrt() * 2f32.sqrt()))]);
+        let best = 2.0 / (2f32.sqrt() * 2f32.sqrt());
+        assert_eq!(scored(vectors.search(&[1.0, 1.0], 1).unwrap()), [("d001".into(), best)]);
         // Equal scores: the smaller docid first.
-        assert_eq!(scored(vectors.search(&[1.0, -1.0], 2))[0].0, "a");
+        assert_eq!(scored(vectors.search(&[1.0, -1.0], 2).unwrap())[0].0, "d000");
+    }
+
+    /// 100 documents of two segments, the index built over the first 150 of their 200: the index's answers are
+    /// exact search's, scores bit for bit, documents the index lacks included (fewer segments than the search
+    /// list: the graph search visits them all).
+    #[test]
+    fn the_index_proposes_documents_and_exact_scores_rank_them() {
+        let (dims, dir) = (16, tempfile::tempdir().unwrap());
+        let mut rng = crate::rng::Rng::new(11);
+        let starts: Vec<usize> = (0..=100).map(|d| 2 * d).collect();
+        let vectors: Vec<f32> = (0..200 * dims).map(|_| rng.uniform() as f32 - 0.5).collect();
+        let file = Arc::new(VectorFile::open(dir.path(), "m-f32", dims).unwrap());
+        for (record, v) in vectors.chunks_exact(dims).enumerate() {
+            file.append(record as u64 + 100, v).unwrap();
+            if record == 149 {
+                Neighbours::update(&file, "m", &|_| {}).unwrap();
+            }
+        }
+        let records: Vec<u64> = (0..200).collect();
+        let whole = SegmentVectors::new(&file, "m", records.clone(), starts.clone(), documents(100), usize::MAX);
+        let approximate = SegmentVectors::new(&file, "m", records, starts, documents(100), 0).unwrap();
+        let (whole, Search::Approximate { neighbours, .. }) = (whole.unwrap(), &approximate.search) else {
+            panic!("the index searches from 0 segments")
+        };
+        assert_eq!(neighbours.covered(), 150);
+        for query in vectors.chunks_exact(dims).step_by(7) {
+            let (want, got) = (whole.search(query, 10).unwrap(), approximate.search(query, 10).unwrap());
+            let pairs = |hits: &[Hit]| hits.iter().map(|h| (h.docid.clone(), h.score.to_bits())).collect::<Vec<_>>();
+            assert_eq!(pairs(&got), pairs(&want));
+        }
     }
 }

@@ -32,9 +32,9 @@ use std::time::Instant;
 
 use crate::config::{Config, Limits};
 use crate::index::{analyzer, Bm25Params, Catalog, Collection, Hit, IndexError, Snapshot, StoredDoc};
-use crate::model::Cancel;
+use crate::model::{Cancel, Neighbours};
 use crate::preselect::Selector;
-use crate::progress::Progress;
+use crate::progress::{Progress, Unit};
 use crate::segment::SegmentOptions;
 
 pub use api::{
@@ -43,6 +43,7 @@ pub use api::{
     SearchHit, SearchRequest, SearchResponse, Timing,
 };
 pub use batch::{BatchPlan, TopicRun};
+pub use dense::SegmentVectors;
 pub use error::RankError;
 pub use first_stage::{FirstStageKind, Fusion, Listed, Normalize, Sources};
 pub use models::{LoadedModel, ModelStatus, Models, DEFAULT as DEFAULT_MODEL};
@@ -357,15 +358,16 @@ impl Engine {
 
     /// Computes a bi-encoder's segment embeddings for every document of a collection ahead of queries, into
     /// the collection's embedding file (what is there already is skipped, so an interrupted run resumes): of
-    /// its own segments, or of those the model `reader` reads (a `bi-encoder:NAME` preselection's). Returns the
-    /// embeddings computed, and those the file holds.
+    /// its own segments, or of those the model `reader` reads (a `bi-encoder:NAME` preselection's); then the
+    /// vector index over them (`model::Neighbours`), brought up to date. Returns the embeddings computed, those
+    /// the file holds, and those the index holds.
     pub fn embed_collection(
         &self,
         collection: &Collection,
         model: Option<&str>,
         reader: Option<&str>,
         progress: &dyn Progress,
-    ) -> Result<(usize, usize), RankError> {
+    ) -> Result<(usize, usize, u64), RankError> {
         let name = self.models.check(model)?;
         let model = self.models.get(&name, "embeddings")?;
         let reader = reader.map(|r| self.models.get(&self.models.check(Some(r))?, "embeddings")).transpose()?;
@@ -397,7 +399,27 @@ impl Engine {
             Ok::<(), RankError>(())
         })?;
         flush(&mut pending)?;
-        Ok((computed, vectors.len()))
+        // The vector index, brought up to what the file holds now.
+        progress.phase("segments in the vector index", vectors.records().map_err(RankError::Model)?, Unit::Items);
+        let done = |covered| progress.set(covered, "");
+        let (_, indexed) = Neighbours::update(&vectors, &model.name, &done).map_err(RankError::Model)?;
+        Ok((computed, vectors.len(), indexed))
+    }
+
+    /// After documents were added to collection `name`: for each loaded bi-encoder whose vector index the
+    /// collection holds, the new documents' segments embedded and the index brought up to date, so that dense
+    /// search goes on serving the collection (it refuses one with segments missing). A failure is logged, not
+    /// raised: the change stands, and a dense request says what to run.
+    pub fn keep_vectors_current(&self, name: &str) {
+        let Ok(collection) = self.collection(Some(name)) else { return };
+        for model in self.models.indexed_bi_encoders(&collection) {
+            match self.embed_collection(&collection, Some(&model.name), None, &crate::progress::Silent) {
+                Ok((computed, _, indexed)) => {
+                    tracing::info!(collection = name, model = model.name, computed, indexed, "embeddings kept current")
+                }
+                Err(e) => tracing::warn!("collection {name}, model {}: embeddings not kept current: {e}", model.name),
+            }
+        }
     }
 
     /// Embeddings of the client's texts by a served bi-encoder: 1 to `limits.max_depth` texts, each within the
@@ -579,31 +601,39 @@ impl Engine {
         cancel: &Cancel,
     ) -> Result<Retrieved, RankError> {
         let n = options.rerank.as_ref().map_or(options.k, |r| r.depth.max(options.k));
-        let (bm25, expansion) = match options.first_stage {
-            FirstStageKind::Dense => (vec![], None),
-            _ if options.pipeline == Pipeline::Bm25Rm3 => {
-                let expanded = snapshot.search_rm3(query, n, options.bm25, options.rm3)?;
-                let terms = expanded.terms.into_iter().map(|(term, weight)| ExpansionTerm { term, weight });
-                (expanded.hits, Some(terms.collect()))
-            }
-            _ => (snapshot.search(query, n, options.bm25)?, None),
+        let bm25 = || -> Result<_, RankError> {
+            Ok(match options.pipeline == Pipeline::Bm25Rm3 {
+                true => {
+                    let expanded = snapshot.search_rm3(query, n, options.bm25, options.rm3)?;
+                    let terms = expanded.terms.into_iter().map(|(term, weight)| ExpansionTerm { term, weight });
+                    (expanded.hits, Some(terms.collect()))
+                }
+                false => (snapshot.search(query, n, options.bm25)?, None),
+            })
         };
-        let retrieved = |hits, sources| Retrieved { hits, expansion, sources };
-        Ok(match (options.first_stage, options.hybrid) {
-            (FirstStageKind::Bm25, _) => retrieved(bm25, Default::default()),
-            (FirstStageKind::Dense, _) => {
-                let dense = self.dense(snapshot, query, options, n, cancel)?;
+        let dense = || self.dense(snapshot, query, options, n, cancel);
+        Ok(match options.first_stage {
+            FirstStageKind::Bm25 => {
+                let (hits, expansion) = bm25()?;
+                Retrieved { hits, expansion, sources: Default::default() }
+            }
+            FirstStageKind::Dense => {
+                let dense = dense()?;
                 let sources = dense.iter().enumerate().map(|(i, hit)| {
                     let listed = Listed { rank: i + 1, score: hit.score };
                     (hit.docid.clone(), Sources { bm25: None, dense: Some(listed) })
                 });
-                let sources = sources.collect();
-                retrieved(dense, sources)
+                Retrieved { sources: sources.collect(), hits: dense, expansion: None }
             }
-            (FirstStageKind::Hybrid, fusion) => {
-                let dense = self.dense(snapshot, query, options, n, cancel)?;
-                let (fused, sources) = first_stage::fuse(bm25, dense, fusion.unwrap_or_default());
-                retrieved(fused, sources)
+            FirstStageKind::Hybrid => {
+                // Both lists at once: a hybrid query waits for the slower, not for their sum.
+                let (bm25, dense) = std::thread::scope(|s| {
+                    let dense = s.spawn(dense);
+                    (bm25(), dense.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+                });
+                let ((bm25, expansion), dense) = (bm25?, dense?);
+                let (hits, sources) = first_stage::fuse(bm25, dense, options.hybrid.unwrap_or_default());
+                Retrieved { hits, expansion, sources }
             }
         })
     }
@@ -625,9 +655,10 @@ impl Engine {
                 continue;
             }
             let store = self.models.store(snapshot.collection(), &model)?.expect("a bi-encoder has a store");
-            let vectors = self.vectors.get(snapshot, &model, &store, &self.segments, &self.default_segments)?;
+            let from = self.models.approximate_from();
+            let vectors = self.vectors.get(snapshot, &model, &store, &self.segments, &self.default_segments, from)?;
             let embedded = model.served.embed(&[query], cancel).map_err(RankError::Model)?;
-            return Ok(vectors.search(&embedded[0], n));
+            return vectors.search(&embedded[0], n);
         }
         Err(RankError::DenseModelRequired { tried })
     }

@@ -14,7 +14,21 @@ use utoipa::ToSchema;
 use super::RankError;
 use crate::config::ModelConfig;
 use crate::index::Collection;
-use crate::model::{self, Kind, Quantize, Recipe, Reranker, ServeOptions, Served, VectorFile};
+use crate::model::{self, Kind, Neighbours, Quantize, Recipe, Reranker, ServeOptions, Served, VectorFile};
+
+/// `model::outputs_hash` of a model's directory, computed on first use.
+fn outputs_hash(model: &LoadedModel) -> Result<&str, RankError> {
+    if let Some(hash) = model.outputs_hash.get() {
+        return Ok(hash);
+    }
+    let hash = model::outputs_hash(&model.dir).map_err(RankError::Model)?;
+    Ok(model.outputs_hash.get_or_init(|| hash))
+}
+
+/// A bi-encoder's embedding files in a collection: `embeddings/NAME.*`.
+fn embeddings_name(model: &LoadedModel) -> Result<String, RankError> {
+    Ok(format!("{}-{}", outputs_hash(model)?, model.dtype))
+}
 
 /// The name of `[model] path`.
 pub const DEFAULT: &str = "default";
@@ -216,6 +230,23 @@ impl Models {
         self.open_store(collection, model, true)
     }
 
+    /// Segments from which a dense first stage searches a collection's vector index rather than every segment.
+    pub fn approximate_from(&self) -> usize {
+        self.config.approximate_from
+    }
+
+    /// The loaded bi-encoders whose vector index `collection` holds (`longrank embed` built one): those whose
+    /// embeddings are kept current as documents arrive.
+    pub fn indexed_bi_encoders(&self, collection: &Collection) -> Vec<Arc<LoadedModel>> {
+        let loaded = self.slots.iter().filter_map(|slot| slot.state.get()?.as_ref().ok());
+        let bi = loaded.filter(|m| matches!(m.served.model(), Reranker::Bi(_)));
+        let indexed = |m: &&Arc<LoadedModel>| {
+            let name = embeddings_name(m).ok();
+            name.is_some_and(|n| Neighbours::built(&collection.path().join("embeddings").join(n)))
+        };
+        bi.filter(indexed).cloned().collect()
+    }
+
     /// `store`, for `longrank embed`, which fills it: without the advice to run `longrank embed`.
     pub fn store_to_fill(
         &self,
@@ -242,15 +273,9 @@ impl Models {
             return Ok(Some(file.clone()));
         }
         let width = reranker.output_width();
-        let outputs = match model.outputs_hash.get() {
-            Some(hash) => hash,
-            None => {
-                let hash = model::outputs_hash(&model.dir).map_err(RankError::Model)?;
-                model.outputs_hash.get_or_init(|| hash)
-            }
-        };
+        let outputs = outputs_hash(model)?;
         let (dir, name, dims) = if is_bi {
-            ("embeddings", format!("{outputs}-{}", model.dtype), width)
+            ("embeddings", embeddings_name(model)?, width)
         } else {
             let c = &self.config;
             let name = format!("{outputs}-{}-{}-{}-{width}", model.dtype, model.max_length, c.max_query_tokens);

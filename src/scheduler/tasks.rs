@@ -525,6 +525,9 @@ impl Tasks {
         };
         // Searchable when the task says so: the collection opened again at its new commit.
         self.engine.catalog().refresh(name)?;
+        if kind == TaskKind::AddDocuments {
+            self.engine.keep_vectors_current(name);
+        }
         Ok(outcome)
     }
 

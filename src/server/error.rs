@@ -90,6 +90,8 @@ codes! {
     AmbiguousDocument = "ambiguous_document", 409, "The docid exists in several collections; name one.";
     NoVectors = "no_vectors", 409, "A dense or hybrid first stage on a collection whose segments lack the \
         bi-encoder's stored embeddings: run `longrank embed` on it (the message says how).";
+    OtherModelsIndex = "other_models_index", 409, "The collection's vector index beside this bi-encoder's \
+        embeddings holds another model's (the message names it): remove it and run `longrank embed`.";
     CollectionInUse = "collection_in_use", 409, "The collection is read by a queued or running batch job.";
     JobConflict = "job_conflict", 409, "The job is not in a state that allows this (the run of an unfinished job, cancelling a finished one).";
     TaskConflict = "task_conflict", 409, "A finished task cannot be cancelled.";
@@ -338,6 +340,7 @@ impl RankError {
             RankError::Model(ModelError::Overloaded { .. }) => C::Overloaded,
             RankError::Model(ModelError::Cancelled) | RankError::Index(IndexError::Cancelled) => C::Cancelled,
             RankError::Model(ModelError::QueryOverBudget { .. }) => C::QueryTooLong,
+            RankError::Model(ModelError::OtherModelsIndex(_)) => C::OtherModelsIndex,
             RankError::Model(_) => C::ModelError,
             RankError::Index(_) => C::IndexError,
         }
@@ -479,7 +482,7 @@ route_errors! {
     SearchErrors(Read): [MalformedJson, InvalidBody, InvalidQueryString, DuplicateField, BodyTooLarge,
         UnsupportedMediaType, ForbiddenOrigin, EmptyQuery, QueryTooLong, OutOfRange, InvalidSegments, NotApplicable,
         CollectionRequired, UnknownCollection, UnknownPipeline, PipelineUnavailable, ModelRequired, UnknownModel,
-        NotABiEncoder, NoVectors, Overloaded, ModelUnavailable, ModelError, IndexError];
+        NotABiEncoder, NoVectors, OtherModelsIndex, Overloaded, ModelUnavailable, ModelError, IndexError];
     /// `/rerank`.
     RerankErrors(Read): [MalformedJson, InvalidBody, BodyTooLarge, UnsupportedMediaType, ForbiddenOrigin,
         EmptyQuery, QueryTooLong, OutOfRange, InvalidSegments, RerankingPipelineRequired, NotApplicable,

@@ -169,3 +169,54 @@ fn first_stages_that_cannot_run_are_refused_with_the_reason() {
     let body = json!({"query": QUERY, "documents": [{"text": "titles"}], "first_stage": "dense"});
     post_json(&s.server.url("/rerank"), &body.to_string()).assert_error(400, "not_applicable");
 }
+
+/// From `approximate_from` segments (0 here) the dense first stage searches the vector index `longrank embed`
+/// built: on each of ADI's topics it answers exact search's top 20, scores bit for bit; an upload keeps it
+/// current; an index holding another model's vectors is refused by name.
+#[test]
+fn the_vector_index_answers_as_exact_search_does() {
+    let s = Setup::new();
+    let out = s.cli(&["embed", "--collection", "adi"]);
+    assert!(out.contains("82 stored, 82 in the vector index"), "every segment indexed: {out}");
+    let mut env = borrowed(&s.env);
+    env.push(("LONGRANK_MODEL_APPROXIMATE_FROM", "0"));
+    let approximate = TestServer::start(s.dir.path(), &env).wait_ready();
+    let topics = std::fs::read_to_string(data("adi/topics.tsv")).unwrap();
+    let search = |server: &TestServer, query: &str| {
+        let body = json!({"query": query, "collection": "adi", "first_stage": "dense", "k": 20});
+        let reply = post_json(&server.url("/search"), &body.to_string());
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let reply = reply.json();
+        results(&reply).iter().map(|h| (h["docid"].clone(), h["score"].clone())).collect::<Vec<_>>()
+    };
+    for query in topics.lines().filter_map(|l| l.split('\t').nth(1)) {
+        assert_eq!(search(&approximate, query), search(&s.server, query), "{query}");
+    }
+
+    // A document uploaded: the upload's task embeds its segments and adds them to the index, so dense search
+    // finds it at once (without, it refuses the collection: a segment without an embedding). The exact server
+    // goes first: it shares the data directory's tasks, and would apply the upload itself.
+    let Setup { dir, server, .. } = s;
+    drop(server);
+    let text = "Mooring masts for rigid airships of the nineteen twenties";
+    let line = json!({"id": "new-1", "title": "Zeppelins", "text": text}).to_string() + "\n";
+    let url = approximate.url("/collections/adi/documents?wait=true");
+    let reply = crate::common::request("POST", &url, &[("content-type", "application/x-ndjson")], Some(&line));
+    assert!(reply.status == 200 || reply.status == 202, "{} {}", reply.status, reply.body);
+    assert_eq!(search(&approximate, text)[0].0, "new-1");
+
+    let header = std::fs::read_dir(dir.path().join("collections/adi/embeddings"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with(".usearch.json"))
+        .expect("the index's header beside the embeddings");
+    std::fs::write(&header, r#"{"model": "e5-base", "vectors": "0123-f32", "dims": 768}"#).unwrap();
+    // A new stamp is a new read: the index is opened again, and refused.
+    let (index, copy) = (header.with_extension(""), header.with_extension("copy"));
+    std::fs::copy(&index, &copy).unwrap();
+    std::fs::rename(&copy, &index).unwrap();
+    let body = json!({"query": QUERY, "collection": "adi", "first_stage": "dense"});
+    let reply = post_json(&approximate.url("/search"), &body.to_string());
+    reply.assert_error(409, "other_models_index");
+    assert!(reply.body.contains("model e5-base's embeddings"), "{}", reply.body);
+}

@@ -228,9 +228,9 @@ impl Served {
         Ok((found.into_iter().map(|o| o.expect("every text embedded")).collect(), timing, missing))
     }
 
-    /// A text's embedding as `store` holds it (`embed_into`, or a search that embedded it), if it does.
-    pub fn stored_embedding(&self, text: &str, store: &VectorFile) -> Option<Vec<f32>> {
-        store.get(key(None, text))
+    /// The record of `store` holding a text's embedding (`embed_into`, or a search that embedded it), if any.
+    pub fn stored_record(&self, text: &str, store: &VectorFile) -> Option<u64> {
+        store.record(key(None, text))
     }
 
     /// Embeds texts ahead of queries into a collection's embedding file (bi-encoders; `longrank embed`).

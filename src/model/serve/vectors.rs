@@ -59,18 +59,47 @@ impl VectorFile {
         self.lock().keys.len()
     }
 
+    pub fn dims(&self) -> usize {
+        self.dims
+    }
+
+    /// `DIR/NAME`, the files' common stem.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     pub fn get(&self, key: u64) -> Option<Vec<f32>> {
+        let record = self.record(key)?;
+        self.read(record..record + 1).ok()
+    }
+
+    /// The record holding `key`'s vector (records are numbered in the order they were appended, by any
+    /// process, and never move).
+    pub fn record(&self, key: u64) -> Option<u64> {
         let mut inner = self.lock();
         if !inner.keys.contains_key(&key) {
             // Another process may have stored it since.
             let _shared = Locked::shared(&inner.keys_file).ok()?;
             self.catch_up(&mut inner).ok()?;
         }
-        let record = *inner.keys.get(&key)?;
-        let mut bytes = vec![0u8; self.dims * 4];
-        let offset = record * bytes.len() as u64;
-        inner.vectors.read_exact_at(&mut bytes, offset).ok()?;
-        Some(bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect())
+        inner.keys.get(&key).copied()
+    }
+
+    /// Records appended so far, by any process.
+    pub fn records(&self) -> Result<u64, ModelError> {
+        let mut inner = self.lock();
+        let _shared = Locked::shared(&inner.keys_file).map_err(|e| load_err(&self.path, e))?;
+        self.catch_up(&mut inner)?;
+        Ok(inner.records)
+    }
+
+    /// The vectors of `records`, one after another.
+    pub fn read(&self, records: std::ops::Range<u64>) -> Result<Vec<f32>, ModelError> {
+        let record_bytes = (self.dims * 4) as u64;
+        let mut bytes = vec![0u8; ((records.end - records.start) * record_bytes) as usize];
+        let inner = self.lock();
+        inner.vectors.read_exact_at(&mut bytes, records.start * record_bytes).map_err(|e| load_err(&self.path, e))?;
+        Ok(bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect())
     }
 
     pub fn append(&self, key: u64, vector: &[f32]) -> Result<(), ModelError> {
