@@ -11,7 +11,8 @@
 //! process there to let its lease run out), `task.start` (a task marked running, before it writes anything; not
 //! a collection's deletion), `publish.object` (after each object a publish uploads, before its version is
 //! recorded), `tasks.take_over` (a writer taking over the tasks, before it requeues them or removes uploads),
-//! `query_log.write` (the query log's writer with a batch taken, before it writes it).
+//! `query_log.write` (the query log's writer with a batch taken, before it writes it), `neighbours.checkpoint`
+//! (a vector index's checkpoint written beside the index, before it is renamed into place).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

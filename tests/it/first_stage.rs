@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use crate::common::{cli_env, data, minilm, post_json, TestServer};
+use crate::common::{cli_env, data, minilm, post_json, spawn_cli, TestServer};
 use crate::fixtures::tiny_cross_encoder;
 
 const QUERY: &str = "automatic retrieval of articles from their titles";
@@ -219,4 +219,44 @@ fn the_vector_index_answers_as_exact_search_does() {
     let reply = post_json(&approximate.url("/search"), &body.to_string());
     reply.assert_error(409, "other_models_index");
     assert!(reply.body.contains("model e5-base's embeddings"), "{}", reply.body);
+}
+
+/// `longrank embed` killed as it writes the grown index: the last checkpoint stays whole and serves (the
+/// segments it lacks searched exactly beside it), and the next run finishes the index.
+#[test]
+fn a_kill_while_the_index_grows_leaves_the_last_checkpoint_serving() {
+    let s = Setup::new();
+    s.cli(&["embed", "--collection", "adi"]);
+    let text = "Mooring masts for rigid airships of the nineteen twenties";
+    let more = s.dir.path().join("more.jsonl");
+    std::fs::write(&more, json!({"id": "new-1", "title": "Zeppelins", "text": text}).to_string() + "\n").unwrap();
+    s.cli(&["index", "--collection", "adi", more.to_str().unwrap()]);
+    let embeddings = s.dir.path().join("collections/adi/embeddings");
+    let index = std::fs::read_dir(&embeddings).unwrap().map(|e| e.unwrap().path());
+    let index = index.into_iter().find(|p| p.extension().is_some_and(|e| e == "usearch")).expect("an index");
+    let before = std::fs::read(&index).unwrap();
+    let held = [borrowed(&s.env), vec![("LONGRANK_TEST_HOLD", "neighbours.checkpoint:1")]].concat();
+    let mut embed = spawn_cli(s.dir.path(), &["embed", "--collection", "adi"], &held);
+    let partial = || {
+        let names = std::fs::read_dir(&embeddings).unwrap().map(|e| e.unwrap().file_name());
+        names.into_iter().any(|n| n.to_string_lossy().ends_with(".usearch.partial"))
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !partial() {
+        assert!(std::time::Instant::now() < deadline, "no checkpoint written");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    embed.kill().unwrap();
+    embed.wait().unwrap();
+    assert!(std::fs::read(&index).unwrap() == before, "the index in place is the last checkpoint's");
+
+    let mut env = borrowed(&s.env);
+    env.push(("LONGRANK_MODEL_APPROXIMATE_FROM", "0"));
+    let approximate = TestServer::start(s.dir.path(), &env).wait_ready();
+    let body = json!({"query": text, "collection": "adi", "first_stage": "dense", "k": 3});
+    let reply = post_json(&approximate.url("/search"), &body.to_string());
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(docids(&reply.json())[0], "new-1");
+    let out = s.cli(&["embed", "--collection", "adi"]);
+    assert!(out.contains("0 segment embeddings computed, 83 stored, 83 in the vector index"), "{out}");
 }

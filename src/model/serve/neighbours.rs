@@ -118,7 +118,11 @@ impl Neighbours {
             for (record, vector) in (covered..).zip(vectors.chunks_exact(file.dims())) {
                 index.add(record, vector).map_err(|e| load_err(&path, e))?;
             }
-            replace(&path, |partial| index.save(text(partial)?).map_err(|e| load_err(partial, e)))?;
+            replace(&path, |partial| {
+                index.save(text(partial)?).map_err(|e| load_err(partial, e))?;
+                crate::hooks::point("neighbours.checkpoint");
+                Ok(())
+            })?;
             covered = end;
             done(covered);
         }
