@@ -393,9 +393,35 @@ fn a_killed_run_resumes_from_its_last_checkpoint_and_trains_as_if_never_stopped(
     let model = models.path().to_str().unwrap();
     // The softmax loss over three negatives, two passes per step: those paths resume exactly too.
     let extra = ["--loss", "softmax", "--negatives", "3", "--accumulate", "2"];
-    let whole: Vec<&str> = train_args(model, "whole", "allp", "60").into_iter().chain(extra).collect();
-    cli_ok(d, &whole);
+    let args = killed_and_resumed_as_whole(d, model, &extra);
     assert!(best_dev(&summary(&d.join("whole")), "allp") >= 0.9, "learned with the softmax loss");
+
+    // Other options in the same directory are refused, naming the file.
+    let mut other = args.clone();
+    let seed = other.iter().position(|a| *a == "--seed").unwrap();
+    other[seed + 1] = "6";
+    let out = crate::common::cli(d, &other);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("train.json"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Each family's kill and resume, as BERT's above (its tiny training fixture, the pairwise loss).
+#[test]
+fn every_family_resumes_a_killed_run_as_if_never_stopped() {
+    for family in ["electra", "deberta-v3", "modernbert"] {
+        let dir = tempfile::tempdir().unwrap();
+        buried_sentence_collection(dir.path());
+        let model = crate::fixtures::model_fixture(&format!("{family}-train"));
+        killed_and_resumed_as_whole(dir.path(), model.to_str().unwrap(), &[]);
+    }
+}
+
+/// `allp` from `model` for 60 steps in `d/whole`, then in `d/killed`, killed after its checkpoint at step 15
+/// and run again: each step once, the same losses within 1e-4, the same best dev score, the initial model's
+/// dev score logged once. Returns the killed run's arguments.
+fn killed_and_resumed_as_whole<'a>(d: &Path, model: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let whole: Vec<&str> = train_args(model, "whole", "allp", "60").into_iter().chain(extra.iter().copied()).collect();
+    cli_ok(d, &whole);
     // The log starts with the initial model's dev score (step 0), once even in a resumed run (below).
     let initial_evaluations = |log: &Path| {
         let text = std::fs::read_to_string(log).unwrap();
@@ -405,7 +431,7 @@ fn a_killed_run_resumes_from_its_last_checkpoint_and_trains_as_if_never_stopped(
     };
     assert_eq!(initial_evaluations(&d.join("whole/allp/log.jsonl")), 1);
 
-    let args: Vec<&str> = train_args(model, "killed", "allp", "60").into_iter().chain(extra).collect();
+    let args: Vec<&str> = train_args(model, "killed", "allp", "60").into_iter().chain(extra.iter().copied()).collect();
     // Held by a test hook after its fourth checkpoint (steps 0, 5, 10, 15): the kill lands mid-run.
     let mut child = crate::common::spawn_cli(d, &args, &[("LONGRANK_TEST_HOLD", "train.checkpoint:4")]);
     let progress = d.join("killed/allp/state/progress.json");
@@ -415,7 +441,7 @@ fn a_killed_run_resumes_from_its_last_checkpoint_and_trains_as_if_never_stopped(
         state["step"].as_u64()
     };
     while step() != Some(15) {
-        assert!(Instant::now() < deadline && child.try_wait().unwrap().is_none(), "no checkpoint at step 15");
+        assert!(Instant::now() < deadline && child.try_wait().unwrap().is_none(), "{model}: no checkpoint at step 15");
         std::thread::sleep(Duration::from_millis(5));
     }
     assert!(child.try_wait().unwrap().is_none(), "the run ended at its hold");
@@ -427,17 +453,10 @@ fn a_killed_run_resumes_from_its_last_checkpoint_and_trains_as_if_never_stopped(
     let (whole, resumed) = (losses(&d.join("whole/allp/log.jsonl")), losses(&d.join("killed/allp/log.jsonl")));
     assert_eq!(resumed.iter().map(|(s, _)| *s).collect::<Vec<_>>(), (1..=60).collect::<Vec<_>>(), "each step once");
     for ((step, a), (_, b)) in whole.iter().zip(&resumed) {
-        assert!((a - b).abs() < 1e-4, "step {step}: uninterrupted {a}, resumed {b}");
+        assert!((a - b).abs() < 1e-4, "{model}, step {step}: uninterrupted {a}, resumed {b}");
     }
     assert_eq!(best_dev(&summary(&d.join("whole")), "allp"), best_dev(&summary(&d.join("killed")), "allp"));
-
-    // Other options in the same directory are refused, naming the file.
-    let mut other = args.clone();
-    let seed = other.iter().position(|a| *a == "--seed").unwrap();
-    other[seed + 1] = "6";
-    let out = crate::common::cli(d, &other);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("train.json"), "{}", String::from_utf8_lossy(&out.stderr));
+    args
 }
 
 #[test]
