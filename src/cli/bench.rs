@@ -557,8 +557,12 @@ fn dense(b: DenseBench) -> anyhow::Result<()> {
         let records: Vec<u64> = (0..(documents * b.per_doc) as u64).collect();
         let starts: Vec<usize> = (0..=documents).map(|d| d * b.per_doc).collect();
         let docs = || (0..documents).map(|d| (tantivy::DocAddress::new(0, d as u32), format!("{d:08}"))).collect();
-        // Resident memory each way takes once its queries ran (the index's graph is mapped, read as touched).
-        let rss = || rss_mb(std::process::id(), "VmRSS:");
+        // Resident memory each way takes once its queries ran (the index's graph is mapped, read as touched),
+        // from what was resident once the memory freed before had gone back to the kernel.
+        let rss = || {
+            super::memory::release_thread_memory();
+            rss_mb(std::process::id(), "VmRSS:")
+        };
         let (before, mut index_ms, mut answers) = (rss(), vec![], vec![]);
         let index = SegmentVectors::new(&file, "bench", records.clone(), starts.clone(), docs(), 0)?;
         for query in &queries {

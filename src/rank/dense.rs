@@ -33,8 +33,10 @@ pub struct SegmentVectors {
 enum Search {
     /// Every segment's vector and length, in memory.
     Exact { vectors: Vec<f32>, norms: Vec<f32> },
-    /// Candidates from the index; vectors read from the file when scored.
-    Approximate { neighbours: Neighbours, file: Arc<VectorFile>, owners: Vec<(u64, u32)> },
+    /// Candidates from the index; vectors read from the file when scored. `owners` maps records to documents;
+    /// `live` holds a bit per record that a live document's segment has (the graph keeps deleted documents'
+    /// and other commits' records, and a search asks for each node it visits).
+    Approximate { neighbours: Neighbours, file: Arc<VectorFile>, owners: Vec<(u64, u32)>, live: Vec<u64> },
 }
 
 /// Segments the index proposes per document asked for, at first: documents have several segments each, and
@@ -90,9 +92,12 @@ impl SegmentVectors {
             false => None,
         };
         let search = match neighbours {
-            Some(neighbours) => {
-                Search::Approximate { neighbours, file: file.clone(), owners: owners(&records, &starts) }
-            }
+            Some(neighbours) => Search::Approximate {
+                neighbours,
+                file: file.clone(),
+                owners: owners(&records, &starts),
+                live: live(&records),
+            },
             None => {
                 let mut vectors = Vec::with_capacity(records.len() * file.dims());
                 for &record in &records {
@@ -119,9 +124,9 @@ impl SegmentVectors {
                     Some(self.hit(d, best))
                 })
                 .collect(),
-            Search::Approximate { neighbours, file, owners } => {
+            Search::Approximate { neighbours, file, owners, live } => {
                 let mut hits = vec![];
-                for d in self.candidates(neighbours, owners, query, n)? {
+                for d in self.candidates(neighbours, owners, live, query, n)? {
                     let mut best = f32::NEG_INFINITY;
                     for records in runs(&self.records[self.starts[d]..self.starts[d + 1]]) {
                         for vector in file.read(records).map_err(RankError::Model)?.chunks_exact(self.dims) {
@@ -153,12 +158,12 @@ impl SegmentVectors {
         &self,
         neighbours: &Neighbours,
         owners: &[(u64, u32)],
+        live: &[u64],
         query: &[f32],
         n: usize,
     ) -> Result<BTreeSet<usize>, RankError> {
-        let covered = neighbours.covered();
-        let tail = owners.partition_point(|o| o.0 < covered);
-        let owned = |record: u64| owners[..tail].binary_search_by_key(&record, |o| o.0).is_ok();
+        let tail = owners.partition_point(|o| o.0 < neighbours.covered());
+        let owned = |record: u64| live.get((record / 64) as usize).is_some_and(|bits| bits >> (record % 64) & 1 == 1);
         let mut count = n * SEGMENTS_PER_DOCUMENT;
         let found = loop {
             let found = neighbours.search(query, count, owned).map_err(RankError::Model)?;
@@ -195,6 +200,15 @@ fn owners(records: &[u64], starts: &[usize]) -> Vec<(u64, u32)> {
         (0..documents).flat_map(|d| records[starts[d]..starts[d + 1]].iter().map(move |&r| (r, d as u32))).collect();
     owners.sort_unstable();
     owners
+}
+
+/// A bit per record, set for `records`.
+fn live(records: &[u64]) -> Vec<u64> {
+    let mut bits = vec![0u64; records.iter().max().map_or(0, |&r| r as usize / 64 + 1)];
+    for &r in records {
+        bits[r as usize / 64] |= 1 << (r % 64);
+    }
+    bits
 }
 
 /// The segment vectors read, per collection opening, commit and model; the last few kept.
@@ -351,10 +365,21 @@ mod tests {
             panic!("the index searches from 0 segments")
         };
         assert_eq!(neighbours.covered(), 150);
+        let pairs = |hits: &[Hit]| hits.iter().map(|h| (h.docid.clone(), h.score.to_bits())).collect::<Vec<_>>();
         for query in vectors.chunks_exact(dims).step_by(7) {
             let (want, got) = (whole.search(query, 10).unwrap(), approximate.search(query, 10).unwrap());
-            let pairs = |hits: &[Hit]| hits.iter().map(|h| (h.docid.clone(), h.score.to_bits())).collect::<Vec<_>>();
             assert_eq!(pairs(&got), pairs(&want));
+        }
+        // Half the documents deleted: the graph still holds their records, and the search passes over them.
+        let kept: Vec<(DocAddress, String)> = documents(100).into_iter().step_by(2).collect();
+        let records: Vec<u64> = (0..200).filter(|r| r / 2 % 2 == 0).collect();
+        let starts: Vec<usize> = (0..=50).map(|d| 2 * d).collect();
+        let whole = SegmentVectors::new(&file, "m", records.clone(), starts.clone(), kept.clone(), usize::MAX).unwrap();
+        let approximate = SegmentVectors::new(&file, "m", records, starts, kept, 0).unwrap();
+        for query in vectors.chunks_exact(dims).step_by(5) {
+            let (want, got) = (whole.search(query, 10).unwrap(), approximate.search(query, 10).unwrap());
+            assert_eq!(pairs(&got), pairs(&want));
+            assert!(got.iter().all(|h| h.docid[1..].parse::<usize>().unwrap() % 2 == 0));
         }
     }
 }

@@ -37,6 +37,9 @@ use crate::preselect::Selector;
 use crate::progress::{Progress, Unit};
 use crate::segment::SegmentOptions;
 
+/// What `Engine::embed_documents` does with each document it is handed.
+type EachDocument<'a> = dyn FnMut(StoredDoc) -> Result<(), RankError> + 'a;
+
 pub use api::{
     json_arg, BatchParams, BestSegment, CollectionInfo, DocumentResponse, EmbedRequest, Embeddings, ExpansionTerm,
     ModelTiming, Pipeline, PipelineInfo, RankParams, RerankDocument, RerankRequest, RerankResponse, ScoredSegment,
@@ -368,6 +371,21 @@ impl Engine {
         reader: Option<&str>,
         progress: &dyn Progress,
     ) -> Result<(usize, usize, u64), RankError> {
+        let snapshot = collection.snapshot();
+        self.embed_documents(collection, model, reader, progress, &mut |each| {
+            snapshot.for_each_document(|_, doc| each(doc))
+        })
+    }
+
+    /// `embed_collection` over the documents `visit` hands its argument.
+    fn embed_documents(
+        &self,
+        collection: &Collection,
+        model: Option<&str>,
+        reader: Option<&str>,
+        progress: &dyn Progress,
+        visit: &mut dyn FnMut(&mut EachDocument) -> Result<(), RankError>,
+    ) -> Result<(usize, usize, u64), RankError> {
         let name = self.models.check(model)?;
         let model = self.models.get(&name, "embeddings")?;
         let reader = reader.map(|r| self.models.get(&self.models.check(Some(r))?, "embeddings")).transpose()?;
@@ -388,7 +406,7 @@ impl Engine {
             pending.clear();
             Ok(())
         };
-        collection.snapshot().for_each_document(|_, doc| {
+        visit(&mut |doc| {
             let inputs = self.segments.inputs(segmenter, &self.default_segments, &doc, usize::MAX);
             pending.extend(inputs.into_iter().map(|(_, text)| text.into_owned()));
             if pending.len() >= CHUNK {
@@ -396,7 +414,7 @@ impl Engine {
             }
             done += 1;
             progress.set(done, "");
-            Ok::<(), RankError>(())
+            Ok(())
         })?;
         flush(&mut pending)?;
         // The vector index, brought up to what the file holds now.
@@ -406,14 +424,24 @@ impl Engine {
         Ok((computed, vectors.len(), indexed))
     }
 
-    /// After documents were added to collection `name`: for each loaded bi-encoder whose vector index the
-    /// collection holds, the new documents' segments embedded and the index brought up to date, so that dense
-    /// search goes on serving the collection (it refuses one with segments missing). A failure is logged, not
-    /// raised: the change stands, and a dense request says what to run.
-    pub fn keep_vectors_current(&self, name: &str) {
+    /// After the documents `docids` names were added to collection `name` (or replaced there): for each loaded
+    /// bi-encoder whose vector index the collection holds, their segments embedded and the index brought up to
+    /// date, so that dense search goes on serving the collection (it refuses one with segments missing). Only
+    /// those documents are read and cut, not the collection. A failure is logged, not raised: the change
+    /// stands, and a dense request says what to run.
+    pub fn keep_vectors_current(&self, name: &str, docids: impl FnOnce() -> Vec<String>) {
         let Ok(collection) = self.collection(Some(name)) else { return };
-        for model in self.models.indexed_bi_encoders(&collection) {
-            match self.embed_collection(&collection, Some(&model.name), None, &crate::progress::Silent) {
+        let models = self.models.indexed_bi_encoders(&collection);
+        if models.is_empty() {
+            return;
+        }
+        let (snapshot, docids) = (collection.snapshot(), docids());
+        for model in models {
+            let mut uploaded = |each: &mut EachDocument| {
+                // A docid the upload skipped (malformed, empty) is not in the collection.
+                docids.iter().filter_map(|id| snapshot.get(id).transpose()).try_for_each(|doc| each(doc?))
+            };
+            match self.embed_documents(&collection, Some(&model.name), None, &crate::progress::Silent, &mut uploaded) {
                 Ok((computed, _, indexed)) => {
                     tracing::info!(collection = name, model = model.name, computed, indexed, "embeddings kept current")
                 }

@@ -526,9 +526,21 @@ impl Tasks {
         // Searchable when the task says so: the collection opened again at its new commit.
         self.engine.catalog().refresh(name)?;
         if kind == TaskKind::AddDocuments {
-            self.engine.keep_vectors_current(name);
+            self.engine.keep_vectors_current(name, || self.uploaded_docids(input));
         }
         Ok(outcome)
+    }
+
+    /// The docids of an upload's documents (read again after it was applied; a document it could not read
+    /// was not added).
+    fn uploaded_docids(&self, input: &Input) -> Vec<String> {
+        let Some(file) = &input.file else { return vec![] };
+        let (path, format) = match input.json_array {
+            true => (self.uploads().join(format!("{file}.jsonl")), Format::Jsonl),
+            false => (self.uploads().join(file), input.format),
+        };
+        let Ok(corpus) = Corpus::open(&[path], format) else { return vec![] };
+        corpus.documents().filter_map(|doc| Some(doc.ok()?.id)).collect()
     }
 
     /// Writes a task's change to collection `name` of `data_dir`.

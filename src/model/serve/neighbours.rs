@@ -22,7 +22,9 @@ const CONNECTIVITY: usize = 16;
 const EXPANSION_ADD: usize = 400;
 const EXPANSION_SEARCH: usize = 256;
 
-/// Records added between two checkpoints of an update.
+/// Records added before an update's first checkpoint; later ones come each time the graph has doubled, since
+/// each rewrites the whole graph: a kill loses at most half the work, and writing costs twice the graph's size
+/// rather than growing with its square.
 const CHECKPOINT: u64 = 100_000;
 
 /// Whose vectors an index holds.
@@ -90,7 +92,7 @@ impl Neighbours {
     }
 
     /// Brings the index beside `file` (the vectors of the served model `model`) up to the file's records,
-    /// adding those appended since, a checkpoint every `CHECKPOINT` records; `done` is told the records covered
+    /// adding those appended since, a checkpoint after `CHECKPOINT` records and each time the graph doubled; `done` is told the records covered
     /// after each. One thread adds them, in record order: the same vectors added by the same updates make the
     /// same graph, byte for byte, on any machine (usearch's concurrent insertions differ from run to run, and
     /// left some records unreachable in a small graph). Returns (records added, records covered).
@@ -112,7 +114,7 @@ impl Neighbours {
         let (start, total) = (index.size() as u64, file.records()?);
         let mut covered = start;
         while covered < total {
-            let end = total.min(covered + CHECKPOINT);
+            let end = total.min(covered + CHECKPOINT.max(covered));
             let vectors = file.read(covered..end)?;
             index.reserve_capacity_and_threads(end as usize, 1).map_err(|e| load_err(&path, e))?;
             for (record, vector) in (covered..).zip(vectors.chunks_exact(file.dims())) {
@@ -229,6 +231,31 @@ mod tests {
         }
         let bytes = |dir: &Path| std::fs::read(dir.join("m-f32.usearch")).unwrap();
         assert!(bytes(dir.path()) == bytes(again.path()), "two builds of one index differ");
+    }
+
+    /// A graph of many more records than a search visits: its answers are the exact nearest ones for nearly
+    /// every query (HNSW's recall, which an index smaller than the search list cannot show).
+    #[test]
+    fn a_large_graph_finds_the_nearest_records() {
+        let (dims, records) = (24, 20_000u64);
+        let dir = tempfile::tempdir().unwrap();
+        let file = VectorFile::open(dir.path(), "m-f32", dims).unwrap();
+        let vectors = seeded(records, dims);
+        for (i, v) in vectors.iter().enumerate() {
+            file.append(i as u64, v).unwrap();
+        }
+        Neighbours::update(&file, "m", &|_| {}).unwrap();
+        let index = Neighbours::open(&file, "m").unwrap().unwrap();
+        let cosine = |a: &[f32], b: &[f32]| crate::model::dot(a, b) / (crate::model::norm(a) * crate::model::norm(b));
+        let (mut found, queries, k) = (0, 50, 10);
+        for query in seeded(records + queries, dims).into_iter().skip(records as usize) {
+            let mut exact: Vec<(f32, u64)> = vectors.iter().zip(0..).map(|(v, r)| (-cosine(&query, v), r)).collect();
+            exact.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            let want: Vec<u64> = exact[..k].iter().map(|e| e.1).collect();
+            found += index.search(&query, k, |_| true).unwrap().iter().filter(|r| want.contains(r)).count();
+        }
+        let recall = found as f64 / (queries as usize * k) as f64;
+        assert!(recall >= 0.95, "recall@{k} {recall}");
     }
 
     /// More searches at once than the CPU has threads (a server's blocking pool): each waits its turn.

@@ -19,6 +19,9 @@ use crate::model::{load_err, ModelError};
 pub struct VectorFile {
     path: PathBuf,
     dims: usize,
+    /// Read and written at offsets (`pread`/`pwrite`), so outside the lock: a record is written before its key,
+    /// and read only once its key was.
+    vectors: File,
     inner: Mutex<Inner>,
 }
 
@@ -27,7 +30,6 @@ struct Inner {
     /// Records read from the keys file so far.
     records: u64,
     keys_file: File,
-    vectors: File,
 }
 
 impl VectorFile {
@@ -44,7 +46,8 @@ impl VectorFile {
         let file = VectorFile {
             path,
             dims,
-            inner: Mutex::new(Inner { keys: HashMap::new(), records: 0, keys_file, vectors }),
+            vectors,
+            inner: Mutex::new(Inner { keys: HashMap::new(), records: 0, keys_file }),
         };
         {
             let mut inner = file.lock();
@@ -97,8 +100,7 @@ impl VectorFile {
     pub fn read(&self, records: std::ops::Range<u64>) -> Result<Vec<f32>, ModelError> {
         let record_bytes = (self.dims * 4) as u64;
         let mut bytes = vec![0u8; ((records.end - records.start) * record_bytes) as usize];
-        let inner = self.lock();
-        inner.vectors.read_exact_at(&mut bytes, records.start * record_bytes).map_err(|e| load_err(&self.path, e))?;
+        self.vectors.read_exact_at(&mut bytes, records.start * record_bytes).map_err(|e| load_err(&self.path, e))?;
         Ok(bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect())
     }
 
@@ -121,7 +123,7 @@ impl VectorFile {
         let bytes: Vec<u8> = vector.iter().flat_map(|x| x.to_le_bytes()).collect();
         let record = inner.records;
         let io = |e| load_err(&self.path, e);
-        inner.vectors.write_all_at(&bytes, record * bytes.len() as u64).map_err(io)?;
+        self.vectors.write_all_at(&bytes, record * bytes.len() as u64).map_err(io)?;
         inner.keys_file.write_all_at(&key.to_le_bytes(), record * 8).map_err(io)?;
         inner.keys.insert(key, record);
         inner.records += 1;
