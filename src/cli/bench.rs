@@ -550,7 +550,7 @@ fn dense(b: DenseBench) -> anyhow::Result<()> {
             file.append(i as u64, &draw(i))?;
         }
         let started = Instant::now();
-        Neighbours::update(&file, "bench", &|_| {})?;
+        Neighbours::update(&file, "bench", 0, &|_| {})?;
         let build_s = started.elapsed().as_secs_f64();
         let index_mb = std::fs::metadata(dir.join("bench-f32.usearch"))?.len() as f64 / 1e6;
         let documents = segments / b.per_doc;

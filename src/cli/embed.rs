@@ -22,6 +22,25 @@ pub struct EmbedArgs {
 }
 
 pub fn run(args: EmbedArgs, config: &Config) -> anyhow::Result<()> {
+    // On a cluster: refused before any work when the object store cannot be published to.
+    let runtime = super::runtime()?;
+    let cluster = super::cluster(config, &runtime)?;
+    if let Some(super::Cluster::Writer(writer)) = &cluster {
+        let Some(name) = &args.collection else {
+            anyhow::bail!("a server writes this cluster ({}): name the collection (--collection)", writer.url());
+        };
+        let task = writer.embed(name, args.name.as_deref(), args.for_model.as_deref())?;
+        println!(
+            "collection {name}: embedded by the cluster's writer ({}), task {}; published",
+            writer.url(),
+            task["id"]
+        );
+        return Ok(());
+    }
+    if let Some(super::Cluster::Publish(replication, _)) = &cluster {
+        // The newest version is the one to embed and publish again.
+        replication.pull_logged(&config.data_dir.join("collections"))?;
+    }
     let engine = super::open_engine(config)?;
     let collection = engine.collection(args.collection.as_deref())?;
     let bar = Bar::counting(collection.num_docs(), "documents");
@@ -32,5 +51,8 @@ pub fn run(args: EmbedArgs, config: &Config) -> anyhow::Result<()> {
     println!(
         "collection {name}: {computed} segment embeddings computed, {stored} stored, {indexed} in the vector index"
     );
+    if let Some(super::Cluster::Publish(replication, _)) = &cluster {
+        super::publish(replication, config, name)?;
+    }
     Ok(())
 }

@@ -81,19 +81,7 @@ pub fn run(args: IndexArgs, mut config: Config) -> anyhow::Result<()> {
         super::bench::peak_rss_mb()
     );
     if let Some(super::Cluster::Publish(replication, _writer)) = cluster {
-        let root = config.data_dir.join("collections");
-        let p = replication.publish(&root, &args.collection)?;
-        match p.unchanged {
-            true => println!("version {} unchanged in {}", p.version, replication.objects_url()),
-            false => println!(
-                "published version {} to {}: {} files, {} uploaded ({:.1} MB)",
-                p.version,
-                replication.objects_url(),
-                p.files,
-                p.uploaded_files,
-                p.uploaded_bytes as f64 / 1e6
-            ),
-        }
+        super::publish(&replication, &config, &args.collection)?;
     }
     Ok(())
 }

@@ -153,6 +153,23 @@ pub fn cluster(config: &Config, runtime: &tokio::runtime::Runtime) -> anyhow::Re
     })
 }
 
+/// Publishes collection `name` of the data directory as a new version (none when nothing changed), saying so.
+pub fn publish(replication: &Replication, config: &Config, name: &str) -> anyhow::Result<()> {
+    let p = replication.publish(&config.data_dir.join("collections"), name)?;
+    match p.unchanged {
+        true => println!("version {} unchanged in {}", p.version, replication.objects_url()),
+        false => println!(
+            "published version {} to {}: {} files, {} uploaded ({:.1} MB)",
+            p.version,
+            replication.objects_url(),
+            p.files,
+            p.uploaded_files,
+            p.uploaded_bytes as f64 / 1e6
+        ),
+    }
+    Ok(())
+}
+
 pub fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;

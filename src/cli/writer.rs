@@ -1,7 +1,7 @@
-//! `longrank index` and `longrank collections delete` against a cluster whose collections a server writes
-//! (`store.objects`): the CLI is not a second writer; it sends each input file to the writer as an upload
-//! (streamed, as `POST /collections/NAME/documents`) or the deletion as `DELETE /collections/NAME`, and follows
-//! each task to its end. The writer applies and publishes it, as for any client.
+//! `longrank index`, `longrank embed` and `longrank collections delete` against a cluster whose collections a
+//! server writes (`store.objects`): the CLI is not a second writer; it sends each input file to the writer as an
+//! upload (streamed, as `POST /collections/NAME/documents`), the embedding as `POST /collections/NAME/embeddings`
+//! or the deletion as `DELETE /collections/NAME`, and follows each task to its end. The writer applies and publishes it, as for any client.
 
 use std::path::Path;
 use std::time::Duration;
@@ -45,6 +45,14 @@ impl WriterClient {
         let body = std::fs::File::open(file).with_context(|| format!("opening {}", file.display()))?;
         let sent = self.request("POST", &path).set("content-type", "application/octet-stream").send(body);
         self.follow(sent, &format!("sending {}", file.display()))
+    }
+
+    /// Embeds `collection`'s segments with the bi-encoder `model` (of those `for_model` reads) and indexes them;
+    /// the finished task.
+    pub fn embed(&self, collection: &str, model: Option<&str>, for_model: Option<&str>) -> anyhow::Result<Value> {
+        let body = serde_json::json!({"model": model, "for": for_model});
+        let sent = self.request("POST", &format!("/collections/{collection}/embeddings")).send_json(body);
+        self.follow(sent, &format!("embedding {collection}"))
     }
 
     /// Deletes `collection`; the finished task.

@@ -511,7 +511,7 @@ impl Drop for Staged {
 
 /// Model outputs kept beside the index (a bi-encoder's segment embeddings, stored cross-encoder scores) are
 /// keyed by text, so they hold for every version of the collection: linked into another directory of it rather
-/// than lost.
+/// than lost. A file `to` has already (a pulled version's vectors) stays.
 pub fn link_caches(from: &Path, to: &Path) -> Result<(), IndexError> {
     for cache in ["embeddings", "scores"] {
         let Ok(entries) = std::fs::read_dir(from.join(cache)) else { continue };
@@ -519,6 +519,9 @@ pub fn link_caches(from: &Path, to: &Path) -> Result<(), IndexError> {
         std::fs::create_dir_all(&target).map_err(|source| IndexError::Io { path: target.clone(), source })?;
         for entry in entries.filter_map(|e| e.ok()).filter(|e| e.file_type().is_ok_and(|t| t.is_file())) {
             let link = target.join(entry.file_name());
+            if link.exists() {
+                continue;
+            }
             std::fs::hard_link(entry.path(), &link).map_err(|source| IndexError::Io { path: link, source })?;
         }
     }

@@ -355,7 +355,7 @@ mod tests {
         for (record, v) in vectors.chunks_exact(dims).enumerate() {
             file.append(record as u64 + 100, v).unwrap();
             if record == 149 {
-                Neighbours::update(&file, "m", &|_| {}).unwrap();
+                Neighbours::update(&file, "m", 0, &|_| {}).unwrap();
             }
         }
         let records: Vec<u64> = (0..200).collect();

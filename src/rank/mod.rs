@@ -372,18 +372,20 @@ impl Engine {
         progress: &dyn Progress,
     ) -> Result<(usize, usize, u64), RankError> {
         let snapshot = collection.snapshot();
-        self.embed_documents(collection, model, reader, progress, &mut |each| {
+        self.embed_documents(collection, model, reader, progress, 0, &mut |each| {
             snapshot.for_each_document(|_, doc| each(doc))
         })
     }
 
-    /// `embed_collection` over the documents `visit` hands its argument.
+    /// `embed_collection` over the documents `visit` hands its argument, the index brought up to date once at
+    /// least `least` records are missing from it.
     fn embed_documents(
         &self,
         collection: &Collection,
         model: Option<&str>,
         reader: Option<&str>,
         progress: &dyn Progress,
+        least: u64,
         visit: &mut dyn FnMut(&mut EachDocument) -> Result<(), RankError>,
     ) -> Result<(usize, usize, u64), RankError> {
         let name = self.models.check(model)?;
@@ -420,28 +422,31 @@ impl Engine {
         // The vector index, brought up to what the file holds now.
         progress.phase("segments in the vector index", vectors.records().map_err(RankError::Model)?, Unit::Items);
         let done = |covered| progress.set(covered, "");
-        let (_, indexed) = Neighbours::update(&vectors, &model.name, &done).map_err(RankError::Model)?;
+        let (_, indexed) = Neighbours::update(&vectors, &model.name, least, &done).map_err(RankError::Model)?;
         Ok((computed, vectors.len(), indexed))
     }
 
-    /// After the documents `docids` names were added to collection `name` (or replaced there): for each loaded
-    /// bi-encoder whose vector index the collection holds, their segments embedded and the index brought up to
-    /// date, so that dense search goes on serving the collection (it refuses one with segments missing). Only
-    /// those documents are read and cut, not the collection. A failure is logged, not raised: the change
-    /// stands, and a dense request says what to run.
-    pub fn keep_vectors_current(&self, name: &str, docids: impl FnOnce() -> Vec<String>) {
-        let Ok(collection) = self.collection(Some(name)) else { return };
-        let models = self.models.indexed_bi_encoders(&collection);
+    /// After the documents `docids` names were added to `collection` (or replaced there; on a cluster, the
+    /// staged copy about to be published): for each loaded bi-encoder whose vector index the collection
+    /// holds, their segments embedded, so that dense search goes on serving the collection (it refuses one with
+    /// segments missing), and the index brought up to date once `approximate_from` segments are missing from
+    /// it (searches score those exactly; each update rewrites the graph). Only those documents are read and
+    /// cut, not the collection. A failure is logged, not raised: the change stands, and a dense request says
+    /// what to run.
+    pub fn keep_vectors_current(&self, collection: &Collection, docids: impl FnOnce() -> Vec<String>) {
+        let models = self.models.indexed_bi_encoders(collection);
         if models.is_empty() {
             return;
         }
-        let (snapshot, docids) = (collection.snapshot(), docids());
+        let (name, snapshot, docids) = (collection.name(), collection.snapshot(), docids());
+        let least = self.models.approximate_from() as u64;
         for model in models {
             let mut uploaded = |each: &mut EachDocument| {
                 // A docid the upload skipped (malformed, empty) is not in the collection.
                 docids.iter().filter_map(|id| snapshot.get(id).transpose()).try_for_each(|doc| each(doc?))
             };
-            match self.embed_documents(&collection, Some(&model.name), None, &crate::progress::Silent, &mut uploaded) {
+            let silent = &crate::progress::Silent;
+            match self.embed_documents(collection, Some(&model.name), None, silent, least, &mut uploaded) {
                 Ok((computed, _, indexed)) => {
                     tracing::info!(collection = name, model = model.name, computed, indexed, "embeddings kept current")
                 }

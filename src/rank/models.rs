@@ -14,7 +14,10 @@ use utoipa::ToSchema;
 use super::RankError;
 use crate::config::ModelConfig;
 use crate::index::Collection;
-use crate::model::{self, Kind, Neighbours, Quantize, Recipe, Reranker, ServeOptions, Served, VectorFile};
+use crate::model::{self, IndexHeader, Kind, Neighbours, Quantize, Recipe, Reranker, ServeOptions, Served, VectorFile};
+
+/// Open stores of model outputs by (collection's opening, model), with the collection's name.
+type Stores = HashMap<(u64, String), (String, Arc<VectorFile>)>;
 
 /// `model::outputs_hash` of a model's directory, computed on first use.
 fn outputs_hash(model: &LoadedModel) -> Result<&str, RankError> {
@@ -36,8 +39,9 @@ pub const DEFAULT: &str = "default";
 pub struct Models {
     slots: Vec<Slot>,
     config: ModelConfig,
-    /// On-disk stores of model outputs, per (collection's opening, model), opened on first use.
-    stores: Mutex<HashMap<(u64, String), Arc<VectorFile>>>,
+    /// On-disk stores of model outputs, per (collection's opening, model), opened on first use, with the
+    /// collection's name: a collection's later opening (each commit's) replaces its earlier ones' stores.
+    stores: Mutex<Stores>,
 }
 
 struct Slot {
@@ -235,16 +239,17 @@ impl Models {
         self.config.approximate_from
     }
 
-    /// The loaded bi-encoders whose vector index `collection` holds (`longrank embed` built one): those whose
-    /// embeddings are kept current as documents arrive.
+    /// The bi-encoders whose vector index `collection` holds (`longrank embed` built one), loaded if they were
+    /// not: those whose embeddings are kept current as documents arrive. An index of a model no longer served
+    /// (or served with other weights) is left alone.
     pub fn indexed_bi_encoders(&self, collection: &Collection) -> Vec<Arc<LoadedModel>> {
-        let loaded = self.slots.iter().filter_map(|slot| slot.state.get()?.as_ref().ok());
-        let bi = loaded.filter(|m| matches!(m.served.model(), Reranker::Bi(_)));
-        let indexed = |m: &&Arc<LoadedModel>| {
-            let name = embeddings_name(m).ok();
-            name.is_some_and(|n| Neighbours::built(&collection.path().join("embeddings").join(n)))
+        let Ok(indexed) = Neighbours::indexed(&collection.path().join("embeddings")) else { return vec![] };
+        let serves = |header: &IndexHeader| {
+            let model = self.get(&self.check(Some(&header.model)).ok()?, "embeddings").ok()?;
+            let bi = matches!(model.served.model(), Reranker::Bi(_));
+            (bi && embeddings_name(&model).ok()? == header.vectors).then_some(model)
         };
-        bi.filter(indexed).cloned().collect()
+        indexed.iter().filter_map(serves).collect()
     }
 
     /// `store`, for `longrank embed`, which fills it: without the advice to run `longrank embed`.
@@ -269,7 +274,7 @@ impl Models {
         }
         let key = (collection.opening(), model.name.clone());
         let mut open = self.stores.lock();
-        if let Some(file) = open.get(&key) {
+        if let Some((_, file)) = open.get(&key) {
             return Ok(Some(file.clone()));
         }
         let width = reranker.output_width();
@@ -296,7 +301,8 @@ impl Models {
             );
         }
         let file = Arc::new(file);
-        open.insert(key, file.clone());
+        open.retain(|(_, m), (c, _)| *m != model.name || c != collection.name());
+        open.insert(key, (collection.name().to_string(), file.clone()));
         Ok(Some(file))
     }
 }

@@ -16,6 +16,9 @@ pub struct Manifest {
     /// The index fingerprint (`index::fingerprint`); empty for a deleted collection.
     pub fingerprint: String,
     pub files: Vec<ManifestFile>,
+    /// The segment vectors and vector index of each bi-encoder `longrank embed` indexed the collection for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vectors: Vec<ManifestVectors>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,6 +26,20 @@ pub struct ManifestFile {
     pub name: String,
     pub bytes: u64,
     pub sha256: String,
+}
+
+/// One vector file and its index in a version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestVectors {
+    /// The vector file's name in the collection's `embeddings` (the model's outputs fingerprint and dtype).
+    pub name: String,
+    pub dims: usize,
+    /// Its records in chunks of equal count (the last may hold fewer): each object holds its records' keys, then
+    /// their vectors.
+    pub chunks: Vec<ManifestFile>,
+    /// `NAME.usearch` and `NAME.usearch.json`.
+    pub index: ManifestFile,
+    pub header: ManifestFile,
 }
 
 /// The version a collection's directory holds.
@@ -48,7 +65,8 @@ pub(super) fn write_held(dir: &Path, held: &Held) -> Result<(), ReplicationError
 pub(super) static SHAS: FileMemo<String> = FileMemo::new(objects::sha256_file);
 
 impl Manifest {
-    /// The manifest of the collection `name` as committed in `dir`.
+    /// The manifest of the collection `name` as committed in `dir`, its vectors left to the publish
+    /// (`vectors::seal`).
     pub fn of_dir(dir: &Path, name: &str) -> Result<Manifest, ReplicationError> {
         let fingerprint = index::fingerprint(dir)?;
         let files = index::published_files(dir)?
@@ -60,6 +78,6 @@ impl Manifest {
                 Ok(ManifestFile { name, bytes, sha256 })
             })
             .collect::<Result<_, ReplicationError>>()?;
-        Ok(Manifest { collection: name.to_string(), fingerprint, files })
+        Ok(Manifest { collection: name.to_string(), fingerprint, files, vectors: vec![] })
     }
 }

@@ -16,6 +16,7 @@
 
 mod manifest;
 pub mod objects;
+mod vectors;
 pub mod writer;
 
 use std::path::{Path, PathBuf};
@@ -29,7 +30,7 @@ use crate::config::StoreConfig;
 use crate::index::{self, IndexError, WriterLock};
 use crate::store::{Store, StoreError};
 use manifest::{held, write_held, Held, SHAS};
-pub use manifest::{Manifest, ManifestFile};
+pub use manifest::{Manifest, ManifestFile, ManifestVectors};
 use objects::{Objects, ObjectsError};
 
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +52,11 @@ pub enum ReplicationError {
     Version { id: i64, collection: String, reason: String },
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+    /// A version's vectors could not be read or written.
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+    #[error("a version's vectors: {0}")]
+    Vectors(String),
 }
 
 impl ReplicationError {
@@ -78,6 +84,12 @@ pub struct Published {
     pub uploaded_bytes: u64,
     /// The collection's newest version already was this one: nothing recorded.
     pub unchanged: bool,
+}
+
+/// Where a publish reads one of a version's objects: a file, or a chunk of a vector file's records.
+enum Part<'a> {
+    File(PathBuf),
+    Chunk(&'a vectors::Sealed, usize),
 }
 
 /// What a pull changed in one collection.
@@ -148,30 +160,43 @@ impl Replication {
     }
 
     fn publish_once(&self, dir: &Path, name: &str) -> Result<Published, ReplicationError> {
-        let manifest = Manifest::of_dir(dir, name)?;
-        let files = manifest.files.len();
+        let mut manifest = Manifest::of_dir(dir, name)?;
+        let sealed = vectors::seal(dir, vectors::CHUNK_BYTES)?;
+        manifest.vectors = sealed.iter().map(|s| s.manifest.clone()).collect();
+        let files = manifest.files.len() + manifest.vectors.iter().map(|v| v.chunks.len() + 2).sum::<usize>();
         let newest = self.newest_versions()?.into_iter().find_map(|(c, id)| (c == name).then_some(id));
         if let (Some(version), Some(held)) = (newest, held(dir)) {
             if held.id == version && held.manifest == manifest {
                 return Ok(Published { version, files, uploaded_files: 0, uploaded_bytes: 0, unchanged: true });
             }
         }
+        // Each part: its description, and how to send it.
+        let mut parts: Vec<(&ManifestFile, Part)> =
+            manifest.files.iter().map(|f| (f, Part::File(dir.join(&f.name)))).collect();
+        for (s, v) in sealed.iter().zip(&manifest.vectors) {
+            parts.extend(v.chunks.iter().enumerate().map(|(i, c)| (c, Part::Chunk(s, i))));
+            parts.push((&v.index, Part::File(s.index().to_path_buf())));
+            parts.push((&v.header, Part::File(s.header().to_path_buf())));
+        }
         let (mut uploaded_files, mut uploaded_bytes) = (0, 0);
-        for file in &manifest.files {
+        for (file, part) in &parts {
             if self.runtime.block_on(self.store.use_object(&file.sha256))? {
                 continue;
             }
-            self.runtime.block_on(async {
-                self.objects.put_file(&file.sha256, &dir.join(&file.name)).await?;
-                self.store.record_object(&file.sha256, file.bytes).await?;
-                Ok::<_, ReplicationError>(())
-            })?;
+            match part {
+                Part::File(path) => self.runtime.block_on(self.objects.put_file(&file.sha256, path))?,
+                Part::Chunk(sealed, i) => {
+                    let bytes = sealed.chunk(*i)?;
+                    self.runtime.block_on(self.objects.put_bytes(&file.sha256, bytes))?
+                }
+            }
+            self.runtime.block_on(self.store.record_object(&file.sha256, file.bytes))?;
             crate::hooks::point("publish.object");
             uploaded_files += 1;
             uploaded_bytes += file.bytes;
         }
         let text = serde_json::to_string(&manifest).unwrap_or_default();
-        let shas: Vec<&str> = manifest.files.iter().map(|f| f.sha256.as_str()).collect();
+        let shas: Vec<&str> = parts.iter().map(|(f, _)| f.sha256.as_str()).collect();
         let version = self.runtime.block_on(self.store.record_version(name, &manifest.fingerprint, &text, &shas))?;
         write_held(dir, &Held { id: version, manifest })?;
         Ok(Published { version, files, uploaded_files, uploaded_bytes, unchanged: false })
@@ -179,7 +204,8 @@ impl Replication {
 
     /// Records that collection `name` was deleted (replicas delete their copies), tried again as a publish is.
     pub fn publish_deletion(&self, name: &str, cancel: &Cancel) -> Result<i64, ReplicationError> {
-        let manifest = Manifest { collection: name.to_string(), fingerprint: String::new(), files: vec![] };
+        let manifest =
+            Manifest { collection: name.to_string(), fingerprint: String::new(), files: vec![], vectors: vec![] };
         let text = serde_json::to_string(&manifest).unwrap_or_default();
         self.retried(cancel, || Ok(self.runtime.block_on(self.store.record_version(name, "", &text, &[]))?))
     }
@@ -287,8 +313,9 @@ impl Replication {
             }));
         }
         // The version held: its files (segments never change once written) are linked, not fetched again.
-        let before: std::collections::HashMap<String, String> =
-            held(&dir).map(|h| h.manifest.files.into_iter().map(|f| (f.name, f.sha256)).collect()).unwrap_or_default();
+        let held_manifest = held(&dir).map(|h| h.manifest);
+        let before: std::collections::HashMap<&str, &str> =
+            held_manifest.iter().flat_map(|m| &m.files).map(|f| (f.name.as_str(), f.sha256.as_str())).collect();
         let staging = root.join(format!(".{collection}.fetching"));
         if staging.exists() {
             std::fs::remove_dir_all(&staging).map_err(io(&staging))?;
@@ -303,13 +330,20 @@ impl Replication {
             let from = dir.join(&file.name);
             // Linked only when the file still holds what the version held lists (an unpublished commit rewrote
             // meta.json in place).
-            let same = before.get(&file.name) == Some(&file.sha256) && SHAS.get(&from).is_ok_and(|s| s == file.sha256);
+            let same = before.get(file.name.as_str()) == Some(&file.sha256.as_str())
+                && SHAS.get(&from).is_ok_and(|s| s == file.sha256);
             if same && std::fs::hard_link(&from, &to).is_ok() {
                 continue;
             }
             fetched_bytes += self.runtime.block_on(self.objects.fetch(&file.sha256, &to))?;
             fetched_files += 1;
         }
+        if !manifest.vectors.is_empty() {
+            let held_vectors = held_manifest.as_ref().map_or(&[][..], |m| &m.vectors[..]);
+            let (files, bytes) = vectors::assemble(self, held_vectors, &dir, &staging, &manifest.vectors)?;
+            (fetched_files, fetched_bytes) = (fetched_files + files, fetched_bytes + bytes);
+        }
+        // The caches held (what `vectors` wrote aside).
         index::link_caches(&dir, &staging)?;
         let fingerprint = index::fingerprint(&staging)?;
         if fingerprint != manifest.fingerprint {
@@ -330,5 +364,15 @@ impl Replication {
             let objects = self.store.collect_objects(self.retention_ms, 1000, delete).await?;
             Ok((versions, objects))
         })
+    }
+}
+
+impl vectors::Source for Replication {
+    fn bytes(&self, sha256: &str) -> Result<Vec<u8>, ReplicationError> {
+        Ok(self.runtime.block_on(self.objects.fetch_bytes(sha256))?)
+    }
+
+    fn file(&self, sha256: &str, to: &Path) -> Result<u64, ReplicationError> {
+        Ok(self.runtime.block_on(self.objects.fetch(sha256, to))?)
     }
 }

@@ -56,6 +56,11 @@ pub fn sha256_file(path: &FsPath) -> std::io::Result<String> {
     }
 }
 
+/// The hex SHA-256 of `bytes`.
+pub fn sha256_bytes(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
 /// reqwest's TLS (S3, forwarded uploads) needs a process-wide provider: ring's; installing it twice is harmless.
 pub fn install_tls() {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -130,6 +135,23 @@ impl Objects {
         sink.shutdown().await.map_err(upload)
     }
 
+    /// Uploads `bytes` as the object named `sha256` (their hash), in one request.
+    pub async fn put_bytes(&self, sha256: &str, bytes: Vec<u8>) -> Result<(), ObjectsError> {
+        self.store.put(&self.path(sha256), bytes.into()).await.map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// Downloads the object `sha256` into memory, checking its content against its name.
+    pub async fn fetch_bytes(&self, sha256: &str) -> Result<Vec<u8>, ObjectsError> {
+        let got = self.store.get(&self.path(sha256)).await.map_err(|e| self.err(e))?;
+        let bytes = got.bytes().await.map_err(|e| self.err(e))?.to_vec();
+        let hash = sha256_bytes(&bytes);
+        if hash != sha256 {
+            return Err(ObjectsError::Corrupt { object: self.path(sha256).to_string(), got: hash });
+        }
+        Ok(bytes)
+    }
+
     /// Downloads the object `sha256` into `to`, checking its content against its name, and syncs it to disk.
     pub async fn fetch(&self, sha256: &str, to: &FsPath) -> Result<u64, ObjectsError> {
         let io = |source| ObjectsError::File { path: to.display().to_string(), source };
@@ -172,11 +194,15 @@ mod tests {
         let sha = sha256_file(&file).unwrap();
         assert_eq!(sha, "560e67b96c49975a2cf9adba2682e00cc6b74a879f2b6897e03b63d7434098e8");
         objects.put_file(&sha, &file).await.unwrap();
+        assert_eq!(objects.fetch_bytes(&sha).await.unwrap(), b"segment bytes");
+        objects.put_bytes(&sha256_bytes(b"chunk"), b"chunk".to_vec()).await.unwrap();
+        assert_eq!(objects.fetch_bytes(&sha256_bytes(b"chunk")).await.unwrap(), b"chunk");
         let back = dir.path().join("b");
         assert_eq!(objects.fetch(&sha, &back).await.unwrap(), 13);
         assert_eq!(std::fs::read(&back).unwrap(), b"segment bytes");
         std::fs::write(dir.path().join("store/objects").join(&sha), "tampered").unwrap();
         assert!(matches!(objects.fetch(&sha, &back).await, Err(ObjectsError::Corrupt { .. })));
+        assert!(matches!(objects.fetch_bytes(&sha).await, Err(ObjectsError::Corrupt { .. })));
         objects.delete(&sha).await.unwrap();
         objects.delete(&sha).await.unwrap();
         assert!(objects.fetch(&sha, &back).await.is_err());

@@ -62,6 +62,8 @@ pub enum TaskError {
     /// A change the writer could not publish: discarded, so that no replica serves it.
     #[error("not published, so not applied (send it again): {0}")]
     Unpublished(ReplicationError),
+    #[error(transparent)]
+    Rank(#[from] RankError),
 }
 
 /// What a task applies, as stored with it.
@@ -80,6 +82,11 @@ pub struct Input {
     /// Docids to delete.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ids: Vec<String>,
+    /// The bi-encoder to embed with, and the model whose segments it embeds (`longrank embed --name`, `--for`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub for_model: Option<String>,
 }
 
 /// A task as clients see it.
@@ -525,9 +532,6 @@ impl Tasks {
         };
         // Searchable when the task says so: the collection opened again at its new commit.
         self.engine.catalog().refresh(name)?;
-        if kind == TaskKind::AddDocuments {
-            self.engine.keep_vectors_current(name, || self.uploaded_docids(input));
-        }
         Ok(outcome)
     }
 
@@ -557,7 +561,21 @@ impl Tasks {
             TaskKind::DeleteDocuments => index::delete_documents(data_dir, name, &input.ids)
                 .map(|deleted| TaskOutcome { deleted: deleted as i64, ..Default::default() })
                 .map_err(TaskError::from),
-            _ => self.add(data_dir, id, name, input, cancel),
+            TaskKind::EmbedCollection => {
+                let collection = index::Collection::open(&data_dir.join("collections").join(name))?;
+                let (model, reader) = (input.model.as_deref(), input.for_model.as_deref());
+                self.engine.embed_collection(&collection, model, reader, &crate::progress::Silent)?;
+                Ok(TaskOutcome { read: collection.num_docs() as i64, ..Default::default() })
+            }
+            _ => {
+                let outcome = self.add(data_dir, id, name, input, cancel)?;
+                // The new documents' vectors, with the commit (on a cluster, published with it).
+                if kind == TaskKind::AddDocuments {
+                    let collection = index::Collection::open(&data_dir.join("collections").join(name))?;
+                    self.engine.keep_vectors_current(&collection, || self.uploaded_docids(input));
+                }
+                Ok(outcome)
+            }
         }
     }
 

@@ -392,6 +392,11 @@ impl From<StoreError> for ApiError {
 
 impl From<TaskError> for ApiError {
     fn from(e: TaskError) -> ApiError {
+        // A model refused (an embedding task's): said as a search would say it.
+        let e = match e {
+            TaskError::Rank(e) => return e.into(),
+            e => e,
+        };
         let code = match &e {
             TaskError::Store(e) if e.is_unavailable() => ErrorCode::StoreUnavailable,
             TaskError::UnknownTask(_) => ErrorCode::UnknownTask,
@@ -407,6 +412,7 @@ impl From<TaskError> for ApiError {
             | TaskError::Store(_)
             | TaskError::Io(_)
             | TaskError::Job(_)
+            | TaskError::Rank(_)
             | TaskError::Unpublished(_) => return ApiError::internal(e.to_string()),
         };
         ApiError::new(code, e.to_string())
@@ -519,6 +525,10 @@ route_errors! {
     DeleteDocumentsErrors(Admin): [InvalidPath, InvalidQueryString, ForbiddenOrigin, InvalidCollectionName,
         MalformedJson, InvalidBody, BodyTooLarge, UnsupportedMediaType, ReadOnlyReplica, InvalidIdempotencyKey,
         IdempotencyKeyReused, StoreUnavailable];
+    /// Embedding a collection: a task queued.
+    EmbedCollectionErrors(Admin): [InvalidPath, InvalidQueryString, ForbiddenOrigin, InvalidCollectionName,
+        MalformedJson, InvalidBody, BodyTooLarge, UnsupportedMediaType, UnknownModel, ReadOnlyReplica,
+        InvalidIdempotencyKey, IdempotencyKeyReused, StoreUnavailable];
     /// Reading a task, or the list.
     TaskErrors(Read): [InvalidPath, InvalidQueryString, UnknownTask, StoreUnavailable];
     /// Cancelling a task.

@@ -67,7 +67,8 @@ pub fn router(state: AppState) -> Router {
         // An upload: bounded by `limits.max_upload_bytes` and by no request timeout (`middleware::is_upload`).
         .route("/collections/{name}/documents", post(collections::add_documents))
         .route("/collections/{name}/documents/delete", post(collections::delete_documents))
-        .route("/collections/{name}/documents/{docid}", delete(collections::delete_document));
+        .route("/collections/{name}/documents/{docid}", delete(collections::delete_document))
+        .route("/collections/{name}/embeddings", post(collections::embed));
     middleware::layers(open, read, admin, state)
 }
 

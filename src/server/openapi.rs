@@ -20,6 +20,7 @@ use super::routes::{batch, cluster, collections, compat, documents, pipelines, r
         collections::add_documents,
         collections::delete_document,
         collections::delete_documents,
+        collections::embed,
         tasks::list,
         tasks::get,
         tasks::cancel,

@@ -13,6 +13,8 @@ pub enum TaskKind {
     AddDocuments,
     DeleteDocuments,
     DeleteCollection,
+    /// A bi-encoder's segment vectors and their index computed for the collection (`longrank embed`).
+    EmbedCollection,
 }
 
 /// A task's lifecycle: `queued`, then `running`, then one of the other three.

@@ -716,3 +716,57 @@ fn a_replica_stopped_stops_its_background_services_before_its_runtime() {
     let logged = std::fs::read_to_string(&log).unwrap();
     assert!(status.success() && !logged.contains("panicked"), "{status}: {logged}");
 }
+
+/// `longrank embed` on a cluster publishes a bi-encoder's segment vectors and their index with the collection's
+/// version: an empty replica's dense first stage, from the published index, answers every ADI topic as the
+/// writer's own copy does, scores bit for bit (a replica computes no segment vectors: without them it refuses);
+/// an upload's task embeds the new document and publishes it with the version, so a second empty replica finds
+/// it; and `longrank embed` while a server writes the cluster is sent to it as a task.
+#[test]
+fn dense_vectors_and_their_index_travel_with_each_version() {
+    let Some(url) = fresh_postgres() else { return };
+    let (cli_dir, first_dir, second_dir, store) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let (objects, minilm) = (format!("file://{}", store.path().display()), crate::common::minilm());
+    let model = [("LONGRANK_MODEL_PATH", minilm.to_str().unwrap()), ("LONGRANK_MODEL_APPROXIMATE_FROM", "0")];
+    let cluster = [("LONGRANK_STORE_URL", url.as_str()), ("LONGRANK_STORE_OBJECTS", objects.as_str())];
+    let env = [&cluster[..], &model[..]].concat();
+    let adi = data("adi/docs.jsonl");
+    cluster_cli(cli_dir.path(), &env, &["index", "--collection", "adi", adi.to_str().unwrap()]);
+    let out = cluster_cli(cli_dir.path(), &env, &["embed", "--collection", "adi"]);
+    assert!(out.contains("82 stored, 82 in the vector index") && out.contains("published version"), "{out}");
+
+    let first = replica(0, &env, &first_dir);
+    let pulled = std::fs::read_dir(first_dir.path().join("collections/adi/embeddings")).unwrap();
+    let pulled: Vec<String> = pulled.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(pulled.iter().any(|n| n.ends_with(".usearch")), "the index pulled: {pulled:?}");
+    let dense = |server: &TestServer, query: &str| {
+        let body = json!({"query": query, "collection": "adi", "first_stage": "dense", "k": 20});
+        let reply = post_json(&server.url("/search"), &body.to_string());
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let hits = reply.json()["results"].as_array().unwrap().clone();
+        hits.iter().map(|h| (h["docid"].clone(), h["score"].clone())).collect::<Vec<_>>()
+    };
+    let single = TestServer::start(cli_dir.path(), &model).wait_ready();
+    let topics = std::fs::read_to_string(data("adi/topics.tsv")).unwrap();
+    for query in topics.lines().filter_map(|l| l.split('\t').nth(1)) {
+        assert_eq!(dense(&first, query), dense(&single, query), "{query}");
+    }
+    drop(single);
+
+    let text = "Mooring masts for rigid airships of the nineteen twenties";
+    let task = upload(&first, "adi", &(json!({"id": "new-1", "title": "Zeppelins", "text": text}).to_string() + "\n"));
+    assert_eq!(task["status"], "succeeded", "{task}");
+    let second = replica(1, &env, &second_dir);
+    assert_eq!(dense(&second, text)[0].0, "new-1");
+    assert_eq!(dense(&second, text), dense(&first, text));
+
+    let out = cluster_cli(cli_dir.path(), &env, &["embed", "--collection", "adi"]);
+    assert!(out.contains("embedded by the cluster's writer"), "{out}");
+    let refused = post_json(&first.url("/collections/adi/embeddings"), r#"{"model": "nothing"}"#);
+    refused.assert_error(422, "unknown_model");
+}

@@ -27,14 +27,14 @@ const EXPANSION_SEARCH: usize = 256;
 /// rather than growing with its square.
 const CHECKPOINT: u64 = 100_000;
 
-/// Whose vectors an index holds.
-#[derive(Debug, Serialize, Deserialize)]
-struct Header {
+/// Whose vectors an index holds (`NAME.usearch.json`).
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+pub struct IndexHeader {
     /// The served model that built it (its name then).
-    model: String,
+    pub model: String,
     /// The vector file's name: the model's outputs fingerprint and dtype (`rank::models`).
-    vectors: String,
-    dims: usize,
+    pub vectors: String,
+    pub dims: usize,
 }
 
 pub struct Neighbours {
@@ -60,15 +60,31 @@ impl Neighbours {
         Ok(Some(Neighbours { index, free, freed: Condvar::new() }))
     }
 
-    /// Whether an index was built beside the vector file `DIR/NAME` (`stem`).
-    pub fn built(stem: &Path) -> bool {
-        stem.with_extension("usearch.json").exists()
-    }
-
     /// The index file's length and modification time: a new checkpoint has another.
     pub fn stamp(file: &VectorFile) -> Option<(u64, std::time::SystemTime)> {
         let meta = std::fs::metadata(paths(file).0).ok()?;
         Some((meta.len(), meta.modified().ok()?))
+    }
+
+    /// The headers of the indexes in `dir` (a collection's `embeddings`), by vector file.
+    pub fn indexed(dir: &Path) -> Result<Vec<IndexHeader>, ModelError> {
+        let Ok(entries) = std::fs::read_dir(dir) else { return Ok(vec![]) };
+        let mut indexed = vec![];
+        for entry in entries.filter_map(|e| e.ok()) {
+            let path = entry.path();
+            if !path.to_string_lossy().ends_with(".usearch.json") {
+                continue;
+            }
+            let bytes = std::fs::read(&path).map_err(|e| load_err(&path, e))?;
+            indexed.push(serde_json::from_slice::<IndexHeader>(&bytes).map_err(|e| load_err(&path, e))?);
+        }
+        indexed.sort_by(|a, b| a.vectors.cmp(&b.vectors));
+        Ok(indexed)
+    }
+
+    /// The index over the vector file `DIR/NAME` (`stem`) and its header: `DIR/NAME.usearch`, `….usearch.json`.
+    pub fn files(stem: &Path) -> (PathBuf, PathBuf) {
+        (stem.with_extension("usearch"), stem.with_extension("usearch.json"))
     }
 
     /// Records `0..covered()` are in the graph.
@@ -95,13 +111,15 @@ impl Neighbours {
     /// adding those appended since, a checkpoint after `CHECKPOINT` records and each time the graph doubled; `done` is told the records covered
     /// after each. One thread adds them, in record order: the same vectors added by the same updates make the
     /// same graph, byte for byte, on any machine (usearch's concurrent insertions differ from run to run, and
-    /// left some records unreachable in a small graph). Returns (records added, records covered).
-    pub fn update(file: &VectorFile, model: &str, done: &dyn Fn(u64)) -> Result<(u64, u64), ModelError> {
+    /// left some records unreachable in a small graph). Nothing is added while fewer than `least` records are
+    /// missing (searches score those exactly, and each update rewrites the graph). Returns (records added,
+    /// records covered).
+    pub fn update(file: &VectorFile, model: &str, least: u64, done: &dyn Fn(u64)) -> Result<(u64, u64), ModelError> {
         let (path, header) = paths(file);
         if header.exists() {
             check(&header, file, model)?;
         } else {
-            let written = Header { model: model.to_string(), vectors: name(file), dims: file.dims() };
+            let written = IndexHeader { model: model.to_string(), vectors: name(file), dims: file.dims() };
             replace(&header, |partial| {
                 std::fs::write(partial, serde_json::to_vec(&written).expect("a header serializes"))
                     .map_err(|e| load_err(partial, e))
@@ -112,6 +130,9 @@ impl Neighbours {
             index.load(text(&path)?).map_err(|e| load_err(&path, e))?;
         }
         let (start, total) = (index.size() as u64, file.records()?);
+        if total - start < least.max(1) {
+            return Ok((0, start));
+        }
         let mut covered = start;
         while covered < total {
             let end = total.min(covered + CHECKPOINT.max(covered));
@@ -158,7 +179,7 @@ fn replace(path: &Path, write: impl FnOnce(&Path) -> Result<(), ModelError>) -> 
 
 /// `DIR/NAME.usearch` and `DIR/NAME.usearch.json`.
 fn paths(file: &VectorFile) -> (PathBuf, PathBuf) {
-    (file.path().with_extension("usearch"), file.path().with_extension("usearch.json"))
+    Neighbours::files(file.path())
 }
 
 fn name(file: &VectorFile) -> String {
@@ -172,7 +193,7 @@ fn text(path: &Path) -> Result<&str, ModelError> {
 /// Refuses an index that holds other vectors than `file`'s (copied in from another model's files).
 fn check(header: &Path, file: &VectorFile, model: &str) -> Result<(), ModelError> {
     let bytes = std::fs::read(header).map_err(|e| load_err(header, e))?;
-    let found: Header = serde_json::from_slice(&bytes).map_err(|e| load_err(header, e))?;
+    let found: IndexHeader = serde_json::from_slice(&bytes).map_err(|e| load_err(header, e))?;
     if found.vectors != name(file) || found.dims != file.dims() {
         return Err(ModelError::OtherModelsIndex(format!(
             "{}: a vector index of model {}'s embeddings ({}, {} dimensions), not of model {model}'s: remove it \
@@ -206,12 +227,15 @@ mod tests {
             file.append(i as u64 + 1000, v).unwrap();
         }
         assert!(Neighbours::open(&file, "m").unwrap().is_none());
-        assert_eq!(Neighbours::update(&file, "m", &|_| {}).unwrap(), (200, 200));
+        assert_eq!(Neighbours::update(&file, "m", 0, &|_| {}).unwrap(), (200, 200));
         for (i, v) in vectors[200..].iter().enumerate() {
             file.append(i as u64 + 2000, v).unwrap();
         }
         assert_eq!(Neighbours::open(&file, "m").unwrap().unwrap().covered(), 200);
-        assert_eq!(Neighbours::update(&file, "m", &|_| {}).unwrap(), (50, 250));
+        assert_eq!(Neighbours::update(&file, "m", 51, &|_| {}).unwrap(), (0, 200), "fewer missing than asked");
+        assert_eq!(Neighbours::update(&file, "m", 50, &|_| {}).unwrap(), (50, 250));
+        let header = IndexHeader { model: "m".into(), vectors: "m-f32".into(), dims: 32 };
+        assert_eq!(Neighbours::indexed(dir.path()).unwrap(), [header]);
         let index = Neighbours::open(&file, "m").unwrap().unwrap();
         for (record, v) in vectors.iter().enumerate() {
             assert_eq!(index.search(v, 1, |_| true).unwrap(), [record as u64]);
@@ -219,14 +243,14 @@ mod tests {
         // The filter holds: odd records only.
         let odd = index.search(&vectors[4], 10, |r| r % 2 == 1).unwrap();
         assert!(odd.len() == 10 && odd.iter().all(|r| r % 2 == 1));
-        assert_eq!(Neighbours::update(&file, "m", &|_| {}).unwrap(), (0, 250));
+        assert_eq!(Neighbours::update(&file, "m", 0, &|_| {}).unwrap(), (0, 250));
         // The same vectors added in the same updates make the same graph, byte for byte.
         let again = tempfile::tempdir().unwrap();
         let copy = VectorFile::open(again.path(), "m-f32", 32).unwrap();
         for (i, v) in vectors.iter().enumerate() {
             copy.append(i as u64, v).unwrap();
             if i == 199 || i == 249 {
-                Neighbours::update(&copy, "m", &|_| {}).unwrap();
+                Neighbours::update(&copy, "m", 0, &|_| {}).unwrap();
             }
         }
         let bytes = |dir: &Path| std::fs::read(dir.join("m-f32.usearch")).unwrap();
@@ -244,7 +268,7 @@ mod tests {
         for (i, v) in vectors.iter().enumerate() {
             file.append(i as u64, v).unwrap();
         }
-        Neighbours::update(&file, "m", &|_| {}).unwrap();
+        Neighbours::update(&file, "m", 0, &|_| {}).unwrap();
         let index = Neighbours::open(&file, "m").unwrap().unwrap();
         let cosine = |a: &[f32], b: &[f32]| crate::model::dot(a, b) / (crate::model::norm(a) * crate::model::norm(b));
         let (mut found, queries, k) = (0, 50, 10);
@@ -267,7 +291,7 @@ mod tests {
         for (i, v) in vectors.iter().enumerate() {
             file.append(i as u64, v).unwrap();
         }
-        Neighbours::update(&file, "m", &|_| {}).unwrap();
+        Neighbours::update(&file, "m", 0, &|_| {}).unwrap();
         let index = Neighbours::open(&file, "m").unwrap().unwrap();
         std::thread::scope(|s| {
             for t in 0..16 {
@@ -287,12 +311,12 @@ mod tests {
         let (a, b) =
             (VectorFile::open(dir.path(), "a-f32", 4).unwrap(), VectorFile::open(dir.path(), "b-f32", 4).unwrap());
         a.append(1, &[1.0, 0.0, 0.0, 0.0]).unwrap();
-        Neighbours::update(&a, "minilm", &|_| {}).unwrap();
+        Neighbours::update(&a, "minilm", 0, &|_| {}).unwrap();
         for ext in ["usearch", "usearch.json"] {
             std::fs::copy(dir.path().join(format!("a-f32.{ext}")), dir.path().join(format!("b-f32.{ext}"))).unwrap();
         }
         let refused = Neighbours::open(&b, "e5").err().unwrap().to_string();
         assert!(refused.contains("of model minilm's embeddings (a-f32, 4 dimensions), not of model e5's"), "{refused}");
-        assert!(Neighbours::update(&b, "e5", &|_| {}).is_err());
+        assert!(Neighbours::update(&b, "e5", 0, &|_| {}).is_err());
     }
 }

@@ -104,6 +104,18 @@ impl VectorFile {
         Ok(bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect())
     }
 
+    /// Records `records` as they are stored: their keys (8 bytes each), then their vectors; what a
+    /// `VectorWriter` takes. The records exist (below `records()`).
+    pub fn chunk(&self, records: std::ops::Range<u64>) -> Result<Vec<u8>, ModelError> {
+        let count = (records.end - records.start) as usize;
+        let mut bytes = vec![0u8; count * (8 + self.dims * 4)];
+        let (keys, vectors) = bytes.split_at_mut(count * 8);
+        let io = |e| load_err(&self.path, e);
+        self.lock().keys_file.read_exact_at(keys, records.start * 8).map_err(io)?;
+        self.vectors.read_exact_at(vectors, records.start * (self.dims * 4) as u64).map_err(io)?;
+        Ok(bytes)
+    }
+
     pub fn append(&self, key: u64, vector: &[f32]) -> Result<(), ModelError> {
         if vector.len() != self.dims {
             return Err(load_err(
@@ -149,6 +161,68 @@ impl VectorFile {
 
     fn lock(&self) -> parking_lot::MutexGuard<'_, Inner> {
         self.inner.lock()
+    }
+}
+
+/// A vector file written anew, record after record, from chunks (`VectorFile::chunk`'s form) and from ranges of
+/// records of another vector file: a replica's copy of a published version's vectors.
+pub struct VectorWriter {
+    stem: PathBuf,
+    dims: usize,
+    keys: std::io::BufWriter<File>,
+    vectors: std::io::BufWriter<File>,
+}
+
+impl VectorWriter {
+    /// Creates (or truncates) `STEM.keys` and `STEM.f32`.
+    pub fn create(stem: &Path, dims: usize) -> Result<VectorWriter, ModelError> {
+        let create = |ext: &str| {
+            let path = stem.with_extension(ext);
+            File::create(&path).map(std::io::BufWriter::new).map_err(|e| load_err(&path, e))
+        };
+        Ok(VectorWriter { stem: stem.to_path_buf(), dims, keys: create("keys")?, vectors: create("f32")? })
+    }
+
+    /// Appends a chunk's records.
+    pub fn chunk(&mut self, bytes: &[u8]) -> Result<(), ModelError> {
+        use std::io::Write;
+        let record = 8 + self.dims * 4;
+        if !bytes.len().is_multiple_of(record) {
+            return Err(load_err(
+                &self.stem,
+                format!("a chunk of {} bytes, not of {record}-byte records", bytes.len()),
+            ));
+        }
+        let (keys, vectors) = bytes.split_at(bytes.len() / record * 8);
+        let io = |e| load_err(&self.stem, e);
+        self.keys.write_all(keys).map_err(io)?;
+        self.vectors.write_all(vectors).map_err(io)
+    }
+
+    /// Appends records `records` of the vector file `STEM` (`from`), copied byte for byte.
+    pub fn copy(&mut self, from: &Path, records: std::ops::Range<u64>) -> Result<(), ModelError> {
+        use std::io::{Read, Seek, SeekFrom};
+        for (ext, width, sink) in [("keys", 8, &mut self.keys), ("f32", self.dims as u64 * 4, &mut self.vectors)] {
+            let path = from.with_extension(ext);
+            let io = |e| load_err(&path, e);
+            let mut source = File::open(&path).map_err(io)?;
+            source.seek(SeekFrom::Start(records.start * width)).map_err(io)?;
+            let want = (records.end - records.start) * width;
+            let copied = std::io::copy(&mut source.take(want), sink).map_err(io)?;
+            if copied != want {
+                return Err(load_err(&path, format!("{copied} bytes where records {records:?} need {want}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes what is buffered and syncs both files to disk.
+    pub fn finish(self) -> Result<(), ModelError> {
+        for sink in [self.keys, self.vectors] {
+            let file = sink.into_inner().map_err(|e| load_err(&self.stem, e.into_error()))?;
+            file.sync_all().map_err(|e| load_err(&self.stem, e))?;
+        }
+        Ok(())
     }
 }
 
@@ -202,6 +276,28 @@ mod tests {
         assert_eq!(file.get(8), None);
         file.append(8, &[7.0, 8.0, 9.0]).unwrap();
         assert_eq!(VectorFile::open(dir.path(), "m", 3).unwrap().get(8).unwrap(), [7.0, 8.0, 9.0]);
+    }
+
+    /// A file written from another's chunks and ranges reads as the other: same keys, same records.
+    #[test]
+    fn a_writer_rebuilds_a_file_from_chunks_and_copied_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = VectorFile::open(dir.path(), "a", 2).unwrap();
+        for i in 0..10u64 {
+            file.append(100 + i, &[i as f32, 0.5]).unwrap();
+        }
+        let mut writer = VectorWriter::create(&dir.path().join("b"), 2).unwrap();
+        writer.copy(&dir.path().join("a"), 0..4).unwrap();
+        writer.chunk(&file.chunk(4..10).unwrap()).unwrap();
+        writer.finish().unwrap();
+        let mut bad = VectorWriter::create(&dir.path().join("c"), 2).unwrap();
+        assert!(bad.chunk(&[0u8; 15]).is_err());
+        assert!(bad.copy(&dir.path().join("a"), 8..12).is_err(), "records the file lacks");
+        let copy = VectorFile::open(dir.path(), "b", 2).unwrap();
+        assert_eq!(copy.records().unwrap(), 10);
+        for i in 0..10u64 {
+            assert_eq!((copy.record(100 + i), copy.get(100 + i)), (Some(i), Some(vec![i as f32, 0.5])));
+        }
     }
 
     /// Two opens of one store (two processes, as far as `flock` goes) appending in turn: each finds the

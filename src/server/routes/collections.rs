@@ -16,7 +16,8 @@ use crate::replication::writer::Route;
 use crate::scheduler::tasks::{Input, TaskError, TaskView};
 use crate::server::decode::ApiJson;
 use crate::server::error::{
-    ApiError, ApiPath, ApiQuery, DeleteDocumentsErrors, EngineErrors, TaskSubmitErrors, UploadErrors,
+    ApiError, ApiPath, ApiQuery, DeleteDocumentsErrors, EmbedCollectionErrors, EngineErrors, TaskSubmitErrors,
+    UploadErrors,
 };
 use crate::server::forward;
 use crate::server::AppState;
@@ -38,6 +39,19 @@ pub struct TaskWait {
 
 type Accepted = super::Submitted<TaskView>;
 
+/// Queues a task on collection `name`, answered as `accepted` answers.
+async fn queue(
+    state: &AppState,
+    name: &str,
+    kind: TaskKind,
+    input: Input,
+    key: super::IdempotencyKey,
+    wait: Option<bool>,
+) -> Result<Accepted, ApiError> {
+    let task = state.tasks().enqueue(name, kind, &input, key.get()).await?;
+    accepted(state, task, wait).await
+}
+
 async fn accepted(state: &AppState, task: TaskView, wait: Option<bool>) -> Result<Accepted, ApiError> {
     let waits = wait.unwrap_or(false);
     let view = match waits {
@@ -58,8 +72,7 @@ pub async fn create(
     ApiQuery(params): ApiQuery<TaskWait>,
     key: super::IdempotencyKey,
 ) -> Result<Accepted, ApiError> {
-    let task = state.tasks().enqueue(&name, TaskKind::CreateCollection, &Input::default(), key.get()).await?;
-    accepted(&state, task, params.wait).await
+    queue(&state, &name, TaskKind::CreateCollection, Input::default(), key, params.wait).await
 }
 
 /// Delete a collection (its task fails while a batch job reads it).
@@ -72,8 +85,7 @@ pub async fn delete(
     ApiQuery(params): ApiQuery<TaskWait>,
     key: super::IdempotencyKey,
 ) -> Result<Accepted, ApiError> {
-    let task = state.tasks().enqueue(&name, TaskKind::DeleteCollection, &Input::default(), key.get()).await?;
-    accepted(&state, task, params.wait).await
+    queue(&state, &name, TaskKind::DeleteCollection, Input::default(), key, params.wait).await
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -147,8 +159,40 @@ pub async fn delete_document(
     key: super::IdempotencyKey,
 ) -> Result<Accepted, ApiError> {
     let input = Input { ids: vec![docid], ..Input::default() };
-    let task = state.tasks().enqueue(&name, TaskKind::DeleteDocuments, &input, key.get()).await?;
-    accepted(&state, task, params.wait).await
+    queue(&state, &name, TaskKind::DeleteDocuments, input, key, params.wait).await
+}
+
+/// What to embed: a served bi-encoder, and the model whose segments it embeds.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EmbedCollection {
+    /// The bi-encoder (default: the default model).
+    #[schema(example = "minilm")]
+    pub model: Option<String>,
+    /// Embed the segments this served model reads, for a `bi-encoder:NAME` preselection in front of it
+    /// (default: the bi-encoder's own).
+    #[serde(rename = "for")]
+    pub for_model: Option<String>,
+}
+
+/// Compute a bi-encoder's segment vectors for every document of the collection and build their vector index
+/// (`longrank embed`), for the dense and hybrid first stages; on a cluster they are published with the
+/// collection's version. What is stored already is kept, so a task cut short resumes.
+#[utoipa::path(post, path = "/collections/{name}/embeddings", tag = "collections",
+    params(("name" = String, Path, description = "The collection's name"), TaskWait, super::IdempotencyKey),
+    request_body = EmbedCollection, responses(super::TaskSubmitted, EmbedCollectionErrors))]
+pub async fn embed(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    ApiQuery(params): ApiQuery<TaskWait>,
+    key: super::IdempotencyKey,
+    ApiJson(body): ApiJson<EmbedCollection>,
+) -> Result<Accepted, ApiError> {
+    let models = state.engine().models();
+    let model = models.check(body.model.as_deref())?;
+    let for_model = body.for_model.as_deref().map(|m| models.check(Some(m))).transpose()?;
+    let input = Input { model: Some(model), for_model, ..Input::default() };
+    queue(&state, &name, TaskKind::EmbedCollection, input, key, params.wait).await
 }
 
 /// Docids to delete.
@@ -171,6 +215,5 @@ pub async fn delete_documents(
     ApiJson(body): ApiJson<DeleteDocuments>,
 ) -> Result<Accepted, ApiError> {
     let input = Input { ids: body.ids, ..Input::default() };
-    let task = state.tasks().enqueue(&name, TaskKind::DeleteDocuments, &input, key.get()).await?;
-    accepted(&state, task, params.wait).await
+    queue(&state, &name, TaskKind::DeleteDocuments, input, key, params.wait).await
 }
