@@ -17,6 +17,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 use tantivy::collector::TopDocs;
+pub use tantivy::index::SegmentId;
 use tantivy::query::TermQuery;
 use tantivy::schema::{
     Field, IndexRecordOption, NumericOptions, Schema, TextFieldIndexing, TextOptions, Value, FAST, STORED, STRING,
@@ -139,7 +140,7 @@ pub struct Collection {
     /// Statistics of the last few commits (requests may hold snapshots of different ones).
     stats: Mutex<Vec<(u64, CollectionStats)>>,
     norms: Mutex<HashMap<search::NormKey, Arc<Vec<f32>>>>,
-    docids: Mutex<HashMap<tantivy::index::SegmentId, Arc<search::DocidTable>>>,
+    docids: Mutex<HashMap<SegmentId, Arc<search::DocidTable>>>,
 }
 
 impl Collection {
@@ -330,6 +331,18 @@ impl<'c> Snapshot<'c> {
                 }
                 let address = DocAddress::new(ordinal as u32, doc);
                 f(address, self.document(address)?)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every live document's address, with the id of the index segment holding it: a segment's documents never
+    /// change (a commit adds segments, deletes from them, or merges them into new ones), so what was computed
+    /// from a segment's documents holds while it lives, whatever the commit.
+    pub fn for_each_address<E>(&self, mut f: impl FnMut(SegmentId, DocAddress) -> Result<(), E>) -> Result<(), E> {
+        for (ordinal, segment) in self.searcher.segment_readers().iter().enumerate() {
+            for doc in segment.doc_ids_alive() {
+                f(segment.segment_id(), DocAddress::new(ordinal as u32, doc))?;
             }
         }
         Ok(())

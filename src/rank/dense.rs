@@ -6,7 +6,7 @@
 //! and each document they belong to, with every document whose segments the index does not hold yet, is
 //! scored over all its segments exactly as above: an index can miss a document, never misscore one.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -15,7 +15,7 @@ use tantivy::DocAddress;
 use super::first_stage::{self, best_first};
 use super::rerank::SegmentCache;
 use super::{LoadedModel, RankError};
-use crate::index::{Hit, Snapshot};
+use crate::index::{Hit, SegmentId, Snapshot};
 use crate::model::{dot, norm, Neighbours, VectorFile};
 use crate::segment::SegmentOptions;
 
@@ -39,6 +39,13 @@ enum Search {
     Approximate { neighbours: Neighbours, file: Arc<VectorFile>, owners: Vec<(u64, u32)>, live: Vec<u64> },
 }
 
+/// Each live document of one index segment, by its number there: its docid and its segments' records.
+type Cut = HashMap<u32, (String, Vec<u64>)>;
+
+/// What the documents of a commit's index segments were cut into, by segment: held from one commit to the next
+/// (for one collection, model and vector file), so that a commit reads and cuts only its new documents.
+pub type Cuts = HashMap<SegmentId, Arc<Cut>>;
+
 /// Segments the index proposes per document asked for, at first: documents have several segments each, and
 /// a document's best can sit below another's second.
 const SEGMENTS_PER_DOCUMENT: usize = 4;
@@ -46,7 +53,8 @@ const SEGMENTS_PER_DOCUMENT: usize = 4;
 impl SegmentVectors {
     /// Reads the stored vector (or, with an index over `approximate_from` segments, the record) of every
     /// segment of every live document of `snapshot`, cut as `longrank embed` cuts them; refused (naming what
-    /// to run) when any is missing.
+    /// to run) when any is missing. Documents of the index segments in `known` (an earlier commit's `Cuts`
+    /// over the same vector file) are not read or cut again. Returns the cuts of this commit too.
     pub fn read(
         snapshot: &Snapshot,
         model: &LoadedModel,
@@ -54,26 +62,51 @@ impl SegmentVectors {
         segments: &SegmentCache,
         options: &SegmentOptions,
         approximate_from: usize,
-    ) -> Result<SegmentVectors, RankError> {
+        known: &Cuts,
+    ) -> Result<(SegmentVectors, Cuts), RankError> {
         let (mut records, mut starts, mut docs) = (vec![], vec![0], vec![]);
         let (mut missing, mut total) = (0usize, 0usize);
-        snapshot.for_each_document(|address, doc| {
-            for (_, text) in segments.inputs(&model.served, options, &doc, usize::MAX) {
-                total += 1;
-                match model.served.stored_record(&text, file) {
-                    Some(record) => records.push(record),
-                    None => missing += 1,
+        let mut cuts: Cuts = HashMap::new();
+        let mut fresh: HashMap<SegmentId, Cut> = HashMap::new();
+        snapshot.for_each_address(|segment, address| {
+            let (docid, cut) = match known.get(&segment).and_then(|c| Some((c, c.get(&address.doc_id)?))) {
+                Some((held, (docid, cut))) => {
+                    cuts.entry(segment).or_insert_with(|| held.clone());
+                    total += cut.len();
+                    (docid.clone(), cut.clone())
                 }
-            }
+                None => {
+                    let doc = snapshot.document(address)?;
+                    let mut cut = vec![];
+                    for (_, text) in segments.inputs(&model.served, options, &doc, usize::MAX) {
+                        total += 1;
+                        match model.served.stored_record(&text, file) {
+                            Some(record) => cut.push(record),
+                            None => missing += 1,
+                        }
+                    }
+                    fresh.entry(segment).or_default().insert(address.doc_id, (doc.docid.clone(), cut.clone()));
+                    (doc.docid, cut)
+                }
+            };
+            records.extend(cut);
             starts.push(records.len());
-            docs.push((address, doc.docid));
+            docs.push((address, docid));
             Ok::<(), RankError>(())
         })?;
         if missing > 0 {
             let collection = snapshot.collection().name().to_string();
             return Err(RankError::NoVectors { collection, model: model.name.clone(), missing, segments: total });
         }
-        SegmentVectors::new(file, &model.name, records, starts, docs, approximate_from)
+        for (segment, cut) in fresh {
+            let merged = match cuts.remove(&segment) {
+                Some(held) => held.iter().map(|(d, c)| (*d, c.clone())).chain(cut).collect(),
+                None => cut,
+            };
+            cuts.insert(segment, Arc::new(merged));
+        }
+        let read = SegmentVectors::new(file, &model.name, records, starts, docs, approximate_from)?;
+        Ok((read, cuts))
     }
 
     /// Documents' segments as records of `file` (document d's are `records[starts[d]..starts[d + 1]]`),
@@ -215,6 +248,8 @@ fn live(records: &[u64]) -> Vec<u64> {
 #[derive(Default)]
 pub struct VectorsCache {
     kept: Mutex<Vec<(VectorsKey, Slot)>>,
+    /// The last commit's cuts, by collection, model and vector file (`VectorFile::identity`).
+    cuts: Mutex<HashMap<CutsKey, Cuts>>,
 }
 
 /// One key's vectors once read (`None` before, or after a failed read), behind the key's own lock.
@@ -223,6 +258,8 @@ type Slot = Arc<Mutex<Option<Arc<SegmentVectors>>>>;
 /// A collection's opening, its commit (`Snapshot::generation`), the model's name and its vector index's
 /// stamp (`Neighbours::stamp`: a `longrank embed` that updated the index is read at the next query).
 type VectorsKey = (u64, u64, String, Option<(u64, std::time::SystemTime)>);
+
+type CutsKey = (String, String, (u64, u64));
 
 /// Commits (of any collections and models) whose vectors stay in memory.
 const KEPT: usize = 4;
@@ -239,7 +276,14 @@ impl VectorsCache {
     ) -> Result<Arc<SegmentVectors>, RankError> {
         let stamp = Neighbours::stamp(store);
         let key = (snapshot.collection().opening(), snapshot.generation(), model.name.clone(), stamp);
-        self.get_or_read(key, || SegmentVectors::read(snapshot, model, store, segments, options, approximate_from))
+        let cuts = (snapshot.collection().name().to_string(), model.name.clone(), store.identity());
+        self.get_or_read(key, || {
+            let known = self.cuts.lock().get(&cuts).cloned().unwrap_or_default();
+            let (read, now) =
+                SegmentVectors::read(snapshot, model, store, segments, options, approximate_from, &known)?;
+            self.cuts.lock().insert(cuts, now);
+            Ok(read)
+        })
     }
 
     /// The vectors kept under `key`, or `read`'s, kept. Each key has a lock of its own: the requests that

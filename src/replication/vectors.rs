@@ -97,14 +97,11 @@ fn described(path: &Path, name: &str) -> Result<ManifestFile, ReplicationError> 
 
 /// The chunks of `file`'s records, `per` to a chunk, hashed (full ones once per process).
 fn chunks(file: &VectorFile, name: &str, per: u64) -> Result<Vec<ManifestFile>, ReplicationError> {
-    use std::os::unix::fs::MetadataExt;
-    let records = file.records()?;
-    let keys = file.path().with_extension("keys");
-    let meta = std::fs::metadata(&keys).map_err(io(&keys))?;
+    let (records, (device, inode)) = (file.records()?, file.identity());
     let mut chunks = vec![];
     for (i, start) in (0..records).step_by(per as usize).enumerate() {
         let end = records.min(start + per);
-        let key = (meta.dev(), meta.ino(), start, end - start);
+        let key = (device, inode, start, end - start);
         let known = CHUNKS.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|c| c.get(&key).cloned());
         let sha256 = match known {
             Some(sha256) => sha256,

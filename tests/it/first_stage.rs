@@ -196,7 +196,7 @@ fn the_vector_index_answers_as_exact_search_does() {
     // A document uploaded: the upload's task embeds its segments and adds them to the index, so dense search
     // finds it at once (without, it refuses the collection: a segment without an embedding). The exact server
     // goes first: it shares the data directory's tasks, and would apply the upload itself.
-    let Setup { dir, server, .. } = s;
+    let Setup { dir, server, env: s_env } = s;
     drop(server);
     let text = "Mooring masts for rigid airships of the nineteen twenties";
     let line = json!({"id": "new-1", "title": "Zeppelins", "text": text}).to_string() + "\n";
@@ -204,6 +204,28 @@ fn the_vector_index_answers_as_exact_search_does() {
     let reply = crate::common::request("POST", &url, &[("content-type", "application/x-ndjson")], Some(&line));
     assert!(reply.status == 200 || reply.status == 202, "{} {}", reply.status, reply.body);
     assert_eq!(search(&approximate, text)[0].0, "new-1");
+    // A document deleted and another replaced: the warm server reads and cuts only the commits' new documents
+    // (the index segments it cut before are reused), and answers as a server that cut every document afresh.
+    let first = search(&approximate, QUERY)[0].0.as_str().unwrap().to_string();
+    let deleted = crate::common::request(
+        "DELETE",
+        &approximate.url(&format!("/collections/adi/documents/{first}?wait=true")),
+        &[],
+        None,
+    );
+    assert!(deleted.status == 200 || deleted.status == 202, "{} {}", deleted.status, deleted.body);
+    let replaced = if first == "2" { "3" } else { "2" };
+    let line =
+        json!({"id": replaced, "title": "Zeppelins", "text": "Airship hangars and their masts"}).to_string() + "\n";
+    let reply = crate::common::request("POST", &url, &[("content-type", "application/x-ndjson")], Some(&line));
+    assert!(reply.status == 200 || reply.status == 202, "{} {}", reply.status, reply.body);
+    let fresh = TestServer::start(dir.path(), &borrowed(&s_env)).wait_ready();
+    for query in topics.lines().filter_map(|l| l.split('\t').nth(1)).chain([text, "airship hangars"]) {
+        let warm = search(&approximate, query);
+        assert!(warm.iter().all(|h| h.0 != first.as_str()), "{query}: the deleted document");
+        assert_eq!(warm, search(&fresh, query), "{query}");
+    }
+    drop(fresh);
 
     let header = std::fs::read_dir(dir.path().join("collections/adi/embeddings"))
         .unwrap()

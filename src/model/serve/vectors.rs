@@ -19,6 +19,8 @@ use crate::model::{load_err, ModelError};
 pub struct VectorFile {
     path: PathBuf,
     dims: usize,
+    /// The keys file's device and inode.
+    identity: (u64, u64),
     /// Read and written at offsets (`pread`/`pwrite`), so outside the lock: a record is written before its key,
     /// and read only once its key was.
     vectors: File,
@@ -43,7 +45,9 @@ impl VectorFile {
             OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&p).map_err(|e| load_err(&p, e))
         };
         let (keys_file, vectors) = (open("keys")?, open("f32")?);
+        let meta = keys_file.metadata().map_err(|e| load_err(&path, e))?;
         let file = VectorFile {
+            identity: (std::os::unix::fs::MetadataExt::dev(&meta), std::os::unix::fs::MetadataExt::ino(&meta)),
             path,
             dims,
             vectors,
@@ -64,6 +68,12 @@ impl VectorFile {
 
     pub fn dims(&self) -> usize {
         self.dims
+    }
+
+    /// Which file this is (its keys file's device and inode): records keep their numbers while it is the same
+    /// file, and another file in the same place (a replica's copy rebuilt by a pull) numbers them anew.
+    pub fn identity(&self) -> (u64, u64) {
+        self.identity
     }
 
     /// `DIR/NAME`, the files' common stem.
