@@ -340,6 +340,39 @@ fn best_segment_training_learns_a_buried_sentence_beats_firstp_and_teaches_a_sel
     served_as_in_training(d, &selected.join("model"), &selected.join("dev-run.txt"), "maxp");
 }
 
+/// The learned preselection across families: an ELECTRA cross-encoder teaches ModernBERT, DeBERTa-v3 and XLM-R
+/// bi-encoders (sentence-transformers checkpoints); each selector is written as one, and the CLI serves it as
+/// `bi-encoder:NAME` in front of its teacher. Tiny random models: this checks the path, not what they learn.
+#[test]
+fn a_selector_distils_from_and_into_other_families() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    buried_sentence_collection(d);
+    let config = "[model]\nmax_length = 64\nmax_query_tokens = 16\n[model.segments]\nrepeat_title = true\n";
+    let teacher = crate::fixtures::model_fixture("electra-train");
+    let teacher = teacher.to_str().unwrap();
+    for student in ["modernbert-bi", "deberta-v3-bi", "xlm-roberta-bi"] {
+        let (bi, out) = (crate::fixtures::model_fixture(student), format!("selector-{student}"));
+        let mut args = vec!["--model", teacher];
+        args.extend(train_args(bi.to_str().unwrap(), &out, "selector", "10"));
+        args.extend(["--negatives", "2"]);
+        cli_ok(d, &args);
+        let learned = d.join(&out).join("selector/model");
+        for file in ["modules.json", "config.json", "model.safetensors"] {
+            assert!(learned.join(file).exists(), "{student}: {file}");
+        }
+        let log = std::fs::read_to_string(d.join(&out).join("selector/log.jsonl")).unwrap();
+        assert!(log.lines().any(|l| l.contains("\"step\":10")), "{student}: ten steps logged\n{log}");
+        let named = format!("{config}[model.named]\nlearned = {:?}\n", learned.display());
+        std::fs::write(d.join("named.toml"), named).unwrap();
+        let preselect = r#"{"selector": "bi-encoder:learned", "per_doc": 1}"#;
+        let args = ["--config", "named.toml", "--model", teacher, "eval-segments", "--topics", "topics.tsv"];
+        let out = cli_ok(d, &[&args[..], &["--passages", "passages.tsv", "--preselect", preselect]].concat());
+        let recall = tsv_value(&out, "best_recall");
+        assert!((0.0..=1.0).contains(&recall), "{student}: {out}");
+    }
+}
+
 /// The server, with training's input settings and `model`, gives the first ten (query, document) pairs of
 /// a dev run the same model scores.
 fn served_as_in_training(d: &Path, model: &Path, dev_run: &Path, pipeline: &str) {
