@@ -159,8 +159,16 @@ impl TrainableEncoder {
             );
             return Err(load_err(dir, message));
         }
-        if cobert.is_some() && family != Family::Bert {
-            return Err(load_err(dir, format!("Co-BERT's heads train over BERT models for now; this is a {family:?}")));
+        // Co-BERT's heads are BERT layers over any backbone's `[CLS]` states; they start as the backbone's last
+        // layers only where those are BERT's.
+        if cobert.is_some_and(|c| c.from_backbone) && matches!(family, Family::Deberta | Family::ModernBert) {
+            return Err(load_err(
+                dir,
+                format!(
+                    "Co-BERT's heads are BERT layers, and this {family:?}'s layers are not: they cannot start as its \
+                     last layers; draw them from the seed (--heads random)"
+                ),
+            ));
         }
         let sentence = bi_encoder.then(|| SentenceLayout::read(dir, pieces.max_len)).transpose()?;
         let config_path = dir.join("config.json");

@@ -496,10 +496,33 @@ fn killed_and_resumed_as_whole<'a>(d: &Path, model: &'a str, extra: &[&'a str]) 
 fn cobert_heads_train_over_a_frozen_model_and_the_server_scores_as_training_did() {
     let models = tempfile::tempdir().unwrap();
     tiny_cross_encoder(models.path(), 17);
+    cobert_over(models.path());
+}
+
+/// Co-BERT's heads over the other families' backbones (their `[CLS]` states), as over BERT's; DeBERTa's and
+/// ModernBERT's layers are not BERT's, so heads cannot start as them.
+#[test]
+fn cobert_heads_train_over_every_familys_backbone() {
+    for family in ["electra", "deberta-v3", "modernbert"] {
+        cobert_over(&crate::fixtures::model_fixture(&format!("{family}-train")));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    buried_sentence_collection(dir.path());
+    let model = crate::fixtures::model_fixture("modernbert-train");
+    let cobert = ["--cobert-depth", "5", "--prototypes", "2", "--group", "3", "--overlap", "1", "--heads", "backbone"];
+    let args: Vec<&str> = train_args(model.to_str().unwrap(), "co", "cobert", "30").into_iter().chain(cobert).collect();
+    let out = cli(dir.path(), &args);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("draw them from the seed (--heads random)"), "{said}");
+}
+
+/// Co-BERT's heads trained for 30 steps over the frozen cross-encoder `model`: the run resumes as done, its
+/// checkpoint loads in the server as a Co-BERT model, which scores dev's candidates as training did.
+fn cobert_over(model: &Path) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     buried_sentence_collection(d);
-    let model = models.path().to_str().unwrap();
+    let model = model.to_str().unwrap();
     let cobert = ["--cobert-depth", "5", "--prototypes", "2", "--group", "3", "--overlap", "1"];
     let args: Vec<&str> = train_args(model, "co", "cobert", "30").into_iter().chain(cobert).collect();
     cli_ok(d, &args);
