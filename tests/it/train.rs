@@ -499,8 +499,8 @@ fn cobert_heads_train_over_a_frozen_model_and_the_server_scores_as_training_did(
     cobert_over(models.path());
 }
 
-/// Co-BERT's heads over the other families' backbones (their `[CLS]` states), as over BERT's; DeBERTa's and
-/// ModernBERT's layers are not BERT's, so heads cannot start as them.
+/// Co-BERT's heads over the other families' backbones (their `[CLS]` states), as over BERT's, frozen and end to
+/// end; DeBERTa's and ModernBERT's layers are not BERT's, so heads cannot start as them.
 #[test]
 fn cobert_heads_train_over_every_familys_backbone() {
     for family in ["electra", "deberta-v3", "modernbert"] {
@@ -514,6 +514,18 @@ fn cobert_heads_train_over_every_familys_backbone() {
     let out = cli(dir.path(), &args);
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && said.contains("draw them from the seed (--heads random)"), "{said}");
+
+    // End to end over ModernBERT: the backbone trains with the heads, the first round stays the starting model.
+    let d = dir.path();
+    let cobert = ["--cobert-depth", "5", "--prototypes", "2", "--group", "3", "--overlap", "1", "--end-to-end"];
+    let args: Vec<&str> =
+        train_args(model.to_str().unwrap(), "e2e", "cobert", "12").into_iter().chain(cobert).collect();
+    cli_ok(d, &args);
+    let saved = d.join("e2e/cobert/model");
+    let first_round = std::fs::read(saved.join("first-round/model.safetensors")).unwrap();
+    assert_eq!(first_round, std::fs::read(model.join("model.safetensors")).unwrap());
+    assert_ne!(first_round, std::fs::read(saved.join("model.safetensors")).unwrap(), "the backbone trained");
+    served_as_in_training(d, &saved, &d.join("e2e/cobert/dev-run.txt"), "cobert");
 }
 
 /// Co-BERT's heads trained for 30 steps over the frozen cross-encoder `model`: the run resumes as done, its
