@@ -340,6 +340,29 @@ fn best_segment_training_learns_a_buried_sentence_beats_firstp_and_teaches_a_sel
     served_as_in_training(d, &selected.join("model"), &selected.join("dev-run.txt"), "maxp");
 }
 
+/// FirstP and BeST (all segments, then two iterations) train every family's tiny model through the CLI: each
+/// writes its checkpoints, selects one on dev, and the server loads the selected one and scores dev's
+/// candidates as training did.
+#[test]
+fn every_family_trains_by_firstp_and_best() {
+    for family in ["xlm-roberta", "roberta", "distilbert", "electra", "deberta-v3", "modernbert"] {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        buried_sentence_collection(d);
+        let model = crate::fixtures::model_fixture(&format!("{family}-train"));
+        let model = model.to_str().unwrap();
+        let out = cli_ok(d, &train_args(model, "firstp", "firstp", "10"));
+        assert!(out.contains("selected on dev: "), "{family}: {out}");
+        cli_ok(d, &train_args(model, "best", "best", "10"));
+        let best = summary(&d.join("best"));
+        for name in ["allp", "best-1", "best-2"] {
+            assert!(d.join("best").join(name).join("model/model.safetensors").exists(), "{family}: {name}");
+        }
+        let selected = d.join("best").join(best["selected"].as_str().unwrap());
+        served_as_in_training(d, &selected.join("model"), &selected.join("dev-run.txt"), "maxp");
+    }
+}
+
 /// The learned preselection across families: an ELECTRA cross-encoder teaches ModernBERT, DeBERTa-v3 and XLM-R
 /// bi-encoders (sentence-transformers checkpoints); each selector is written as one, and the CLI serves it as
 /// `bi-encoder:NAME` in front of its teacher. Tiny random models: this checks the path, not what they learn.
