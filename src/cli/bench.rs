@@ -511,6 +511,11 @@ pub struct DenseBench {
     /// Documents per query (the first stage's depth).
     #[arg(short, long, default_value_t = 100)]
     k: usize,
+    /// Keep each size's vectors and index in `DIR/SEGMENTS/`, and take them from there when a run left them
+    /// whole (the build is the slow part: about 40 minutes a million segments here); by default they go to a
+    /// temporary directory, removed after.
+    #[arg(long, value_name = "DIR")]
+    keep: Option<PathBuf>,
 }
 
 /// Segment i is real vector i, and past the real ones, real vector i (cycled) mixed with a random other
@@ -544,14 +549,18 @@ fn dense(b: DenseBench) -> anyhow::Result<()> {
     // Streams no collection size reaches.
     let queries: Vec<Vec<f32>> = (0..b.queries).map(|q| draw((1 << 40) + q * 7919)).collect();
     for &segments in &b.segments {
-        let dir = std::env::temp_dir().join(format!("longrank-bench-dense-{}", std::process::id()));
+        let dir = match &b.keep {
+            Some(keep) => keep.join(segments.to_string()),
+            None => std::env::temp_dir().join(format!("longrank-bench-dense-{}", std::process::id())),
+        };
         let file = Arc::new(VectorFile::open(&dir, "bench-f32", dims)?);
-        for i in 0..segments {
+        for i in file.records()? as usize..segments {
             file.append(i as u64, &draw(i))?;
         }
         let started = Instant::now();
-        Neighbours::update(&file, "bench", 0, &|_| {})?;
-        let build_s = started.elapsed().as_secs_f64();
+        let (added, _) = Neighbours::update(&file, "bench", 0, &|_| {})?;
+        // A kept index already whole: no build measured.
+        let build_s = if added > 0 { started.elapsed().as_secs_f64() } else { f64::NAN };
         let index_mb = std::fs::metadata(dir.join("bench-f32.usearch"))?.len() as f64 / 1e6;
         let documents = segments / b.per_doc;
         let records: Vec<u64> = (0..(documents * b.per_doc) as u64).collect();
@@ -582,7 +591,9 @@ fn dense(b: DenseBench) -> anyhow::Result<()> {
         }
         let exact_rss = rss() - before;
         drop((index, exact, file));
-        std::fs::remove_dir_all(&dir)?;
+        if b.keep.is_none() {
+            std::fs::remove_dir_all(&dir)?;
+        }
         let p50 = |times: &mut Vec<Duration>| {
             times.sort();
             times[times.len() / 2].as_secs_f64() * 1e3

@@ -8,6 +8,7 @@ mod bert;
 pub mod cobert;
 mod cpu;
 pub use cpu::blas::gemm_path;
+pub use cpu::mapped::MappedVectors;
 mod deberta;
 mod decoder;
 mod encoder;

@@ -16,7 +16,7 @@ use super::first_stage::{self, best_first};
 use super::rerank::SegmentCache;
 use super::{LoadedModel, RankError};
 use crate::index::{Hit, SegmentId, Snapshot};
-use crate::model::{dot, norm, Neighbours, VectorFile};
+use crate::model::{dot, norm, MappedVectors, Neighbours, VectorFile};
 use crate::segment::SegmentOptions;
 
 /// A collection's segment vectors under one bi-encoder, documents' segments contiguous.
@@ -33,10 +33,10 @@ pub struct SegmentVectors {
 enum Search {
     /// Every segment's vector and length, in memory.
     Exact { vectors: Vec<f32>, norms: Vec<f32> },
-    /// Candidates from the index; vectors read from the file when scored. `owners` maps records to documents;
-    /// `live` holds a bit per record that a live document's segment has (the graph keeps deleted documents'
-    /// and other commits' records, and a search asks for each node it visits).
-    Approximate { neighbours: Neighbours, file: Arc<VectorFile>, owners: Vec<(u64, u32)>, live: Vec<u64> },
+    /// Candidates from the index; their vectors read in place from the file when scored. `owners` maps records
+    /// to documents; `live` holds a bit per record that a live document's segment has (the graph keeps deleted
+    /// documents' and other commits' records, and a search asks for each node it visits).
+    Approximate { neighbours: Neighbours, vectors: MappedVectors, owners: Vec<(u64, u32)>, live: Vec<u64> },
 }
 
 /// Each live document of one index segment, by its number there: its docid and its segments' records.
@@ -124,18 +124,15 @@ impl SegmentVectors {
             true => Neighbours::open(file, model).map_err(RankError::Model)?,
             false => None,
         };
-        let search = match neighbours {
-            Some(neighbours) => Search::Approximate {
-                neighbours,
-                file: file.clone(),
-                owners: owners(&records, &starts),
-                live: live(&records),
-            },
-            None => {
-                let mut vectors = Vec::with_capacity(records.len() * file.dims());
-                for &record in &records {
-                    vectors.extend(file.read(record..record + 1).map_err(RankError::Model)?);
-                }
+        let mapped = file.mapped(records.iter().max().map_or(0, |r| r + 1)).map_err(RankError::Model)?;
+        let search = match (neighbours, mapped) {
+            (Some(neighbours), Some(vectors)) => {
+                Search::Approximate { neighbours, vectors, owners: owners(&records, &starts), live: live(&records) }
+            }
+            (_, mapped) => {
+                // Copied out of the mapping: a commit's segments in order, for one pass over them per query.
+                let read = |m: &MappedVectors| records.iter().flat_map(|&r| m.record(r).iter().copied()).collect();
+                let vectors: Vec<f32> = mapped.as_ref().map(read).unwrap_or_default();
                 let norms = vectors.chunks_exact(file.dims()).map(norm).collect();
                 Search::Exact { vectors, norms }
             }
@@ -157,15 +154,11 @@ impl SegmentVectors {
                     Some(self.hit(d, best))
                 })
                 .collect(),
-            Search::Approximate { neighbours, file, owners, live } => {
+            Search::Approximate { neighbours, vectors, owners, live } => {
                 let mut hits = vec![];
                 for d in self.candidates(neighbours, owners, live, query, n)? {
-                    let mut best = f32::NEG_INFINITY;
-                    for records in runs(&self.records[self.starts[d]..self.starts[d + 1]]) {
-                        for vector in file.read(records).map_err(RankError::Model)?.chunks_exact(self.dims) {
-                            best = best.max(cosine(vector, norm(vector)));
-                        }
-                    }
+                    let segments = self.records[self.starts[d]..self.starts[d + 1]].iter().map(|&r| vectors.record(r));
+                    let best = segments.map(|v| cosine(v, norm(v))).fold(f32::NEG_INFINITY, f32::max);
                     hits.push(self.hit(d, best));
                 }
                 hits
@@ -212,18 +205,6 @@ impl SegmentVectors {
         };
         Ok(found.into_iter().chain(owners[tail..].iter().map(|o| o.1 as usize)).collect())
     }
-}
-
-/// `records` as ranges of consecutive ones, in order: a document's segments, embedded one after another, are
-/// read in one call.
-fn runs(records: &[u64]) -> impl Iterator<Item = std::ops::Range<u64>> + '_ {
-    let mut rest = records;
-    std::iter::from_fn(move || {
-        let (&first, _) = rest.split_first()?;
-        let length = rest.iter().zip(first..).take_while(|(r, expected)| **r == *expected).count();
-        rest = &rest[length..];
-        Some(first..first + length as u64)
-    })
 }
 
 /// (record, document) of every segment, by record (a text in two documents is one record).
@@ -336,13 +317,6 @@ mod tests {
     fn two_documents() -> SegmentVectors {
         exact(1, vec![1.0, 2.0], vec![0, 1, 2])
     }
-    #[test]
-    fn records_are_read_in_runs_of_consecutive_ones() {
-        let runs = |records: &[u64]| runs(records).collect::<Vec<_>>();
-        assert_eq!(runs(&[4, 5, 6, 9, 3, 4]), [4..7, 9..10, 3..5]);
-        assert_eq!(runs(&[]), []);
-    }
-
     #[test]
     fn a_commits_vectors_are_read_once_however_many_ask_at_once() {
         use std::sync::atomic::{AtomicUsize, Ordering};

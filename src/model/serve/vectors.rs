@@ -13,6 +13,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use crate::model::cpu::mapped::MappedVectors;
 use crate::model::{load_err, ModelError};
 
 #[allow(clippy::len_without_is_empty)]
@@ -112,6 +113,11 @@ impl VectorFile {
         let mut bytes = vec![0u8; ((records.end - records.start) * record_bytes) as usize];
         self.vectors.read_exact_at(&mut bytes, records.start * record_bytes).map_err(|e| load_err(&self.path, e))?;
         Ok(bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect())
+    }
+
+    /// The first `records` records (which the file holds), mapped for reading in place.
+    pub fn mapped(&self, records: u64) -> Result<Option<MappedVectors>, ModelError> {
+        MappedVectors::new(&self.vectors, self.dims, records).map_err(|e| load_err(&self.path, e))
     }
 
     /// Records `records` as they are stored: their keys (8 bytes each), then their vectors; what a
