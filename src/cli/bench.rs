@@ -566,11 +566,12 @@ fn dense(b: DenseBench) -> anyhow::Result<()> {
         let records: Vec<u64> = (0..(documents * b.per_doc) as u64).collect();
         let starts: Vec<usize> = (0..=documents).map(|d| d * b.per_doc).collect();
         let docs = || (0..documents).map(|d| (tantivy::DocAddress::new(0, d as u32), format!("{d:08}"))).collect();
-        // Resident memory each way takes once its queries ran (the index's graph is mapped, read as touched),
-        // from what was resident once the memory freed before had gone back to the kernel.
+        // Resident memory each way takes once its queries ran, from what was resident once the memory freed
+        // before had gone back to the kernel: all of it (the index's graph and the vectors are mapped files,
+        // resident as touched, and the kernel's to drop), and the heap alone.
         let rss = || {
             super::memory::release_thread_memory();
-            rss_mb(std::process::id(), "VmRSS:")
+            (rss_mb(std::process::id(), "VmRSS:"), rss_mb(std::process::id(), "RssAnon:"))
         };
         let (before, mut index_ms, mut answers) = (rss(), vec![], vec![]);
         let index = SegmentVectors::new(&file, "bench", records.clone(), starts.clone(), docs(), 0)?;
@@ -579,7 +580,11 @@ fn dense(b: DenseBench) -> anyhow::Result<()> {
             answers.push(index.search(query, b.k)?);
             index_ms.push(started.elapsed());
         }
-        let index_rss = rss() - before;
+        let grown = |before: (f64, f64)| {
+            let after = rss();
+            (after.0 - before.0, after.1 - before.1)
+        };
+        let index_rss = grown(before);
         let (before, mut exact_ms, mut found) = (rss(), vec![], 0);
         let exact = SegmentVectors::new(&file, "bench", records, starts, docs(), usize::MAX)?;
         for (query, got) in queries.iter().zip(&answers) {
@@ -589,7 +594,7 @@ fn dense(b: DenseBench) -> anyhow::Result<()> {
             let got: std::collections::HashSet<_> = got.iter().map(|h| &h.docid).collect();
             found += want.iter().filter(|h| got.contains(&h.docid)).count();
         }
-        let exact_rss = rss() - before;
+        let exact_rss = grown(before);
         drop((index, exact, file));
         if b.keep.is_none() {
             std::fs::remove_dir_all(&dir)?;
@@ -600,12 +605,16 @@ fn dense(b: DenseBench) -> anyhow::Result<()> {
         };
         println!(
             "RESULT dense segments={segments} documents={documents} k={} build_s={build_s:.1} index_mb={index_mb:.0} \
-             exact_p50_ms={:.2} index_p50_ms={:.2} recall_at_k={:.4} exact_rss_mb={exact_rss:.0} \
-             index_rss_mb={index_rss:.0}",
+             exact_p50_ms={:.2} index_p50_ms={:.2} recall_at_k={:.4} exact_rss_mb={:.0} exact_heap_mb={:.0} \
+             index_rss_mb={:.0} index_heap_mb={:.0}",
             b.k,
             p50(&mut exact_ms),
             p50(&mut index_ms),
             found as f64 / (b.k.min(documents) * queries.len()) as f64,
+            exact_rss.0,
+            exact_rss.1,
+            index_rss.0,
+            index_rss.1,
         );
     }
     Ok(())

@@ -47,8 +47,11 @@ type Cut = HashMap<u32, (String, Vec<u64>)>;
 pub type Cuts = HashMap<SegmentId, Arc<Cut>>;
 
 /// Segments the index proposes per document asked for, at first: documents have several segments each, and
-/// a document's best can sit below another's second.
-const SEGMENTS_PER_DOCUMENT: usize = 4;
+/// a document's best can sit below another's second (asked again with twice as many while they hold fewer
+/// documents than asked for). Measured (BENCHMARKS.md, `longrank bench dense`, four segments a document): 2
+/// against 4 kept recall@100 of documents at 0.996 / 0.984 / 0.987 at 10k / 100k / 1M segments (4: 0.999 /
+/// 0.993 / 0.990) and took 3.9 ms at 1M rather than 5.7, most of it the graph's search.
+const SEGMENTS_PER_DOCUMENT: usize = 2;
 
 impl SegmentVectors {
     /// Reads the stored vector (or, with an index over `approximate_from` segments, the record) of every

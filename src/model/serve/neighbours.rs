@@ -127,11 +127,16 @@ impl Neighbours {
         }
         let index = new_index(file.dims(), &path)?;
         if path.exists() {
-            index.load(text(&path)?).map_err(|e| load_err(&path, e))?;
+            // Mapped first, to count what it covers: a graph is loaded into memory (a gigabyte a million
+            // segments) only when records are to be added.
+            index.view(text(&path)?).map_err(|e| load_err(&path, e))?;
         }
         let (start, total) = (index.size() as u64, file.records()?);
         if total - start < least.max(1) {
             return Ok((0, start));
+        }
+        if path.exists() {
+            index.load(text(&path)?).map_err(|e| load_err(&path, e))?;
         }
         let mut covered = start;
         while covered < total {
