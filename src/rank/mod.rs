@@ -426,18 +426,23 @@ impl Engine {
         Ok((computed, vectors.len(), indexed))
     }
 
-    /// After the documents `docids` names were added to `collection` (or replaced there; on a cluster, the
-    /// staged copy about to be published): for each loaded bi-encoder whose vector index the collection
-    /// holds, their segments embedded, so that dense search goes on serving the collection (it refuses one with
-    /// segments missing), and the index brought up to date once `approximate_from` segments are missing from
+    /// After the documents `docids` names were added to the collection in `dir` (or replaced there; on a
+    /// cluster, the staged copy about to be published): for each served bi-encoder whose vector index the
+    /// collection holds, their segments embedded, so that dense search goes on serving the collection (it
+    /// refuses one with segments missing), and the index brought up to date once `approximate_from` segments are missing from
     /// it (searches score those exactly; each update rewrites the graph). Only those documents are read and
     /// cut, not the collection. A failure is logged, not raised: the change stands, and a dense request says
     /// what to run.
-    pub fn keep_vectors_current(&self, collection: &Collection, docids: impl FnOnce() -> Vec<String>) {
-        let models = self.models.indexed_bi_encoders(collection);
+    pub fn keep_vectors_current(&self, dir: &std::path::Path, docids: impl FnOnce() -> Vec<String>) {
+        // The collection is opened only where an index asks for it: most have none.
+        let models = self.models.indexed_bi_encoders(dir);
         if models.is_empty() {
             return;
         }
+        let collection = match Collection::open(dir) {
+            Ok(collection) => collection,
+            Err(e) => return tracing::warn!("{}: embeddings not kept current: {e}", dir.display()),
+        };
         let (name, snapshot, docids) = (collection.name(), collection.snapshot(), docids());
         let least = self.models.approximate_from() as u64;
         for model in models {
@@ -446,7 +451,7 @@ impl Engine {
                 docids.iter().filter_map(|id| snapshot.get(id).transpose()).try_for_each(|doc| each(doc?))
             };
             let silent = &crate::progress::Silent;
-            match self.embed_documents(collection, Some(&model.name), None, silent, least, &mut uploaded) {
+            match self.embed_documents(&collection, Some(&model.name), None, silent, least, &mut uploaded) {
                 Ok((computed, _, indexed)) => {
                     tracing::info!(collection = name, model = model.name, computed, indexed, "embeddings kept current")
                 }

@@ -4,7 +4,7 @@
 //! stays unavailable with its reason, and the first-stage pipelines keep serving.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -239,11 +239,11 @@ impl Models {
         self.config.approximate_from
     }
 
-    /// The bi-encoders whose vector index `collection` holds (`longrank embed` built one), loaded if they were
-    /// not: those whose embeddings are kept current as documents arrive. An index of a model no longer served
+    /// The bi-encoders whose vector index the collection in directory `collection` holds (`longrank embed`
+    /// built one), loaded if they were not: those whose embeddings are kept current as documents arrive. An index of a model no longer served
     /// (or served with other weights) is left alone.
-    pub fn indexed_bi_encoders(&self, collection: &Collection) -> Vec<Arc<LoadedModel>> {
-        let Ok(indexed) = Neighbours::indexed(&collection.path().join("embeddings")) else { return vec![] };
+    pub fn indexed_bi_encoders(&self, collection: &Path) -> Vec<Arc<LoadedModel>> {
+        let Ok(indexed) = Neighbours::indexed(&collection.join("embeddings")) else { return vec![] };
         let serves = |header: &IndexHeader| {
             let model = self.get(&self.check(Some(&header.model)).ok()?, "embeddings").ok()?;
             let bi = matches!(model.served.model(), Reranker::Bi(_));

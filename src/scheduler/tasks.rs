@@ -571,8 +571,8 @@ impl Tasks {
                 let outcome = self.add(data_dir, id, name, input, cancel)?;
                 // The new documents' vectors, with the commit (on a cluster, published with it).
                 if kind == TaskKind::AddDocuments {
-                    let collection = index::Collection::open(&data_dir.join("collections").join(name))?;
-                    self.engine.keep_vectors_current(&collection, || self.uploaded_docids(input));
+                    let dir = data_dir.join("collections").join(name);
+                    self.engine.keep_vectors_current(&dir, || self.uploaded_docids(input));
                 }
                 Ok(outcome)
             }
