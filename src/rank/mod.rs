@@ -426,13 +426,12 @@ impl Engine {
         Ok((computed, vectors.len(), indexed))
     }
 
-    /// After the documents `docids` names were added to the collection in `dir` (or replaced there; on a
-    /// cluster, the staged copy about to be published): for each served bi-encoder whose vector index the
-    /// collection holds, their segments embedded, so that dense search goes on serving the collection (it
-    /// refuses one with segments missing), and the index brought up to date once `approximate_from` segments are missing from
-    /// it (searches score those exactly; each update rewrites the graph). Only those documents are read and
-    /// cut, not the collection. A failure is logged, not raised: the change stands, and a dense request says
-    /// what to run.
+    /// After the documents `docids` names were added to the collection in `dir` (or replaced there; on a cluster, the
+    /// staged copy about to be published): for each served bi-encoder whose vector index the collection holds, their
+    /// segments embedded, so that dense search goes on serving the collection (it refuses one with segments missing),
+    /// and the index brought up to date once `approximate_from` segments are missing from it (searches score those
+    /// exactly; each update rewrites the graph). Only those documents are read and cut, not the collection. A failure
+    /// is logged, not raised: the change stands, and a dense request says what to run.
     pub fn keep_vectors_current(&self, dir: &std::path::Path, docids: impl FnOnce() -> Vec<String>) {
         // The collection is opened only where an index asks for it: most have none.
         let models = self.models.indexed_bi_encoders(dir);

@@ -239,9 +239,9 @@ impl Models {
         self.config.approximate_from
     }
 
-    /// The bi-encoders whose vector index the collection in directory `collection` holds (`longrank embed`
-    /// built one), loaded if they were not: those whose embeddings are kept current as documents arrive. An index of a model no longer served
-    /// (or served with other weights) is left alone.
+    /// The bi-encoders whose vector index the collection in directory `collection` holds (`longrank embed` built one),
+    /// loaded if they were not: those whose embeddings are kept current as documents arrive. An index of a model no
+    /// longer served (or served with other weights) is left alone.
     pub fn indexed_bi_encoders(&self, collection: &Path) -> Vec<Arc<LoadedModel>> {
         let Ok(indexed) = Neighbours::indexed(&collection.join("embeddings")) else { return vec![] };
         let serves = |header: &IndexHeader| {
