@@ -36,7 +36,7 @@ enum Search {
     /// Candidates from the index; their vectors read in place from the file when scored. `owners` maps records
     /// to documents; `live` holds a bit per record that a live document's segment has (the graph keeps deleted
     /// documents' and other commits' records, and a search asks for each node it visits).
-    Approximate { neighbours: Neighbours, vectors: MappedVectors, owners: Vec<(u64, u32)>, live: Vec<u64> },
+    Approximate { neighbours: Neighbours, vectors: MappedVectors, owners: Owners, live: Vec<u64> },
 }
 
 /// Each live document of one index segment, by its number there: its docid and its segments' records.
@@ -129,9 +129,12 @@ impl SegmentVectors {
         };
         let mapped = file.mapped(records.iter().max().map_or(0, |r| r + 1)).map_err(RankError::Model)?;
         let search = match (neighbours, mapped) {
-            (Some(neighbours), Some(vectors)) => {
-                Search::Approximate { neighbours, vectors, owners: owners(&records, &starts), live: live(&records) }
-            }
+            (Some(neighbours), Some(vectors)) => Search::Approximate {
+                neighbours,
+                vectors,
+                owners: Owners::new(&records, &starts),
+                live: live(&records),
+            },
             (_, mapped) => {
                 // Copied out of the mapping: a commit's segments in order, for one pass over them per query.
                 let read = |m: &MappedVectors| records.iter().flat_map(|&r| m.record(r).iter().copied()).collect();
@@ -186,37 +189,61 @@ impl SegmentVectors {
     fn candidates(
         &self,
         neighbours: &Neighbours,
-        owners: &[(u64, u32)],
+        owners: &Owners,
         live: &[u64],
         query: &[f32],
         n: usize,
     ) -> Result<BTreeSet<usize>, RankError> {
-        let tail = owners.partition_point(|o| o.0 < neighbours.covered());
         let owned = |record: u64| live.get((record / 64) as usize).is_some_and(|bits| bits >> (record % 64) & 1 == 1);
         let mut count = n * SEGMENTS_PER_DOCUMENT;
         let found = loop {
             let found = neighbours.search(query, count, owned).map_err(RankError::Model)?;
             let mut docs = BTreeSet::new();
-            for record in &found {
-                let first = owners.partition_point(|o| o.0 < *record);
-                docs.extend(owners[first..].iter().take_while(|o| o.0 == *record).map(|o| o.1 as usize));
+            for &record in &found {
+                docs.extend(owners.of(record..record + 1).iter().map(|&d| d as usize));
             }
             if docs.len() >= n || found.len() < count {
                 break docs;
             }
             count *= 2;
         };
-        Ok(found.into_iter().chain(owners[tail..].iter().map(|o| o.1 as usize)).collect())
+        let unindexed = owners.of(neighbours.covered()..u64::MAX);
+        Ok(found.into_iter().chain(unindexed.iter().map(|&d| d as usize)).collect())
     }
 }
 
-/// (record, document) of every segment, by record (a text in two documents is one record).
-fn owners(records: &[u64], starts: &[usize]) -> Vec<(u64, u32)> {
-    let documents = starts.len() - 1;
-    let mut owners: Vec<(u64, u32)> =
-        (0..documents).flat_map(|d| records[starts[d]..starts[d + 1]].iter().map(move |&r| (r, d as u32))).collect();
-    owners.sort_unstable();
-    owners
+/// The documents each record belongs to (a text in two documents is one record), found in one step rather than
+/// by a search through a million: record r's are `docs[first[r]..first[r + 1]]`.
+struct Owners {
+    first: Vec<usize>,
+    docs: Vec<u32>,
+}
+
+impl Owners {
+    /// Document d's segments are the records `records[starts[d]..starts[d + 1]]`.
+    fn new(records: &[u64], starts: &[usize]) -> Owners {
+        let mut first = vec![0; records.iter().max().map_or(0, |&r| r as usize + 1) + 1];
+        for &r in records {
+            first[r as usize + 1] += 1;
+        }
+        for r in 1..first.len() {
+            first[r] += first[r - 1];
+        }
+        let (mut next, mut docs) = (first.clone(), vec![0; records.len()]);
+        for (d, window) in starts.windows(2).enumerate() {
+            for &r in &records[window[0]..window[1]] {
+                docs[next[r as usize]] = d as u32;
+                next[r as usize] += 1;
+            }
+        }
+        Owners { first, docs }
+    }
+
+    /// The documents owning the records in `range`, by record.
+    fn of(&self, range: std::ops::Range<u64>) -> &[u32] {
+        let at = |r: u64| self.first[(r as usize).min(self.first.len() - 1)];
+        &self.docs[at(range.start)..at(range.end)]
+    }
 }
 
 /// A bit per record, set for `records`.
@@ -319,6 +346,17 @@ mod tests {
 
     fn two_documents() -> SegmentVectors {
         exact(1, vec![1.0, 2.0], vec![0, 1, 2])
+    }
+
+    #[test]
+    fn each_record_names_the_documents_it_belongs_to() {
+        // Three documents over records 0, 2, 3 and 5; record 3 in two of them, 1 and 4 in none (deleted).
+        let owners = Owners::new(&[2, 0, 3, 3, 5], &[0, 2, 3, 5]);
+        let of = |r: u64| owners.of(r..r + 1).to_vec();
+        assert_eq!((of(0), of(1), of(2), of(3), of(4), of(5)), (vec![0], vec![], vec![0], vec![1, 2], vec![], vec![2]));
+        assert_eq!(of(6), Vec::<u32>::new(), "past the records held");
+        assert_eq!(owners.of(3..u64::MAX), [1, 2, 2], "from a record on");
+        assert!(Owners::new(&[], &[0]).of(0..u64::MAX).is_empty());
     }
     #[test]
     fn a_commits_vectors_are_read_once_however_many_ask_at_once() {
