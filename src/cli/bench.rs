@@ -429,6 +429,10 @@ pub struct TrainBench {
     /// `cpu`, `cuda` or `cuda:N`, as `model.device` (training is in f32).
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// Drop as `longrank train --dropout` does (each step's masks seeded by its number), as the PyTorch peer
+    /// trains (in `train()` mode).
+    #[arg(long)]
+    dropout: bool,
 }
 
 /// One training step as the PyTorch peer times it (`peers_torch.py train`): the peers' pairs, the first half
@@ -449,6 +453,9 @@ fn train(b: TrainBench) -> anyhow::Result<()> {
     let mut totals = Vec::new();
     for step in 0..b.warmup + b.steps.max(1) {
         let t0 = Instant::now();
+        if b.dropout {
+            model.dropout().start(step as u64);
+        }
         let scores = model.forward(&inputs)?;
         let loss = ((scores.narrow(0, half, half)? - scores.narrow(0, 0, half)?)? + 1.0)?.relu()?.mean_all()?;
         let loss_value = loss.to_scalar::<f32>()?;

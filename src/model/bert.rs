@@ -23,6 +23,7 @@ use super::cpu::blas::{self, BlasLinear};
 use super::cpu::disentangled::Disentangled;
 use super::cpu::int8::{self, Int8Linear};
 use super::cpu::kernels;
+use super::dropout::{Dropout, Site};
 use super::family::Family;
 use super::relative::{self, Buckets, Tables};
 
@@ -65,6 +66,8 @@ pub struct Encoder {
     /// In training, DeBERTa's relative embeddings, projected by each layer on every pass (their variables
     /// change between passes); inference projects them once at load.
     relative: Option<RelativePositions>,
+    /// A trainable model's (none in inference, nor in Co-BERT's heads).
+    pub(super) dropout: Dropout,
 }
 
 /// A linear layer's product `x · Wᵀ`, without its bias (each layer adds that in the pass that follows): float
@@ -200,8 +203,10 @@ impl Bert {
     }
 
     /// The training model: every operation differentiable; `vb` is the encoder's root (`bert.`).
-    pub fn trainable(vb: VarBuilder, config: &Config) -> candle_core::Result<Bert> {
-        Bert::build(vb, config, true)
+    pub fn trainable(vb: VarBuilder, config: &Config, dropout: Dropout) -> candle_core::Result<Bert> {
+        let mut bert = Bert::build(vb, config, true)?;
+        bert.encoder.dropout = dropout;
+        Ok(bert)
     }
 
     fn build(vb: VarBuilder, config: &Config, differentiable: bool) -> candle_core::Result<Bert> {
@@ -263,6 +268,7 @@ impl Bert {
         let position_ids = Tensor::arange(self.position_offset, self.position_offset + len, ids.device())?;
         let x = token_embeddings(&self.word, self.token_type.as_ref(), ids, types)?;
         let x = self.encoder.normalize(&self.norm, &x.broadcast_add(&self.position.forward(&position_ids)?)?)?;
+        let x = self.encoder.dropout.apply(Site::Embeddings, &x)?;
         let x = match &self.project {
             Some((dense, bias)) => dense.forward(&x, &vec![len as usize; x.dim(0)?])?.broadcast_add(bias)?,
             None => x,
@@ -373,6 +379,7 @@ impl Encoder {
             differentiable,
             buckets: relative.as_ref().map(|r| r.buckets),
             relative: relative.filter(|_| differentiable),
+            dropout: Dropout::default(),
         })
     }
 
@@ -467,15 +474,17 @@ impl Encoder {
         };
         if let (Some(tables), Some(relative)) = (layer.relative.as_ref().or(projected.as_ref()), relative) {
             let (q, k, v) = self.heads_of(layer, qkv, first)?;
-            let context = relative::attention(&q, &k, &v, tables, relative)?;
+            let context = relative::attention(&q, &k, &v, tables, relative, &self.dropout)?;
             return self.feed_forward(layer, x, &context, lengths);
         }
-        // With BLAS loaded, one fused op (with its backward pass in training); else candle's chain.
+        // With BLAS loaded, one fused op (with its backward pass in training); else, and where attention drops,
+        // candle's chain (the probabilities kept for the backward pass).
         let bias = layer.qkv.bias();
-        if let Some(context) =
-            blas::attention(&qkv, rows, bias, &blas::Heads::plain(self.heads), self.differentiable, first)?
-        {
-            return self.feed_forward(layer, x, &context, lengths);
+        if !self.dropout.active(Site::Attention) {
+            let heads = blas::Heads::plain(self.heads);
+            if let Some(context) = blas::attention(&qkv, rows, bias, &heads, self.differentiable, first)? {
+                return self.feed_forward(layer, x, &context, lengths);
+            }
         }
         let (q, k, v) = self.heads_of(layer, qkv, first)?;
         let scores = q.matmul(&k.t()?)?;
@@ -483,7 +492,7 @@ impl Encoder {
             Some(additive) => scores.broadcast_add(additive)?,
             None => scores,
         };
-        let probs = kernels::softmax(&scores)?;
+        let probs = self.dropout.apply(Site::Attention, &kernels::softmax(&scores)?)?;
         let context = probs.matmul(&v)?.transpose(1, 2)?.contiguous()?.reshape((batch, q.dim(2)?, hidden))?;
         self.feed_forward(layer, x, &context, lengths)
     }
@@ -511,7 +520,8 @@ impl Encoder {
         context: &Tensor,
         lengths: &[usize],
     ) -> candle_core::Result<Tensor> {
-        let x = self.add_norm(&layer.norm1, self.linear(context, &layer.out.0, lengths)?, &layer.out.1, x)?;
+        let out = self.linear(context, &layer.out.0, lengths)?;
+        let x = self.add_norm(&layer.norm1, out, (&layer.out.1, Site::AttentionOutput), x)?;
         let (weight, bias) = &layer.inter;
         let inner = match (self.act, weight) {
             (HiddenAct::Gelu, Dense::Blas(linear)) => linear.forward_bias_gelu(&x, lengths, bias)?,
@@ -525,14 +535,25 @@ impl Encoder {
                 }
             }
         };
-        self.add_norm(&layer.norm2, self.linear(&inner, &layer.output.0, lengths)?, &layer.output.1, &x)
+        self.add_norm(
+            &layer.norm2,
+            self.linear(&inner, &layer.output.0, lengths)?,
+            (&layer.output.1, Site::FeedForward),
+            &x,
+        )
     }
 
-    /// `LayerNorm(y + bias + residual)` of a projection `y` without its bias; in inference written over `y`,
-    /// which the projection has just made.
-    fn add_norm(&self, norm: &LayerNorm, y: Tensor, bias: &Tensor, residual: &Tensor) -> candle_core::Result<Tensor> {
+    /// `LayerNorm(y + bias + residual)` of a projection `y` without its bias (in training, `y + bias` dropped at
+    /// `site`); in inference written over `y`, which the projection has just made.
+    fn add_norm(
+        &self,
+        norm: &LayerNorm,
+        y: Tensor,
+        (bias, site): (&Tensor, Site),
+        residual: &Tensor,
+    ) -> candle_core::Result<Tensor> {
         if self.differentiable {
-            self.normalize(norm, &(y.broadcast_add(bias)? + residual)?)
+            self.normalize(norm, &(self.dropout.apply(site, &y.broadcast_add(bias)?)? + residual)?)
         } else {
             kernels::add_layer_norm_in_place(y, bias, residual, norm, self.eps)
         }

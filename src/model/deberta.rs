@@ -13,6 +13,7 @@ use candle_transformers::models::bert;
 use candle_transformers::models::debertav2;
 
 use super::bert::{token_embeddings, Encoder, Positions, RelativePositions};
+use super::dropout::{Dropout, Site};
 use super::error::load_err;
 use super::load::read_json;
 use super::network::{encoder_flops, Inputs, Network};
@@ -62,8 +63,15 @@ impl Deberta {
 
     /// The training model (every operation differentiable) over variables named as a sequence classifier's
     /// (`deberta.*`).
-    pub fn trainable(vb: VarBuilder, config: &bert::Config, dir: &Path) -> Result<Deberta, ModelError> {
-        Deberta::build(vb, config, dir, true, true)
+    pub fn trainable(
+        vb: VarBuilder,
+        config: &bert::Config,
+        dir: &Path,
+        dropout: Dropout,
+    ) -> Result<Deberta, ModelError> {
+        let mut deberta = Deberta::build(vb, config, dir, true, true)?;
+        deberta.encoder.dropout = dropout;
+        Ok(deberta)
     }
 
     fn build(
@@ -122,7 +130,8 @@ impl Network for Deberta {
     fn forward(&self, inputs: &Inputs, positions: Positions) -> candle_core::Result<Tensor> {
         let x = token_embeddings(&self.word, self.token_type.as_ref(), &inputs.ids, &inputs.types)?;
         let mask = inputs.padded.then_some(&inputs.mask);
-        self.encoder.forward(&self.encoder.normalize(&self.norm, &x)?, mask, positions)
+        let x = self.encoder.dropout.apply(Site::Embeddings, &self.encoder.normalize(&self.norm, &x)?)?;
+        self.encoder.forward(&x, mask, positions)
     }
 
     fn computes_alone(&self, device: &Device) -> bool {

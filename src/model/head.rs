@@ -11,6 +11,7 @@ use candle_nn::{LayerNorm, Linear, VarBuilder};
 use candle_transformers::models::bert::Config;
 
 use super::bert::Positions;
+use super::dropout::{Dropout, Site};
 use super::error::load_err;
 use super::family::{Activation, Family};
 use super::ModelError;
@@ -32,6 +33,8 @@ pub struct Head {
     classifier: Linear,
     /// The output read as the score: the last label's.
     label: usize,
+    /// A trainable model's (none in inference).
+    dropout: Dropout,
 }
 
 impl Head {
@@ -72,19 +75,40 @@ impl Head {
                 norm: Some(norm.map_err(err)?),
                 classifier,
                 label,
+                dropout: Dropout::default(),
             });
         }
         let dense = dense_names
             .iter()
             .find_map(|n| candle_nn::linear(h, h, vb.pp(*n)).ok())
             .ok_or_else(|| load_err(origin, format!("no weights for {}", dense_names.join(" or "))))?;
-        Ok(Head { pooling: HeadPooling::First, dense: Some((dense, activation)), norm: None, classifier, label })
+        let dropout = Dropout::default();
+        Ok(Head {
+            pooling: HeadPooling::First,
+            dense: Some((dense, activation)),
+            norm: None,
+            classifier,
+            label,
+            dropout,
+        })
     }
 
     /// A decoder's answer: the last real token's final state times `answer` (`[hidden]`, `recipe::Answer`).
     pub fn answer(answer: Tensor) -> candle_core::Result<Head> {
         let classifier = Linear::new(answer.unsqueeze(0)?, None);
-        Ok(Head { pooling: HeadPooling::Last, dense: None, norm: None, classifier, label: 0 })
+        Ok(Head {
+            pooling: HeadPooling::Last,
+            dense: None,
+            norm: None,
+            classifier,
+            label: 0,
+            dropout: Dropout::default(),
+        })
+    }
+
+    /// The same head, dropping as `dropout` does (a trainable model's).
+    pub(super) fn dropping(self, dropout: Dropout) -> Head {
+        Head { dropout, ..self }
     }
 
     /// FLOPs of the head over one input's pooled state.
@@ -122,7 +146,7 @@ impl Head {
         };
         let activated = match &self.dense {
             Some((dense, activation)) => {
-                let dense = dense.forward(&pooled)?;
+                let dense = dense.forward(&self.dropout.apply(Site::Pooled, &pooled)?)?;
                 match activation {
                     Activation::Tanh => dense.tanh()?,
                     Activation::Gelu => dense.gelu_erf()?,
@@ -135,7 +159,7 @@ impl Head {
             Some(norm) => norm.forward(&activated)?,
             None => activated,
         };
-        self.classifier.forward(&normed)?.i((.., self.label))
+        self.classifier.forward(&self.dropout.apply(Site::Classifier, &normed)?)?.i((.., self.label))
     }
 }
 

@@ -11,6 +11,7 @@ pub use cpu::blas::gemm_path;
 pub use cpu::mapped::MappedVectors;
 mod deberta;
 mod decoder;
+mod dropout;
 mod encoder;
 mod error;
 mod family;
@@ -34,6 +35,7 @@ use serde::Deserialize;
 
 pub use crate::cancel::Cancel;
 pub(crate) use crate::hash::Fnv;
+pub use dropout::{Dropout, Rates as DropoutRates};
 pub use encoder::{BiEncoder, CrossEncoder, Pooling};
 pub(crate) use error::load_err;
 pub use error::ModelError;

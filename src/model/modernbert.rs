@@ -19,6 +19,7 @@ use serde::Deserialize;
 use super::bert::Dense;
 use super::cpu::blas::{self, Heads, Rotary};
 use super::cpu::kernels::{self, Band};
+use super::dropout::{Dropout, Site};
 use super::error::load_err;
 use super::load::read_json;
 use super::ModelError;
@@ -38,6 +39,8 @@ pub struct ModernBert {
     /// In training: every operation differentiable, the queries scaled on every pass (their projection is a
     /// variable that changes between passes; inference folds the scale into it at load).
     differentiable: bool,
+    /// A trainable model's (none in inference).
+    dropout: Dropout,
 }
 
 struct Layer {
@@ -98,8 +101,8 @@ impl ModernBert {
 
     /// The training model (every operation differentiable) over variables named as a sequence classifier's
     /// (`model.*`).
-    pub fn trainable(vb: VarBuilder, dir: &Path) -> Result<ModernBert, ModelError> {
-        ModernBert::build(vb, dir, true, true)
+    pub fn trainable(vb: VarBuilder, dir: &Path, dropout: Dropout) -> Result<ModernBert, ModelError> {
+        Ok(ModernBert { dropout, ..ModernBert::build(vb, dir, true, true)? })
     }
 
     fn build(vb: VarBuilder, dir: &Path, classifier: bool, differentiable: bool) -> Result<ModernBert, ModelError> {
@@ -181,6 +184,7 @@ impl ModernBert {
                 global_theta: c.global_rope_theta,
                 local_theta: c.local_rope_theta,
                 differentiable,
+                dropout: Dropout::default(),
             })
         };
         build().map_err(|e| load_err(dir, e))
@@ -189,7 +193,7 @@ impl ModernBert {
     /// Final states `[batch, len, hidden]` of right-padded `ids` whose sequences have `lengths` real positions.
     pub fn forward(&self, ids: &Tensor, lengths: &[usize]) -> candle_core::Result<Tensor> {
         let (batch, len) = ids.dims2()?;
-        let mut x = self.embed_norm.forward(&self.embed.forward(ids)?)?;
+        let mut x = self.dropout.apply(Site::Embeddings, &self.embed_norm.forward(&self.embed.forward(ids)?)?)?;
         let table = |theta| -> candle_core::Result<Positions> {
             let (cos, sin) = super::rotary::tables(self.head_dim, theta, len, x.dtype(), x.device())?;
             let fused = blas::available_for(&x).then(|| Rotary::new(&cos, &sin).map(Arc::new)).transpose()?;
@@ -208,6 +212,7 @@ impl ModernBert {
             let positions = if layer.local { &local } else { &global };
             x = (&x + self.attention(layer, &normed, lengths, &mask, positions)?)?;
             let gated = kernels::gelu_gate(&layer.wi.forward(&layer.mlp_norm.forward(&x)?, lengths)?)?;
+            let gated = self.dropout.apply(Site::FeedForward, &gated)?;
             x = (&x + layer.wo.forward(&gated, lengths)?)?;
         }
         self.final_norm.forward(&x)
@@ -237,12 +242,16 @@ impl ModernBert {
             }
             false => qkv,
         };
+        if self.dropout.active(Site::Attention) {
+            // transformers drops ModernBERT's probabilities inside its attention kernels; ours have no dropout.
+            candle_core::bail!("ModernBERT's attention_dropout is not implemented: set it to 0 to train with dropout");
+        }
         let window = layer.local.then_some(self.window);
         // With BLAS loaded, one fused op (rotation, window and all); else candle's chain, a block at a time.
         let heads = Heads { count: self.heads, rotary: positions.fused.clone(), window };
         if positions.fused.is_some() {
             if let Some(context) = blas::attention(&qkv, mask, None, &heads, self.differentiable, false)? {
-                return layer.out.forward(&context, lengths);
+                return self.dropout.apply(Site::AttentionOutput, &layer.out.forward(&context, lengths)?);
             }
         }
         let qkv = qkv.reshape((b, len, 3, self.heads, self.head_dim))?;
@@ -264,7 +273,7 @@ impl ModernBert {
             contexts.push(kernels::band_softmax(&scores, &band)?.matmul(&v)?);
         }
         let context = Tensor::cat(&contexts, 2)?.transpose(1, 2)?.reshape((b, len, h))?;
-        layer.out.forward(&context, lengths)
+        self.dropout.apply(Site::AttentionOutput, &layer.out.forward(&context, lengths)?)
     }
 }
 

@@ -10,6 +10,7 @@
 use candle_core::Tensor;
 
 use super::cpu::disentangled::{disentangled_softmax, Disentangled};
+use super::dropout::{Dropout, Site};
 
 /// How distances become rows of the relative embeddings: `make_log_bucket_position` and
 /// `build_relative_position` of transformers' DeBERTa-v2, in the same f32 arithmetic.
@@ -73,6 +74,7 @@ pub(super) fn attention(
     v: &Tensor,
     tables: &Tables,
     relative: &Disentangled,
+    dropout: &Dropout,
 ) -> candle_core::Result<Tensor> {
     let (batch, heads, rows, head_dim) = q.dims4()?;
     // Each sequence's heads against the same tables (one sequence at a time on the CPU: nothing copied).
@@ -81,6 +83,7 @@ pub(super) fn attention(
     let from_positions = k.matmul(&table(&tables.queries)?.t()?)?;
     let scores = q.matmul(&k.t()?)?;
     let probs = disentangled_softmax(&scores, &to_positions, &from_positions, relative)?;
+    let probs = dropout.apply(Site::Attention, &probs)?;
     probs.matmul(v)?.transpose(1, 2)?.contiguous()?.reshape((batch, rows, heads * head_dim))
 }
 

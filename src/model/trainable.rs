@@ -21,6 +21,7 @@ use parking_lot::Mutex;
 use super::bert::{encoder_root, Bert, Positions};
 use super::cobert::{CoBert, CoBertConfig, CoBertHeads};
 use super::deberta::Deberta;
+use super::dropout::{Dropout, Rates};
 use super::encoder::{Backbone, SentenceLayout};
 use super::family::Family;
 use super::head::Head;
@@ -52,6 +53,8 @@ pub struct TrainableEncoder {
     first_round: Option<PathBuf>,
     /// A bi-encoder's pooling (`None`: a cross-encoder).
     sentence: Option<SentenceLayout>,
+    /// Off but in a training step (`train::dropping`).
+    dropout: Dropout,
 }
 
 /// Co-BERT heads to add to a trainable model: their shape, and whether their layers start as copies of the
@@ -80,17 +83,24 @@ enum Trained {
 }
 
 impl Heads {
-    fn build(vb: VarBuilder, config: &Config, labels: Option<usize>, origin: &Path) -> Result<Heads, ModelError> {
+    fn build(
+        vb: VarBuilder,
+        config: &Config,
+        labels: Option<usize>,
+        origin: &Path,
+        dropout: &Dropout,
+    ) -> Result<Heads, ModelError> {
         let family = Family::from_config(config);
         let backbone = match family {
-            Family::Deberta => Trained::Deberta(Deberta::trainable(vb.clone(), config, origin)?),
-            Family::ModernBert => Trained::ModernBert(ModernBert::trainable(vb.clone(), origin)?),
+            Family::Deberta => Trained::Deberta(Deberta::trainable(vb.clone(), config, origin, dropout.clone())?),
+            Family::ModernBert => Trained::ModernBert(ModernBert::trainable(vb.clone(), origin, dropout.clone())?),
             _ => Trained::Bert(
-                Bert::trainable(family.bert_names(vb.clone()).pp(family.prefix()), config)
+                Bert::trainable(family.bert_names(vb.clone()).pp(family.prefix()), config, dropout.clone())
                     .map_err(|e| load_err(origin, format!("building the model: {e}")))?,
             ),
         };
         let head = labels.map(|labels| Head::with_labels(&vb, config, origin, labels)).transpose()?;
+        let head = head.map(|head| head.dropping(dropout.clone()));
         Ok(Heads { backbone, head })
     }
 
@@ -176,6 +186,7 @@ impl TrainableEncoder {
             serde_json::from_slice(&std::fs::read(&config_path).map_err(|e| load_err(&config_path, e))?)
                 .map_err(|e| load_err(&config_path, e))?;
         let std = config_json.get("initializer_range").and_then(|v| v.as_f64()).unwrap_or(0.02);
+        let dropout = Dropout::new(Rates::from_config(&config_json, family).map_err(|e| load_err(&config_path, e))?);
         let source = weights(dir, &Device::Cpu, DType::F32)?;
         let varmap = VarMap::new();
         let initialized = Arc::new(Mutex::new(Vec::new()));
@@ -194,7 +205,7 @@ impl TrainableEncoder {
             cobert: cobert.filter(|c| c.from_backbone).map(|c| c.config),
         };
         let vb = VarBuilder::from_backend(Box::new(initializer), DType::F32, device.clone());
-        let heads = Heads::build(vb.clone(), &config, labels, dir)?;
+        let heads = Heads::build(vb.clone(), &config, labels, dir, &dropout)?;
         let cobert = cobert
             .map(|c| CoBertHeads::new(vb.pp("cobert"), &config, c.config, true))
             .transpose()
@@ -216,7 +227,13 @@ impl TrainableEncoder {
             cobert,
             first_round: None,
             sentence,
+            dropout,
         })
+    }
+
+    /// Its dropout: off until a training step starts it.
+    pub fn dropout(&self) -> &Dropout {
+        &self.dropout
     }
 
     /// Makes every checkpoint carry `first_round` (a cross-encoder directory) as its first-round model:
@@ -299,7 +316,7 @@ impl TrainableEncoder {
                     self.dtype,
                     self.device.clone(),
                 );
-                f(&Heads::build(vb, &self.config, self.labels, &self.source)?, &inputs)?
+                f(&Heads::build(vb, &self.config, self.labels, &self.source, &self.dropout)?, &inputs)?
             }
         };
         Ok(out.to_dtype(DType::F32)?)

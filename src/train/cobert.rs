@@ -221,6 +221,7 @@ pub fn train(
     let warmup = (options.warmup * options.steps as f64).round() as usize;
     while tracker.state.step < options.steps && !tracker.state.done {
         let step = tracker.state.step + 1;
+        let _dropping = super::Dropping::start(&model, options, step);
         let mut rng = Rng::stream(options.seed, step as u64);
         let mut total: Option<Tensor> = None;
         for _ in 0..options.batch {

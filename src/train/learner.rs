@@ -197,6 +197,7 @@ impl Learner {
     ) -> Result<f64, TrainError> {
         let options = run.options;
         let started = std::time::Instant::now();
+        let _dropping = super::Dropping::start(&self.model, options, step);
         let vars = self.model.variables();
         let mut sums: Vec<Option<Tensor>> = vec![None; vars.len()];
         let mut loss_total = 0.0;

@@ -182,6 +182,7 @@ fn train_step(
     (step, lr): (usize, f64),
     options: &TrainOptions,
 ) -> Result<f64, TrainError> {
+    let _dropping = super::Dropping::start(model, options, step);
     let mut rng = Rng::stream(options.seed, step as u64);
     let chosen: Vec<(&Group, Vec<usize>)> = (0..options.batch)
         .map(|_| {

@@ -461,14 +461,17 @@ fn a_killed_run_resumes_from_its_last_checkpoint_and_trains_as_if_never_stopped(
     assert!(String::from_utf8_lossy(&out.stderr).contains("train.json"), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// Each family's kill and resume, as BERT's above (its tiny training fixture, the pairwise loss).
+/// Each family's kill and resume, as BERT's above (its tiny training fixture, the pairwise loss; ELECTRA's with
+/// `--dropout`).
 #[test]
 fn every_family_resumes_a_killed_run_as_if_never_stopped() {
     for family in ["electra", "deberta-v3", "modernbert"] {
         let dir = tempfile::tempdir().unwrap();
         buried_sentence_collection(dir.path());
         let model = crate::fixtures::model_fixture(&format!("{family}-train"));
-        killed_and_resumed_as_whole(dir.path(), model.to_str().unwrap(), &[]);
+        // ELECTRA's with dropout: its masks resume with the step too.
+        let extra: &[&str] = if family == "electra" { &["--dropout"] } else { &[] };
+        killed_and_resumed_as_whole(dir.path(), model.to_str().unwrap(), extra);
     }
 }
 
@@ -756,4 +759,85 @@ fn training_takes_its_candidates_from_the_configured_bm25() {
         assert_eq!(candidates, &configured[qid], "dev query {qid}");
     }
     assert!(dev.iter().any(|(qid, c)| c != &anserini[qid]), "the parameters change no dev query's top 5");
+}
+
+/// Dropout in training (`--dropout`), as each family's transformers model drops in `train()` mode: off outside
+/// a step, the same masks from the same seed and others from another, every variable still getting its
+/// gradient. ModernBERT drops only where its config says (ModernBERT-base's, like its fixture's, says nowhere);
+/// its attention dropout is refused rather than left out.
+#[test]
+fn dropout_draws_seeded_masks_in_training_steps_only() {
+    for family in ["bert", "roberta", "xlm-roberta", "electra", "distilbert", "deberta-v3", "modernbert", "modernbert+"]
+    {
+        let fixture = crate::fixtures::model_fixture(&format!("{}-train", family.trim_end_matches('+')));
+        let copy = tempfile::tempdir().unwrap();
+        for entry in std::fs::read_dir(&fixture).unwrap() {
+            let path = entry.unwrap().path();
+            std::fs::copy(&path, copy.path().join(path.file_name().unwrap())).unwrap();
+        }
+        let set = |rates: Value| {
+            let path = copy.path().join("config.json");
+            let mut config: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            config.as_object_mut().unwrap().extend(rates.as_object().unwrap().clone());
+            std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+        };
+        if family == "modernbert+" {
+            set(json!({"embedding_dropout": 0.1, "mlp_dropout": 0.1, "classifier_dropout": 0.1}));
+        }
+        let model = TrainableEncoder::init(copy.path(), &Device::Cpu, DType::F32, 0).unwrap();
+        let pairs = [("where is the sentence", "buried deep in a long document"), ("what else", "another text")];
+        let encoded: Vec<_> = pairs.iter().map(|(q, d)| model.encode(q, d, 64, 16).unwrap()).collect();
+        let logits = || model.forward(&encoded).unwrap().to_vec1::<f32>().unwrap();
+        let off = logits();
+        model.dropout().start(1);
+        let on = logits();
+        model.dropout().start(1);
+        assert_eq!(logits(), on, "{family}: the same seed, the same masks");
+        model.dropout().start(2);
+        let other = logits();
+        if family == "modernbert" {
+            assert_eq!((&on, &other), (&off, &off), "{family}: no rate, no dropout");
+        } else {
+            assert_ne!(on, off, "{family}: dropped");
+            assert_ne!(other, on, "{family}: another seed, other masks");
+        }
+        model.dropout().start(3);
+        let grads = model.forward(&encoded).unwrap().sum_all().unwrap().backward().unwrap();
+        for (name, var) in model.variables() {
+            assert!(grads.get(var.as_tensor()).is_some(), "{family}: {name} received no gradient with dropout");
+        }
+        model.dropout().stop();
+        assert_eq!(logits(), off, "{family}: off again");
+        if family == "modernbert+" {
+            set(json!({"attention_dropout": 0.1}));
+            let model = TrainableEncoder::init(copy.path(), &Device::Cpu, DType::F32, 0).unwrap();
+            assert!(model.forward(&encoded).is_ok(), "no attention dropout outside a step");
+            model.dropout().start(1);
+            let refused = model.forward(&encoded).err().unwrap().to_string();
+            assert!(refused.contains("attention_dropout"), "{refused}");
+        }
+    }
+}
+
+/// `longrank train --dropout`: the same run twice logs the same losses, bit for bit, and others than without
+/// dropout (the kill-and-resume of a run with dropout: `every_family_resumes_a_killed_run_...`).
+#[test]
+fn training_with_dropout_repeats_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    buried_sentence_collection(d);
+    let model = crate::fixtures::model_fixture("electra-train");
+    let model = model.to_str().unwrap();
+    let run = |out: &str, dropout: bool| {
+        let mut args = train_args(model, out, "firstp", "10");
+        if dropout {
+            args.push("--dropout");
+        }
+        cli_ok(d, &args);
+        losses(&d.join(out).join("firstp/log.jsonl"))
+    };
+    let (once, again, without) = (run("once", true), run("again", true), run("without", false));
+    assert_eq!(once.len(), 10);
+    assert_eq!(once, again, "the same masks, the same losses to the last bit");
+    assert_ne!(once, without, "dropout changed the training");
 }

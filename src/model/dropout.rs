@@ -1,0 +1,234 @@
+//! Dropout in training, where each family's transformers model applies it in `train()` mode and at its
+//! config's rates: each kept element scaled by 1/(1 − rate), the others zeroed. The masks come from one seeded
+//! stream that the trainer starts per step (`Dropout::start`), so a run repeats bit for bit, a resumed run draws
+//! as the uninterrupted one did, and a pass outside a step (dev scoring, inference) drops nothing.
+
+use std::sync::Arc;
+
+use candle_core::Tensor;
+use parking_lot::Mutex;
+use serde_json::Value;
+
+use super::family::Family;
+use crate::rng::Rng;
+
+/// Where a model drops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Site {
+    /// The embeddings, after their LayerNorm.
+    Embeddings,
+    /// The attention probabilities.
+    Attention,
+    /// The attention block's output projection, before its residual.
+    AttentionOutput,
+    /// The feed-forward block: its output projection before the residual (ModernBERT: the gated activations
+    /// before that projection, as transformers places it).
+    FeedForward,
+    /// The head's pooled state, before its dense layer.
+    Pooled,
+    /// The head's state before the classifier.
+    Classifier,
+}
+
+/// Each site's rate.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Rates {
+    pub embeddings: f32,
+    pub attention: f32,
+    pub attention_output: f32,
+    pub feed_forward: f32,
+    pub pooled: f32,
+    pub classifier: f32,
+}
+
+impl Rates {
+    /// The rates a family's `config.json` sets, transformers' defaults where it is silent (and a classifier
+    /// dropout of null meaning the hidden one).
+    pub fn from_config(config: &Value, family: Family) -> Result<Rates, String> {
+        let rate = |key: &str, default: f64| -> Result<f32, String> {
+            let value = config.get(key).and_then(Value::as_f64).unwrap_or(default);
+            match (0.0..1.0).contains(&value) {
+                true => Ok(value as f32),
+                false => Err(format!("{key} = {value}: a dropout rate is at least 0 and below 1")),
+            }
+        };
+        Ok(match family {
+            Family::DistilBert => {
+                let hidden = rate("dropout", 0.1)?;
+                // DistilBERT's attention output goes to its residual undropped.
+                Rates {
+                    embeddings: hidden,
+                    attention: rate("attention_dropout", 0.1)?,
+                    attention_output: 0.0,
+                    feed_forward: hidden,
+                    pooled: 0.0,
+                    classifier: rate("seq_classif_dropout", 0.2)?,
+                }
+            }
+            Family::ModernBert => {
+                let attention = rate("attention_dropout", 0.0)?;
+                Rates {
+                    embeddings: rate("embedding_dropout", 0.0)?,
+                    attention,
+                    attention_output: attention,
+                    feed_forward: rate("mlp_dropout", 0.0)?,
+                    pooled: 0.0,
+                    classifier: rate("classifier_dropout", 0.0)?,
+                }
+            }
+            family => {
+                let hidden = rate("hidden_dropout_prob", 0.1)?;
+                let classifier = match family {
+                    Family::Deberta => rate("cls_dropout", hidden as f64)?,
+                    _ => rate("classifier_dropout", hidden as f64)?,
+                };
+                let pooled = match family {
+                    // BERT's pooler reads the state undropped; RoBERTa's and ELECTRA's heads drop it first.
+                    Family::Bert => 0.0,
+                    Family::Deberta => rate("pooler_dropout", 0.0)?,
+                    _ => classifier,
+                };
+                Rates {
+                    embeddings: hidden,
+                    attention: rate("attention_probs_dropout_prob", 0.1)?,
+                    attention_output: hidden,
+                    feed_forward: hidden,
+                    pooled,
+                    classifier,
+                }
+            }
+        })
+    }
+
+    fn at(&self, site: Site) -> f32 {
+        match site {
+            Site::Embeddings => self.embeddings,
+            Site::Attention => self.attention,
+            Site::AttentionOutput => self.attention_output,
+            Site::FeedForward => self.feed_forward,
+            Site::Pooled => self.pooled,
+            Site::Classifier => self.classifier,
+        }
+    }
+}
+
+/// A model's dropout, shared by its parts: none in an inference model; in a trainable one, its rates and the
+/// stream of the step under way (none between steps).
+#[derive(Clone, Default)]
+pub struct Dropout(Option<Arc<Shared>>);
+
+struct Shared {
+    rates: Rates,
+    stream: Mutex<Option<Rng>>,
+}
+
+impl Dropout {
+    pub fn new(rates: Rates) -> Dropout {
+        Dropout(Some(Arc::new(Shared { rates, stream: Mutex::new(None) })))
+    }
+
+    /// Drops from here on, with masks drawn from `seed`'s stream in the order the passes ask for them.
+    pub fn start(&self, seed: u64) {
+        if let Some(shared) = &self.0 {
+            *shared.stream.lock() = Some(Rng::new(seed));
+        }
+    }
+
+    /// Drops nothing from here on.
+    pub fn stop(&self) {
+        if let Some(shared) = &self.0 {
+            *shared.stream.lock() = None;
+        }
+    }
+
+    /// Whether `site` drops anything now.
+    pub fn active(&self, site: Site) -> bool {
+        self.0.as_ref().is_some_and(|s| s.rates.at(site) > 0.0 && s.stream.lock().is_some())
+    }
+
+    /// `x` with its elements dropped at `site`'s rate while a step is under way; else `x` itself.
+    pub fn apply(&self, site: Site, x: &Tensor) -> candle_core::Result<Tensor> {
+        let Some(shared) = &self.0 else { return Ok(x.clone()) };
+        let rate = shared.rates.at(site);
+        let mut stream = shared.stream.lock();
+        let Some(rng) = stream.as_mut().filter(|_| rate > 0.0) else { return Ok(x.clone()) };
+        let values = mask(rng, x.elem_count(), rate);
+        drop(stream);
+        x.mul(&Tensor::from_vec(values, x.shape(), x.device())?.to_dtype(x.dtype())?)
+    }
+}
+
+/// `count` factors: 0 with probability `rate`, else 1/(1 − rate); two from each 64 random bits.
+fn mask(rng: &mut Rng, count: usize, rate: f32) -> Vec<f32> {
+    let (threshold, kept) = ((rate as f64 * 4_294_967_296.0) as u64, 1.0 / (1.0 - rate));
+    let mut values = Vec::with_capacity(count + 1);
+    while values.len() < count {
+        let bits = rng.next_u64();
+        for half in [bits & 0xffff_ffff, bits >> 32] {
+            values.push(if half < threshold { 0.0 } else { kept });
+        }
+    }
+    values.truncate(count);
+    values
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Tensor};
+
+    use super::*;
+
+    fn ones(count: usize) -> Tensor {
+        Tensor::ones(count, candle_core::DType::F32, &Device::Cpu).unwrap()
+    }
+
+    fn rates(rate: f32) -> Rates {
+        Rates { attention: rate, ..Default::default() }
+    }
+
+    #[test]
+    fn masks_drop_at_the_rate_scale_the_rest_and_repeat_with_their_seed() {
+        let dropout = Dropout::new(rates(0.25));
+        let x = ones(100_001);
+        assert_eq!(dropout.apply(Site::Attention, &x).unwrap().to_vec1::<f32>().unwrap(), x.to_vec1::<f32>().unwrap());
+        dropout.start(7);
+        let first = dropout.apply(Site::Attention, &x).unwrap().to_vec1::<f32>().unwrap();
+        let dropped = first.iter().filter(|&&v| v == 0.0).count() as f64 / first.len() as f64;
+        assert!((dropped - 0.25).abs() < 0.005, "dropped {dropped}");
+        assert!(first.iter().all(|&v| v == 0.0 || v == 1.0 / 0.75), "kept ones scaled by 1/(1 - rate)");
+        let mean = first.iter().map(|&v| v as f64).sum::<f64>() / first.len() as f64;
+        assert!((mean - 1.0).abs() < 0.01, "expectation kept: {mean}");
+        // The next draw differs; the same seed draws the same masks again.
+        let second = dropout.apply(Site::Attention, &x).unwrap().to_vec1::<f32>().unwrap();
+        assert_ne!(first, second);
+        dropout.start(7);
+        assert_eq!(dropout.apply(Site::Attention, &x).unwrap().to_vec1::<f32>().unwrap(), first);
+        dropout.start(8);
+        assert_ne!(dropout.apply(Site::Attention, &x).unwrap().to_vec1::<f32>().unwrap(), first);
+        // Sites at rate 0 and a stopped stream drop nothing.
+        assert!(dropout.active(Site::Attention) && !dropout.active(Site::Embeddings));
+        assert_eq!(dropout.apply(Site::Embeddings, &x).unwrap().to_vec1::<f32>().unwrap(), x.to_vec1::<f32>().unwrap());
+        dropout.stop();
+        assert!(!dropout.active(Site::Attention));
+        assert_eq!(dropout.apply(Site::Attention, &x).unwrap().to_vec1::<f32>().unwrap(), x.to_vec1::<f32>().unwrap());
+        assert!(!Dropout::default().active(Site::Attention));
+    }
+
+    #[test]
+    fn each_family_drops_where_and_as_much_as_its_transformers_model() {
+        let bert = serde_json::json!({"hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.2});
+        let got = Rates::from_config(&bert, Family::Bert).unwrap();
+        assert_eq!((got.embeddings, got.attention, got.attention_output, got.feed_forward), (0.1, 0.2, 0.1, 0.1));
+        assert_eq!((got.pooled, got.classifier), (0.0, 0.1));
+        let roberta = serde_json::json!({"hidden_dropout_prob": 0.1, "classifier_dropout": 0.3});
+        let got = Rates::from_config(&roberta, Family::Roberta).unwrap();
+        assert_eq!((got.attention, got.pooled, got.classifier), (0.1, 0.3, 0.3));
+        let got = Rates::from_config(&serde_json::json!({}), Family::DistilBert).unwrap();
+        assert_eq!((got.attention_output, got.feed_forward, got.classifier), (0.0, 0.1, 0.2));
+        let got = Rates::from_config(&serde_json::json!({"cls_dropout": null}), Family::Deberta).unwrap();
+        assert_eq!((got.pooled, got.classifier), (0.0, 0.1));
+        assert_eq!(Rates::from_config(&serde_json::json!({}), Family::ModernBert).unwrap(), Rates::default());
+        let bad = serde_json::json!({"hidden_dropout_prob": 1.0});
+        assert!(Rates::from_config(&bad, Family::Bert).unwrap_err().contains("hidden_dropout_prob = 1"));
+    }
+}
