@@ -439,6 +439,7 @@ pub struct TrainBench {
 /// positives and the second negatives, pairwise hinge, backward, AdamW over every weight.
 fn train(b: TrainBench) -> anyhow::Result<()> {
     use candle_core::DType;
+    super::memory::keep_freed_memory();
     use longrank::model::TrainableEncoder;
     use longrank::train::AdamW;
     let device = longrank::model::device(&b.device)?;

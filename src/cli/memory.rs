@@ -19,6 +19,15 @@ pub fn set_purge_delay() {
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS as std::ffi::c_long) };
 }
 
+/// Training keeps what it freed until it ends: a step frees and allocates again the same gigabytes of
+/// activations and gradients every few seconds, later than the purge delay, and handing them back made the kernel
+/// zero fresh pages for a quarter of a step's time (BENCHMARKS.md, "Training every BERT-shaped family"). Its
+/// memory stays at a step's peak, which it reaches every step anyway.
+pub fn keep_freed_memory() {
+    // SAFETY: mimalloc reads options atomically; -1 means never purge.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+}
+
 /// Returns the calling thread's freed memory to the kernel now (a thread that ends: its pages would otherwise
 /// stay in the allocator's abandoned segments).
 pub fn release_thread_memory() {

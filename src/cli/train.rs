@@ -52,6 +52,7 @@ pub struct TrainArgs {
 }
 
 pub fn run(args: TrainArgs, config: &Config) -> anyhow::Result<()> {
+    super::memory::keep_freed_memory();
     let mut options = args.options;
     options.batch_tokens = config.model.max_batch_tokens;
     options.bm25 = config.bm25;

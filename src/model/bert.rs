@@ -474,17 +474,15 @@ impl Encoder {
         };
         if let (Some(tables), Some(relative)) = (layer.relative.as_ref().or(projected.as_ref()), relative) {
             let (q, k, v) = self.heads_of(layer, qkv, first)?;
-            let context = relative::attention(&q, &k, &v, tables, relative, &self.dropout)?;
+            let context = relative::attention(&q, &k, &v, tables, relative, self.dropout.attention())?;
             return self.feed_forward(layer, x, &context, lengths);
         }
-        // With BLAS loaded, one fused op (with its backward pass in training); else, and where attention drops,
-        // candle's chain (the probabilities kept for the backward pass).
-        let bias = layer.qkv.bias();
-        if !self.dropout.active(Site::Attention) {
-            let heads = blas::Heads::plain(self.heads);
-            if let Some(context) = blas::attention(&qkv, rows, bias, &heads, self.differentiable, first)? {
-                return self.feed_forward(layer, x, &context, lengths);
-            }
+        // With BLAS loaded, one fused op (with its backward pass in training); else candle's chain. Either drops
+        // the same probabilities in training.
+        let (bias, dropout) = (layer.qkv.bias(), self.dropout.attention());
+        let heads = blas::Heads::plain(self.heads);
+        if let Some(context) = blas::attention(&qkv, rows, bias, &heads, self.differentiable, first, dropout)? {
+            return self.feed_forward(layer, x, &context, lengths);
         }
         let (q, k, v) = self.heads_of(layer, qkv, first)?;
         let scores = q.matmul(&k.t()?)?;
@@ -492,7 +490,11 @@ impl Encoder {
             Some(additive) => scores.broadcast_add(additive)?,
             None => scores,
         };
-        let probs = self.dropout.apply(Site::Attention, &kernels::softmax(&scores)?)?;
+        let probs = kernels::softmax(&scores)?;
+        let probs = match dropout {
+            Some(dropout) => dropout.apply_to(&probs, 0, 0)?,
+            None => probs,
+        };
         let context = probs.matmul(&v)?.transpose(1, 2)?.contiguous()?.reshape((batch, q.dim(2)?, hidden))?;
         self.feed_forward(layer, x, &context, lengths)
     }

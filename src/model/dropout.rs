@@ -1,8 +1,11 @@
 //! Dropout in training, where each family's transformers model applies it in `train()` mode and at its
 //! config's rates: each kept element scaled by 1/(1 − rate), the others zeroed. The masks come from one seeded
 //! stream that the trainer starts per step (`Dropout::start`), so a run repeats bit for bit, a resumed run draws
-//! as the uninterrupted one did, and a pass outside a step (dev scoring, inference) drops nothing.
+//! as the uninterrupted one did, and a pass outside a step (dev scoring, inference) drops nothing. Attention's
+//! probabilities drop by a hash of their place (`AttentionDropout`): the fused attention op's backward pass
+//! finds the same ones again without storing them, and candle's chain drops the same ones.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use candle_core::Tensor;
@@ -17,8 +20,6 @@ use crate::rng::Rng;
 pub enum Site {
     /// The embeddings, after their LayerNorm.
     Embeddings,
-    /// The attention probabilities.
-    Attention,
     /// The attention block's output projection, before its residual.
     AttentionOutput,
     /// The feed-forward block: its output projection before the residual (ModernBERT: the gated activations
@@ -103,7 +104,6 @@ impl Rates {
     fn at(&self, site: Site) -> f32 {
         match site {
             Site::Embeddings => self.embeddings,
-            Site::Attention => self.attention,
             Site::AttentionOutput => self.attention_output,
             Site::FeedForward => self.feed_forward,
             Site::Pooled => self.pooled,
@@ -141,9 +141,12 @@ impl Dropout {
         }
     }
 
-    /// Whether `site` drops anything now.
-    pub fn active(&self, site: Site) -> bool {
-        self.0.as_ref().is_some_and(|s| s.rates.at(site) > 0.0 && s.stream.lock().is_some())
+    /// The masks of one attention op's probabilities (one layer's pass), drawn from the stream, while attention
+    /// drops.
+    pub fn attention(&self) -> Option<AttentionDropout> {
+        let shared = self.0.as_ref().filter(|s| s.rates.attention > 0.0)?;
+        let seed = shared.stream.lock().as_mut()?.next_u64();
+        Some(AttentionDropout::new(shared.rates.attention, seed))
     }
 
     /// `x` with its elements dropped at `site`'s rate while a step is under way; else `x` itself.
@@ -156,6 +159,65 @@ impl Dropout {
         drop(stream);
         x.mul(&Tensor::from_vec(values, x.shape(), x.device())?.to_dtype(x.dtype())?)
     }
+}
+
+/// Which attention probabilities one op drops: probability (sequence, head, query, key) drops where a hash of
+/// the op's seed and those four falls below the rate, and the others are scaled by 1/(1 − rate).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionDropout {
+    seed: u64,
+    /// Rate × 2³², against a 32-bit hash.
+    threshold: u32,
+    scale: f32,
+}
+
+impl AttentionDropout {
+    pub fn new(rate: f32, seed: u64) -> AttentionDropout {
+        let threshold = (rate as f64 * 4_294_967_296.0).min(u32::MAX as f64) as u32;
+        AttentionDropout { seed, threshold, scale: 1.0 / (1.0 - rate) }
+    }
+
+    /// Multiplies `row`, the probabilities of `query` in (`sequence`, `head`) for the keys from `first_key` on,
+    /// by their factors.
+    pub fn apply(&self, (sequence, head, query): (usize, usize, usize), first_key: usize, row: &mut [f32]) {
+        let mut mixer = Rng::new(self.seed ^ (((sequence as u64) << 40) | ((head as u64) << 24) | query as u64));
+        let row_key = mixer.next_u64() as u32;
+        // A loop of integer lanes the compiler vectorizes: attention holds millions of probabilities a pass.
+        for (key, p) in (first_key as u32..).zip(row) {
+            *p = if hash(row_key ^ key.wrapping_mul(0x9e37_79b9)) < self.threshold { 0.0 } else { *p * self.scale };
+        }
+    }
+
+    /// `probs` (`[batch, heads, queries, keys]`, the queries from `first_query` and the keys from `first_key`
+    /// on) with the probabilities dropped: candle's chain, as the fused op drops them.
+    pub fn apply_to(&self, probs: &Tensor, first_query: usize, first_key: usize) -> candle_core::Result<Tensor> {
+        let (batch, heads, queries, keys) = probs.dims4()?;
+        let factors = self.factors((batch, heads), first_query..first_query + queries, first_key..first_key + keys);
+        probs.mul(&Tensor::from_vec(factors, probs.shape(), probs.device())?.to_dtype(probs.dtype())?)
+    }
+
+    /// The factors of every probability `[batch, heads, queries, keys]`.
+    pub fn factors(&self, (batch, heads): (usize, usize), queries: Range<usize>, keys: Range<usize>) -> Vec<f32> {
+        let mut factors = vec![1.0; batch * heads * queries.len() * keys.len()];
+        let mut rows = factors.chunks_exact_mut(keys.len().max(1));
+        for sequence in 0..batch {
+            for head in 0..heads {
+                for (query, row) in queries.clone().zip(rows.by_ref()) {
+                    self.apply((sequence, head, query), keys.start, row);
+                }
+            }
+        }
+        factors
+    }
+}
+
+/// A 32-bit integer hash (Wellons's "lowbias32"): each output bit depends on every input bit.
+fn hash(mut x: u32) -> u32 {
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x7feb_352d);
+    x ^= x >> 15;
+    x = x.wrapping_mul(0x846c_a68b);
+    x ^ (x >> 16)
 }
 
 /// `count` factors: 0 with probability `rate`, else 1/(1 − rate); two from each 64 random bits.
@@ -183,35 +245,61 @@ mod tests {
     }
 
     fn rates(rate: f32) -> Rates {
-        Rates { attention: rate, ..Default::default() }
+        Rates { embeddings: rate, attention: rate, ..Default::default() }
     }
 
     #[test]
     fn masks_drop_at_the_rate_scale_the_rest_and_repeat_with_their_seed() {
         let dropout = Dropout::new(rates(0.25));
         let x = ones(100_001);
-        assert_eq!(dropout.apply(Site::Attention, &x).unwrap().to_vec1::<f32>().unwrap(), x.to_vec1::<f32>().unwrap());
+        assert_eq!(dropout.apply(Site::Embeddings, &x).unwrap().to_vec1::<f32>().unwrap(), x.to_vec1::<f32>().unwrap());
         dropout.start(7);
-        let first = dropout.apply(Site::Attention, &x).unwrap().to_vec1::<f32>().unwrap();
+        let first = dropout.apply(Site::Embeddings, &x).unwrap().to_vec1::<f32>().unwrap();
         let dropped = first.iter().filter(|&&v| v == 0.0).count() as f64 / first.len() as f64;
         assert!((dropped - 0.25).abs() < 0.005, "dropped {dropped}");
         assert!(first.iter().all(|&v| v == 0.0 || v == 1.0 / 0.75), "kept ones scaled by 1/(1 - rate)");
         let mean = first.iter().map(|&v| v as f64).sum::<f64>() / first.len() as f64;
         assert!((mean - 1.0).abs() < 0.01, "expectation kept: {mean}");
         // The next draw differs; the same seed draws the same masks again.
-        let second = dropout.apply(Site::Attention, &x).unwrap().to_vec1::<f32>().unwrap();
+        let second = dropout.apply(Site::Embeddings, &x).unwrap().to_vec1::<f32>().unwrap();
         assert_ne!(first, second);
         dropout.start(7);
-        assert_eq!(dropout.apply(Site::Attention, &x).unwrap().to_vec1::<f32>().unwrap(), first);
+        assert_eq!(dropout.apply(Site::Embeddings, &x).unwrap().to_vec1::<f32>().unwrap(), first);
         dropout.start(8);
-        assert_ne!(dropout.apply(Site::Attention, &x).unwrap().to_vec1::<f32>().unwrap(), first);
+        assert_ne!(dropout.apply(Site::Embeddings, &x).unwrap().to_vec1::<f32>().unwrap(), first);
         // Sites at rate 0 and a stopped stream drop nothing.
-        assert!(dropout.active(Site::Attention) && !dropout.active(Site::Embeddings));
-        assert_eq!(dropout.apply(Site::Embeddings, &x).unwrap().to_vec1::<f32>().unwrap(), x.to_vec1::<f32>().unwrap());
+        let unchanged =
+            |site: Site| dropout.apply(site, &x).unwrap().to_vec1::<f32>().unwrap() == x.to_vec1::<f32>().unwrap();
+        assert!(unchanged(Site::FeedForward));
         dropout.stop();
-        assert!(!dropout.active(Site::Attention));
-        assert_eq!(dropout.apply(Site::Attention, &x).unwrap().to_vec1::<f32>().unwrap(), x.to_vec1::<f32>().unwrap());
-        assert!(!Dropout::default().active(Site::Attention));
+        assert!(unchanged(Site::Embeddings));
+        assert!(
+            Dropout::default().apply(Site::Embeddings, &x).unwrap().to_vec1::<f32>().unwrap()
+                == x.to_vec1::<f32>().unwrap()
+        );
+    }
+
+    #[test]
+    fn attention_masks_follow_each_probabilitys_place_at_the_rate() {
+        let dropout = Dropout::new(rates(0.1));
+        assert_eq!(dropout.attention(), None, "no step under way");
+        dropout.start(3);
+        let (a, b) = (dropout.attention().unwrap(), dropout.attention().unwrap());
+        assert_ne!(a, b, "each op its own seed");
+        let factors = a.factors((2, 3), 0..50, 0..200);
+        let dropped = factors.iter().filter(|&&f| f == 0.0).count() as f64 / factors.len() as f64;
+        assert!((dropped - 0.1).abs() < 0.01, "dropped {dropped}");
+        assert!(factors.iter().all(|&f| f == 0.0 || f == 1.0 / 0.9));
+        // A block of queries and keys gets the factors the whole has at those places.
+        let block = a.factors((2, 3), 10..20, 150..200);
+        let at = |s: usize, h: usize, q: usize, k: usize| factors[((s * 3 + h) * 50 + q) * 200 + k];
+        for (i, f) in block.iter().enumerate() {
+            let (s, h, q, k) = (i / (3 * 10 * 50), i / (10 * 50) % 3, 10 + i / 50 % 10, 150 + i % 50);
+            assert_eq!(*f, at(s, h, q, k), "{s} {h} {q} {k}");
+        }
+        assert_ne!(b.factors((2, 3), 0..50, 0..200), factors);
+        dropout.start(3);
+        assert_eq!(dropout.attention(), Some(a), "the same stream, the same seeds");
     }
 
     #[test]

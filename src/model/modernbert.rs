@@ -242,15 +242,12 @@ impl ModernBert {
             }
             false => qkv,
         };
-        if self.dropout.active(Site::Attention) {
-            // transformers drops ModernBERT's probabilities inside its attention kernels; ours have no dropout.
-            candle_core::bail!("ModernBERT's attention_dropout is not implemented: set it to 0 to train with dropout");
-        }
         let window = layer.local.then_some(self.window);
+        let dropout = self.dropout.attention();
         // With BLAS loaded, one fused op (rotation, window and all); else candle's chain, a block at a time.
         let heads = Heads { count: self.heads, rotary: positions.fused.clone(), window };
         if positions.fused.is_some() {
-            if let Some(context) = blas::attention(&qkv, mask, None, &heads, self.differentiable, false)? {
+            if let Some(context) = blas::attention(&qkv, mask, None, &heads, self.differentiable, false, dropout)? {
                 return self.dropout.apply(Site::AttentionOutput, &layer.out.forward(&context, lengths)?);
             }
         }
@@ -270,7 +267,12 @@ impl ModernBert {
             let (k, v) = (k.narrow(2, first_key, end - first_key)?, v.narrow(2, first_key, end - first_key)?);
             let scores = q.narrow(2, start, rows)?.contiguous()?.matmul(&k.t()?)?;
             let band = Band { first_query: start, first_key, window, lengths: lengths.to_vec() };
-            contexts.push(kernels::band_softmax(&scores, &band)?.matmul(&v)?);
+            let probs = kernels::band_softmax(&scores, &band)?;
+            let probs = match dropout {
+                Some(dropout) => dropout.apply_to(&probs, start, first_key)?,
+                None => probs,
+            };
+            contexts.push(probs.matmul(&v)?);
         }
         let context = Tensor::cat(&contexts, 2)?.transpose(1, 2)?.reshape((b, len, h))?;
         self.dropout.apply(Site::AttentionOutput, &layer.out.forward(&context, lengths)?)

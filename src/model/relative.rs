@@ -10,7 +10,7 @@
 use candle_core::Tensor;
 
 use super::cpu::disentangled::{disentangled_softmax, Disentangled};
-use super::dropout::{Dropout, Site};
+use super::dropout::AttentionDropout;
 
 /// How distances become rows of the relative embeddings: `make_log_bucket_position` and
 /// `build_relative_position` of transformers' DeBERTa-v2, in the same f32 arithmetic.
@@ -74,7 +74,7 @@ pub(super) fn attention(
     v: &Tensor,
     tables: &Tables,
     relative: &Disentangled,
-    dropout: &Dropout,
+    dropout: Option<AttentionDropout>,
 ) -> candle_core::Result<Tensor> {
     let (batch, heads, rows, head_dim) = q.dims4()?;
     // Each sequence's heads against the same tables (one sequence at a time on the CPU: nothing copied).
@@ -83,7 +83,10 @@ pub(super) fn attention(
     let from_positions = k.matmul(&table(&tables.queries)?.t()?)?;
     let scores = q.matmul(&k.t()?)?;
     let probs = disentangled_softmax(&scores, &to_positions, &from_positions, relative)?;
-    let probs = dropout.apply(Site::Attention, &probs)?;
+    let probs = match dropout {
+        Some(dropout) => dropout.apply_to(&probs, 0, 0)?,
+        None => probs,
+    };
     probs.matmul(v)?.transpose(1, 2)?.contiguous()?.reshape((batch, rows, heads * head_dim))
 }
 

@@ -10,6 +10,7 @@ use candle_core::{CpuStorage, DType, Layout, Shape, Tensor};
 
 use super::threads::{split, written, Shared};
 use super::{available_for, operands, Blas};
+use crate::model::dropout::AttentionDropout;
 
 /// How a projection's heads attend: how many, the rotary positions their queries and keys take (none: they
 /// are in the projection as they attend), and how far each query reads on each side (none: every key).
@@ -89,7 +90,9 @@ impl Rotary {
 /// whose probabilities sum to 1.
 ///
 /// `first_only` (inference only): only the first position attends, and the context is `[batch, 1, hidden]`
-/// (a last layer whose head reads `[CLS]` alone). `None` when BLAS is not loaded.
+/// (a last layer whose head reads `[CLS]` alone). `dropout` (training): the probabilities that drop, found
+/// again by the backward pass. `None` when BLAS is not loaded.
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     qkv: &Tensor,
     mask: &Tensor,
@@ -97,13 +100,14 @@ pub fn attention(
     heads: &Heads,
     differentiable: bool,
     first_only: bool,
+    dropout: Option<AttentionDropout>,
 ) -> candle_core::Result<Option<Tensor>> {
     if !available_for(qkv) {
         return Ok(None);
     }
     let (qkv, mask) = (qkv.contiguous()?, mask.contiguous()?);
     let bias = bias.map(|b| b.to_vec1()).transpose()?;
-    let op = Attention { heads: heads.clone(), bias, first_only, differentiable };
+    let op = Attention { heads: heads.clone(), bias, first_only, differentiable, dropout };
     Ok(Some(match (differentiable, &op.bias, first_only, &heads.rotary) {
         (false, Some(_), _, Some(_)) => candle_core::bail!("blas-attention: a separate bias with rotary positions"),
         (false, ..) => qkv.apply_op2_no_bwd(&mask, &op)?,
@@ -122,6 +126,7 @@ struct Attention {
     first_only: bool,
     /// On the graph: every position computed, padding masked (the backward pass recomputes the same).
     differentiable: bool,
+    dropout: Option<AttentionDropout>,
 }
 
 /// `kernels::masked_exp_row_fn()`'s row kernel, looked up once per op rather than per head.
@@ -354,6 +359,12 @@ impl candle_core::CustomOp2 for Attention {
                             let scores = &mut scores[..rows.len() * keys.len()];
                             let sums = &mut sums[..rows.len()];
                             blas.block_scores(&at, (&rows, &keys), window, mask, scores, sums, masked_exp_row);
+                            // Dropped after the sums: softmax, then dropout.
+                            if let Some(dropout) = &self.dropout {
+                                for (t, row) in scores.chunks_exact_mut(keys.len()).enumerate() {
+                                    dropout.apply((seq, head, rows.start + t), keys.start, row);
+                                }
+                            }
                             let out = context.add(rows.start * hidden);
                             let v = (at.v.from(keys.start), at.v.ld, false);
                             blas.block(
@@ -387,7 +398,7 @@ impl candle_core::CustomOp2 for Attention {
         _: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        let backward = AttentionBackward { heads: self.heads.clone() };
+        let backward = AttentionBackward { heads: self.heads.clone(), dropout: self.dropout };
         let dqkv = qkv.apply_op3_no_bwd(mask, &grad.contiguous()?, &backward)?;
         Ok((Some(dqkv), None))
     }
@@ -395,9 +406,11 @@ impl candle_core::CustomOp2 for Attention {
 
 /// The gradient of `Attention` with respect to its projection: per block, with P the probabilities and dC the
 /// context's gradient, dV += Pᵀ · dC, dS = P ⊙ (dC · vᵀ − rowsum(dC · vᵀ ⊙ P)), dQ = dS · K, dK += dSᵀ · Q
-/// (blocks of a local head share keys); with rotary positions, dQ and dK rotated back.
+/// (blocks of a local head share keys); with rotary positions, dQ and dK rotated back. With dropout's factors
+/// M, the context read P ⊙ M: dV += (P ⊙ M)ᵀ · dC, and dC · vᵀ ⊙ M takes the place of dC · vᵀ.
 struct AttentionBackward {
     heads: Heads,
+    dropout: Option<AttentionDropout>,
 }
 
 impl candle_core::CustomOp3 for AttentionBackward {
@@ -414,7 +427,13 @@ impl candle_core::CustomOp3 for AttentionBackward {
         grad: &CpuStorage,
         grad_layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let attention = Attention { heads: self.heads.clone(), bias: None, first_only: false, differentiable: true };
+        let attention = Attention {
+            heads: self.heads.clone(),
+            bias: None,
+            first_only: false,
+            differentiable: true,
+            dropout: self.dropout,
+        };
         let (blas, qkv, mask) = operands(self.name(), (qkv, qkv_layout), (mask, mask_layout))?;
         let shapes @ (batch, len, hidden, d) = attention.shapes(qkv_layout, mask_layout)?;
         let grad = match (grad, grad_layout.contiguous_offsets()) {
@@ -464,9 +483,25 @@ impl candle_core::CustomOp3 for AttentionBackward {
                                 row.iter_mut().for_each(|p| *p /= sum);
                             }
                             let dc = (dc.add(rows.start * hidden), hidden, false);
-                            let (p, v) = (probs.as_ptr(), at.v.from(keys.start));
-                            blas.block_into((n, d, r), (p, n, true), dc, (dv.0.add(keys.start * dv.1), dv.1), true);
+                            // What the context read: P, or P ⊙ M (in dP's place until dP is computed).
+                            let read = match &self.dropout {
+                                Some(dropout) => {
+                                    dp.copy_from_slice(probs);
+                                    for (t, row) in dp.chunks_exact_mut(n).enumerate() {
+                                        dropout.apply((seq, head, rows.start + t), keys.start, row);
+                                    }
+                                    dp.as_ptr()
+                                }
+                                None => probs.as_ptr(),
+                            };
+                            let v = at.v.from(keys.start);
+                            blas.block_into((n, d, r), (read, n, true), dc, (dv.0.add(keys.start * dv.1), dv.1), true);
                             blas.block((r, n, d), dc, (v, at.v.ld, true), (dp.as_mut_ptr(), n));
+                            if let Some(dropout) = &self.dropout {
+                                for (t, row) in dp.chunks_exact_mut(n).enumerate() {
+                                    dropout.apply((seq, head, rows.start + t), keys.start, row);
+                                }
+                            }
                             for (p_row, dp_row) in probs.chunks_exact(n).zip(dp.chunks_exact_mut(n)) {
                                 softmax_grad_row(p_row, dp_row);
                             }
@@ -515,26 +550,39 @@ mod tests {
             let grads = (y.clone() * &direction).unwrap().sum_all().unwrap().backward().unwrap();
             [y, grads.get(qkv.as_tensor()).unwrap().clone()]
         };
-        let chain = |qkv: &Tensor| {
+        // The chain's probabilities times `factors` (dropout's), if any.
+        let chain_dropped = |qkv: &Tensor, factors: Option<&Tensor>| {
             let split = qkv.reshape((batch, len, 3, heads, d)).unwrap().permute((2, 0, 3, 1, 4)).unwrap();
             let part = |i: usize| split.get(i).unwrap().contiguous().unwrap();
             let scores = part(0).matmul(&part(1).t().unwrap()).unwrap();
             let scores = scores.broadcast_add(&mask.reshape((batch, 1, 1, len)).unwrap()).unwrap();
             let probs = candle_nn::ops::softmax(&scores, candle_core::D::Minus1).unwrap();
+            let probs = factors.map_or(probs.clone(), |f| (probs * f).unwrap());
             probs.matmul(&part(2)).unwrap().transpose(1, 2).unwrap().reshape((batch, len, hidden)).unwrap()
         };
+        let chain = |qkv: &Tensor| chain_dropped(qkv, None);
         let want = run(chain(qkv.as_tensor()));
-        let inference = attention(qkv.as_tensor(), &mask, None, &Heads::plain(heads), false, false).unwrap().unwrap();
-        let got = run(attention(qkv.as_tensor(), &mask, None, &Heads::plain(heads), true, false).unwrap().unwrap());
+        let inference =
+            attention(qkv.as_tensor(), &mask, None, &Heads::plain(heads), false, false, None).unwrap().unwrap();
+        let got =
+            run(attention(qkv.as_tensor(), &mask, None, &Heads::plain(heads), true, false, None).unwrap().unwrap());
+        // Dropout on the graph: the probabilities of the same places dropped, the gradient through them.
+        let dropout = AttentionDropout::new(0.3, 11);
+        let factors = dropout.factors((batch, heads), 0..len, 0..len);
+        let factors = Tensor::from_vec(factors, (batch, heads, len, len), &device).unwrap();
+        let want_dropped = run(chain_dropped(qkv.as_tensor(), Some(&factors)));
+        let dropped = attention(qkv.as_tensor(), &mask, None, &Heads::plain(heads), true, false, Some(dropout));
+        let dropped = run(dropped.unwrap().unwrap());
         // Inference computes a sequence's own positions only: its padding rows (which nothing reads) are zeros.
         // The projection's bias passed apart (inference): as the chain on the biased projection.
         let bias = Tensor::randn(0f32, 1.0, 3 * hidden, &device).unwrap();
         let biased =
-            attention(qkv.as_tensor(), &mask, Some(&bias), &Heads::plain(heads), false, false).unwrap().unwrap();
+            attention(qkv.as_tensor(), &mask, Some(&bias), &Heads::plain(heads), false, false, None).unwrap().unwrap();
         let real = mask.eq(0f32).unwrap().to_dtype(DType::F32).unwrap().unsqueeze(2).unwrap();
         let want_biased = chain(&qkv.broadcast_add(&bias).unwrap()).broadcast_mul(&real).unwrap();
         // The first position alone attending: the first row of each sequence's context.
-        let first = attention(qkv.as_tensor(), &mask, Some(&bias), &Heads::plain(heads), false, true).unwrap().unwrap();
+        let first =
+            attention(qkv.as_tensor(), &mask, Some(&bias), &Heads::plain(heads), false, true, None).unwrap().unwrap();
         assert_eq!(first.dims(), [batch, 1, hidden]);
         let want_first = want_biased.narrow(1, 0, 1).unwrap();
         let want_inference = want[0].broadcast_mul(&real).unwrap();
@@ -544,7 +592,10 @@ mod tests {
             ("gradient", &got[1], &want[1]),
             ("bias apart", &biased, &want_biased),
             ("first position", &first, &want_first),
+            ("dropped", &dropped[0], &want_dropped[0]),
+            ("dropped gradient", &dropped[1], &want_dropped[1]),
         ];
+        assert!((&dropped[0] - &got[0]).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap() > 1e-3);
         for (what, got, want) in pairs {
             let worst = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
             assert!(worst < 1e-5, "{what}: {worst}");
@@ -583,7 +634,7 @@ mod tests {
             let (cos, sin) = (Tensor::cat(&[&cos, &cos], 1).unwrap(), Tensor::cat(&[&sin, &sin], 1).unwrap());
             (x.broadcast_mul(&cos).unwrap() + half.broadcast_mul(&sin).unwrap()).unwrap()
         };
-        let chain = |window: Option<usize>| {
+        let chain = |window: Option<usize>, factors: Option<&Tensor>| {
             let split = qkv.reshape((batch, len, 3, heads, d)).unwrap().permute((2, 0, 3, 1, 4)).unwrap();
             let part = |i: usize| split.get(i).unwrap().contiguous().unwrap();
             let scores = rotate(part(0)).matmul(&rotate(part(1)).t().unwrap()).unwrap();
@@ -596,21 +647,30 @@ mod tests {
             let band = Tensor::from_vec(band, (1, 1, len, len), &device).unwrap();
             let scores = scores.broadcast_add(&mask.reshape((batch, 1, 1, len)).unwrap()).unwrap();
             let probs = candle_nn::ops::softmax(&scores.broadcast_add(&band).unwrap(), candle_core::D::Minus1).unwrap();
+            let probs = factors.map_or(probs.clone(), |f| (probs * f).unwrap());
             probs.matmul(&part(2)).unwrap().transpose(1, 2).unwrap().reshape((batch, len, hidden)).unwrap()
         };
-        for window in [Some(window), None] {
+        // With dropout too (each block's keys from their own first key on): the chain's probabilities times
+        // the factors of the same places.
+        let dropout = AttentionDropout::new(0.2, 5);
+        let factors = dropout.factors((batch, heads), 0..len, 0..len);
+        let factors = Tensor::from_vec(factors, (batch, heads, len, len), &device).unwrap();
+        for (window, dropout) in [(Some(window), None), (None, None), (Some(window), Some(dropout))] {
             let heads = Heads { count: heads, rotary: rotary.clone(), window };
-            let want = run(chain(window));
-            let inference = attention(qkv.as_tensor(), &mask, None, &heads, false, false).unwrap().unwrap();
-            let got = run(attention(qkv.as_tensor(), &mask, None, &heads, true, false).unwrap().unwrap());
-            let pairs =
-                [("inference", &inference, &want[0]), ("graph", &got[0], &want[0]), ("gradient", &got[1], &want[1])];
+            let want = run(chain(window, dropout.map(|_| &factors)));
+            let got = run(attention(qkv.as_tensor(), &mask, None, &heads, true, false, dropout).unwrap().unwrap());
+            let mut pairs = vec![("graph", &got[0], &want[0]), ("gradient", &got[1], &want[1])];
+            let inference;
+            if dropout.is_none() {
+                inference = attention(qkv.as_tensor(), &mask, None, &heads, false, false, None).unwrap().unwrap();
+                pairs.push(("inference", &inference, &want[0]));
+            }
             for (what, got, want) in pairs {
                 // Relative to the largest value: a gradient sums over up to 300 keys (one CI run met 1.4e-5
                 // absolute on unseeded values of about 10).
                 let max = |t: &Tensor| t.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
                 let worst = max(&(got - want).unwrap()) / max(want).max(1.0);
-                assert!(worst < 1e-5, "{what}, window {window:?}: {worst}");
+                assert!(worst < 1e-5, "{what}, window {window:?}, dropout {dropout:?}: {worst}");
             }
         }
     }
