@@ -1,14 +1,15 @@
 //! Dropout in training, where each family's transformers model applies it in `train()` mode and at its
 //! config's rates: each kept element scaled by 1/(1 − rate), the others zeroed. The masks come from one seeded
 //! stream that the trainer starts per step (`Dropout::start`), so a run repeats bit for bit, a resumed run draws
-//! as the uninterrupted one did, and a pass outside a step (dev scoring, inference) drops nothing. Attention's
-//! probabilities drop by a hash of their place (`AttentionDropout`): the fused attention op's backward pass
-//! finds the same ones again without storing them, and candle's chain drops the same ones.
+//! as the uninterrupted one did, and a pass outside a step (dev scoring, inference) drops nothing. What an op
+//! drops is a hash of its seed and each element's place (`DropMask`): on the CPU its backward pass (the fused
+//! attention op's too) finds the same places again without a mask kept in memory, and candle's chain of
+//! operations drops the same ones.
 
 use std::ops::Range;
 use std::sync::Arc;
 
-use candle_core::Tensor;
+use candle_core::{CpuStorage, DType, Layout, Shape, Tensor};
 use parking_lot::Mutex;
 use serde_json::Value;
 
@@ -143,38 +144,41 @@ impl Dropout {
 
     /// The masks of one attention op's probabilities (one layer's pass), drawn from the stream, while attention
     /// drops.
-    pub fn attention(&self) -> Option<AttentionDropout> {
+    pub fn attention(&self) -> Option<DropMask> {
         let shared = self.0.as_ref().filter(|s| s.rates.attention > 0.0)?;
         let seed = shared.stream.lock().as_mut()?.next_u64();
-        Some(AttentionDropout::new(shared.rates.attention, seed))
+        Some(DropMask::new(shared.rates.attention, seed))
     }
 
-    /// `x` with its elements dropped at `site`'s rate while a step is under way; else `x` itself.
+    /// `x` with its elements dropped at `site`'s rate while a step is under way; else `x` itself. On the CPU
+    /// (f32) one op whose backward pass drops the gradient at the same places, no mask kept between them;
+    /// elsewhere a product by the mask's factors.
     pub fn apply(&self, site: Site, x: &Tensor) -> candle_core::Result<Tensor> {
-        let Some(shared) = &self.0 else { return Ok(x.clone()) };
-        let rate = shared.rates.at(site);
-        let mut stream = shared.stream.lock();
-        let Some(rng) = stream.as_mut().filter(|_| rate > 0.0) else { return Ok(x.clone()) };
-        let values = mask(rng, x.elem_count(), rate);
-        drop(stream);
-        x.mul(&Tensor::from_vec(values, x.shape(), x.device())?.to_dtype(x.dtype())?)
+        let Some(shared) = self.0.as_ref().filter(|s| s.rates.at(site) > 0.0) else { return Ok(x.clone()) };
+        let Some(seed) = shared.stream.lock().as_mut().map(Rng::next_u64) else { return Ok(x.clone()) };
+        let mask = DropMask::new(shared.rates.at(site), seed);
+        match (x.device().is_cpu(), x.dtype()) {
+            (true, DType::F32) => x.contiguous()?.apply_op1(mask),
+            _ => mask.times_factors(x),
+        }
     }
 }
 
-/// Which attention probabilities one op drops: probability (sequence, head, query, key) drops where a hash of
-/// the op's seed and those four falls below the rate, and the others are scaled by 1/(1 − rate).
+/// What one op drops: element (sequence, head, query, key) of attention's probabilities, or element i of
+/// another tensor (as (0, 0, 0, i)), drops where a hash of the op's seed and its place falls below the rate,
+/// and the others are scaled by 1/(1 − rate).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AttentionDropout {
+pub struct DropMask {
     seed: u64,
     /// Rate × 2³², against a 32-bit hash.
     threshold: u32,
     scale: f32,
 }
 
-impl AttentionDropout {
-    pub fn new(rate: f32, seed: u64) -> AttentionDropout {
+impl DropMask {
+    pub fn new(rate: f32, seed: u64) -> DropMask {
         let threshold = (rate as f64 * 4_294_967_296.0).min(u32::MAX as f64) as u32;
-        AttentionDropout { seed, threshold, scale: 1.0 / (1.0 - rate) }
+        DropMask { seed, threshold, scale: 1.0 / (1.0 - rate) }
     }
 
     /// Multiplies `row`, the probabilities of `query` in (`sequence`, `head`) for the keys from `first_key` on,
@@ -194,6 +198,13 @@ impl AttentionDropout {
         let (batch, heads, queries, keys) = probs.dims4()?;
         let factors = self.factors((batch, heads), first_query..first_query + queries, first_key..first_key + keys);
         probs.mul(&Tensor::from_vec(factors, probs.shape(), probs.device())?.to_dtype(probs.dtype())?)
+    }
+
+    /// `x` times its factors, as a tensor (any device and dtype).
+    fn times_factors(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let mut factors = vec![1.0; x.elem_count()];
+        self.apply((0, 0, 0), 0, &mut factors);
+        x.mul(&Tensor::from_vec(factors, x.shape(), x.device())?.to_dtype(x.dtype())?)
     }
 
     /// The factors of every probability `[batch, heads, queries, keys]`.
@@ -220,18 +231,25 @@ fn hash(mut x: u32) -> u32 {
     x ^ (x >> 16)
 }
 
-/// `count` factors: 0 with probability `rate`, else 1/(1 − rate); two from each 64 random bits.
-fn mask(rng: &mut Rng, count: usize, rate: f32) -> Vec<f32> {
-    let (threshold, kept) = ((rate as f64 * 4_294_967_296.0) as u64, 1.0 / (1.0 - rate));
-    let mut values = Vec::with_capacity(count + 1);
-    while values.len() < count {
-        let bits = rng.next_u64();
-        for half in [bits & 0xffff_ffff, bits >> 32] {
-            values.push(if half < threshold { 0.0 } else { kept });
-        }
+/// Dropout of a contiguous f32 tensor on the CPU as one op, its elements in order (element i at (0, 0, 0, i)).
+impl candle_core::CustomOp1 for DropMask {
+    fn name(&self) -> &'static str {
+        "dropout"
     }
-    values.truncate(count);
-    values
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (CpuStorage::F32(values), Some((start, end))) = (storage, layout.contiguous_offsets()) else {
+            candle_core::bail!("dropout: a contiguous f32 tensor");
+        };
+        let mut out = values[start..end].to_vec();
+        self.apply((0, 0, 0), 0, &mut out);
+        Ok((CpuStorage::F32(out), layout.shape().clone()))
+    }
+
+    /// The gradient dropped at the same places and scaled the same.
+    fn bwd(&self, _: &Tensor, _: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(grad.contiguous()?.apply_op1_no_bwd(self)?))
+    }
 }
 
 #[cfg(test)]
@@ -277,6 +295,21 @@ mod tests {
             Dropout::default().apply(Site::Embeddings, &x).unwrap().to_vec1::<f32>().unwrap()
                 == x.to_vec1::<f32>().unwrap()
         );
+    }
+
+    #[test]
+    fn the_cpu_op_drops_as_the_factors_do_and_its_gradient_at_the_same_places() {
+        let x = candle_core::Var::randn(0f32, 1.0, (3, 70), &Device::Cpu).unwrap();
+        let mask = DropMask::new(0.4, 9);
+        let fused = x.as_tensor().apply_op1(mask).unwrap();
+        assert_eq!(
+            fused.to_vec2::<f32>().unwrap(),
+            mask.times_factors(x.as_tensor()).unwrap().to_vec2::<f32>().unwrap()
+        );
+        let weights = Tensor::randn(0f32, 1.0, (3, 70), &Device::Cpu).unwrap();
+        let grads = (&fused * &weights).unwrap().sum_all().unwrap().backward().unwrap();
+        let want = mask.times_factors(&weights).unwrap().to_vec2::<f32>().unwrap();
+        assert_eq!(grads.get(x.as_tensor()).unwrap().to_vec2::<f32>().unwrap(), want);
     }
 
     #[test]

@@ -10,7 +10,7 @@
 use candle_core::Tensor;
 
 use super::cpu::disentangled::{disentangled_softmax, Disentangled};
-use super::dropout::AttentionDropout;
+use super::dropout::DropMask;
 
 /// How distances become rows of the relative embeddings: `make_log_bucket_position` and
 /// `build_relative_position` of transformers' DeBERTa-v2, in the same f32 arithmetic.
@@ -74,7 +74,7 @@ pub(super) fn attention(
     v: &Tensor,
     tables: &Tables,
     relative: &Disentangled,
-    dropout: Option<AttentionDropout>,
+    dropout: Option<DropMask>,
 ) -> candle_core::Result<Tensor> {
     let (batch, heads, rows, head_dim) = q.dims4()?;
     // Each sequence's heads against the same tables (one sequence at a time on the CPU: nothing copied).

@@ -10,7 +10,7 @@ use candle_core::{CpuStorage, DType, Layout, Shape, Tensor};
 
 use super::threads::{split, written, Shared};
 use super::{available_for, operands, Blas};
-use crate::model::dropout::AttentionDropout;
+use crate::model::dropout::DropMask;
 
 /// How a projection's heads attend: how many, the rotary positions their queries and keys take (none: they
 /// are in the projection as they attend), and how far each query reads on each side (none: every key).
@@ -100,7 +100,7 @@ pub fn attention(
     heads: &Heads,
     differentiable: bool,
     first_only: bool,
-    dropout: Option<AttentionDropout>,
+    dropout: Option<DropMask>,
 ) -> candle_core::Result<Option<Tensor>> {
     if !available_for(qkv) {
         return Ok(None);
@@ -126,7 +126,7 @@ struct Attention {
     first_only: bool,
     /// On the graph: every position computed, padding masked (the backward pass recomputes the same).
     differentiable: bool,
-    dropout: Option<AttentionDropout>,
+    dropout: Option<DropMask>,
 }
 
 /// `kernels::masked_exp_row_fn()`'s row kernel, looked up once per op rather than per head.
@@ -410,7 +410,7 @@ impl candle_core::CustomOp2 for Attention {
 /// M, the context read P ⊙ M: dV += (P ⊙ M)ᵀ · dC, and dC · vᵀ ⊙ M takes the place of dC · vᵀ.
 struct AttentionBackward {
     heads: Heads,
-    dropout: Option<AttentionDropout>,
+    dropout: Option<DropMask>,
 }
 
 impl candle_core::CustomOp3 for AttentionBackward {
@@ -567,7 +567,7 @@ mod tests {
         let got =
             run(attention(qkv.as_tensor(), &mask, None, &Heads::plain(heads), true, false, None).unwrap().unwrap());
         // Dropout on the graph: the probabilities of the same places dropped, the gradient through them.
-        let dropout = AttentionDropout::new(0.3, 11);
+        let dropout = DropMask::new(0.3, 11);
         let factors = dropout.factors((batch, heads), 0..len, 0..len);
         let factors = Tensor::from_vec(factors, (batch, heads, len, len), &device).unwrap();
         let want_dropped = run(chain_dropped(qkv.as_tensor(), Some(&factors)));
@@ -652,7 +652,7 @@ mod tests {
         };
         // With dropout too (each block's keys from their own first key on): the chain's probabilities times
         // the factors of the same places.
-        let dropout = AttentionDropout::new(0.2, 5);
+        let dropout = DropMask::new(0.2, 5);
         let factors = dropout.factors((batch, heads), 0..len, 0..len);
         let factors = Tensor::from_vec(factors, (batch, heads, len, len), &device).unwrap();
         for (window, dropout) in [(Some(window), None), (None, None), (Some(window), Some(dropout))] {
