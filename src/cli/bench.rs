@@ -439,9 +439,9 @@ pub struct TrainBench {
 /// positives and the second negatives, pairwise hinge, backward, AdamW over every weight.
 fn train(b: TrainBench) -> anyhow::Result<()> {
     use candle_core::DType;
-    super::memory::keep_freed_memory();
     use longrank::model::TrainableEncoder;
     use longrank::train::AdamW;
+    super::memory::keep_freed_memory();
     let device = longrank::model::device(&b.device)?;
     let model = TrainableEncoder::init(&b.dir, &device, DType::F32, 0)?;
     let pair_flops = model.snapshot()?.pair_flops(b.length);

@@ -21,7 +21,7 @@ pub fn set_purge_delay() {
 
 /// Training keeps what it freed until it ends: a step frees and allocates again the same gigabytes of
 /// activations and gradients every few seconds, later than the purge delay, and handing them back made the kernel
-/// zero fresh pages for a quarter of a step's time (BENCHMARKS.md, "Training every BERT-shaped family"). Its
+/// zero fresh pages for a quarter of a step's time (BENCHMARKS.md, "Training every family again"). Its
 /// memory stays at a step's peak, which it reaches every step anyway.
 pub fn keep_freed_memory() {
     // SAFETY: mimalloc reads options atomically; -1 means never purge.

@@ -23,7 +23,7 @@ use super::cpu::blas::{self, BlasLinear};
 use super::cpu::disentangled::Disentangled;
 use super::cpu::int8::{self, Int8Linear};
 use super::cpu::kernels;
-use super::dropout::{Dropout, Site};
+use super::dropout::{drop_probabilities, Dropout, Site};
 use super::family::Family;
 use super::relative::{self, Buckets, Tables};
 
@@ -490,11 +490,7 @@ impl Encoder {
             Some(additive) => scores.broadcast_add(additive)?,
             None => scores,
         };
-        let probs = kernels::softmax(&scores)?;
-        let probs = match dropout {
-            Some(dropout) => dropout.apply_to(&probs, 0, 0)?,
-            None => probs,
-        };
+        let probs = drop_probabilities(dropout, kernels::softmax(&scores)?, (0, 0))?;
         let context = probs.matmul(&v)?.transpose(1, 2)?.contiguous()?.reshape((batch, q.dim(2)?, hidden))?;
         self.feed_forward(layer, x, &context, lengths)
     }

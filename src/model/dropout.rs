@@ -154,9 +154,11 @@ impl Dropout {
     /// (f32) one op whose backward pass drops the gradient at the same places, no mask kept between them;
     /// elsewhere a product by the mask's factors.
     pub fn apply(&self, site: Site, x: &Tensor) -> candle_core::Result<Tensor> {
-        let Some(shared) = self.0.as_ref().filter(|s| s.rates.at(site) > 0.0) else { return Ok(x.clone()) };
-        let Some(seed) = shared.stream.lock().as_mut().map(Rng::next_u64) else { return Ok(x.clone()) };
-        let mask = DropMask::new(shared.rates.at(site), seed);
+        let Some(shared) = &self.0 else { return Ok(x.clone()) };
+        let rate = shared.rates.at(site);
+        let seed = if rate > 0.0 { shared.stream.lock().as_mut().map(Rng::next_u64) } else { None };
+        let Some(seed) = seed else { return Ok(x.clone()) };
+        let mask = DropMask::new(rate, seed);
         match (x.device().is_cpu(), x.dtype()) {
             (true, DType::F32) => x.contiguous()?.apply_op1(mask),
             _ => mask.times_factors(x),
@@ -192,34 +194,53 @@ impl DropMask {
         }
     }
 
-    /// `probs` (`[batch, heads, queries, keys]`, the queries from `first_query` and the keys from `first_key`
-    /// on) with the probabilities dropped: candle's chain, as the fused op drops them.
-    pub fn apply_to(&self, probs: &Tensor, first_query: usize, first_key: usize) -> candle_core::Result<Tensor> {
-        let (batch, heads, queries, keys) = probs.dims4()?;
-        let factors = self.factors((batch, heads), first_query..first_query + queries, first_key..first_key + keys);
-        probs.mul(&Tensor::from_vec(factors, probs.shape(), probs.device())?.to_dtype(probs.dtype())?)
+    /// Multiplies `block`, rows of `width` probabilities of (`sequence`, `head`) for the queries from
+    /// `first_query` and the keys from `first_key` on, by their factors.
+    pub fn apply_block(
+        &self,
+        (sequence, head): (usize, usize),
+        (first_query, first_key): (usize, usize),
+        block: &mut [f32],
+        width: usize,
+    ) {
+        for (t, row) in block.chunks_exact_mut(width.max(1)).enumerate() {
+            self.apply((sequence, head, first_query + t), first_key, row);
+        }
     }
 
     /// `x` times its factors, as a tensor (any device and dtype).
     fn times_factors(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let mut factors = vec![1.0; x.elem_count()];
         self.apply((0, 0, 0), 0, &mut factors);
-        x.mul(&Tensor::from_vec(factors, x.shape(), x.device())?.to_dtype(x.dtype())?)
+        times(x, factors)
     }
 
     /// The factors of every probability `[batch, heads, queries, keys]`.
     pub fn factors(&self, (batch, heads): (usize, usize), queries: Range<usize>, keys: Range<usize>) -> Vec<f32> {
-        let mut factors = vec![1.0; batch * heads * queries.len() * keys.len()];
-        let mut rows = factors.chunks_exact_mut(keys.len().max(1));
-        for sequence in 0..batch {
-            for head in 0..heads {
-                for (query, row) in queries.clone().zip(rows.by_ref()) {
-                    self.apply((sequence, head, query), keys.start, row);
-                }
-            }
+        let area = queries.len() * keys.len();
+        let mut factors = vec![1.0; batch * heads * area];
+        for (i, block) in factors.chunks_exact_mut(area.max(1)).enumerate() {
+            self.apply_block((i / heads, i % heads), (queries.start, keys.start), block, keys.len());
         }
         factors
     }
+}
+
+/// `probs` (`[batch, heads, queries, keys]`, the queries from `first_query` and the keys from `first_key` on)
+/// with `dropout`'s probabilities dropped, if any: candle's chain, as the fused op drops them.
+pub fn drop_probabilities(
+    dropout: Option<DropMask>,
+    probs: Tensor,
+    (first_query, first_key): (usize, usize),
+) -> candle_core::Result<Tensor> {
+    let Some(dropout) = dropout else { return Ok(probs) };
+    let (batch, heads, queries, keys) = probs.dims4()?;
+    times(&probs, dropout.factors((batch, heads), first_query..first_query + queries, first_key..first_key + keys))
+}
+
+/// `x` times `factors` (its shape's elements), on its device and in its dtype.
+fn times(x: &Tensor, factors: Vec<f32>) -> candle_core::Result<Tensor> {
+    x.mul(&Tensor::from_vec(factors, x.shape(), x.device())?.to_dtype(x.dtype())?)
 }
 
 /// A 32-bit integer hash (Wellons's "lowbias32"): each output bit depends on every input bit.

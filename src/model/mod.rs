@@ -35,7 +35,7 @@ use serde::Deserialize;
 
 pub use crate::cancel::Cancel;
 pub(crate) use crate::hash::Fnv;
-pub use dropout::{Dropout, Rates as DropoutRates};
+pub use dropout::Dropout;
 pub use encoder::{BiEncoder, CrossEncoder, Pooling};
 pub(crate) use error::load_err;
 pub use error::ModelError;

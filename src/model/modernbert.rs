@@ -19,7 +19,7 @@ use serde::Deserialize;
 use super::bert::Dense;
 use super::cpu::blas::{self, Heads, Rotary};
 use super::cpu::kernels::{self, Band};
-use super::dropout::{Dropout, Site};
+use super::dropout::{drop_probabilities, Dropout, Site};
 use super::error::load_err;
 use super::load::read_json;
 use super::ModelError;
@@ -267,11 +267,7 @@ impl ModernBert {
             let (k, v) = (k.narrow(2, first_key, end - first_key)?, v.narrow(2, first_key, end - first_key)?);
             let scores = q.narrow(2, start, rows)?.contiguous()?.matmul(&k.t()?)?;
             let band = Band { first_query: start, first_key, window, lengths: lengths.to_vec() };
-            let probs = kernels::band_softmax(&scores, &band)?;
-            let probs = match dropout {
-                Some(dropout) => dropout.apply_to(&probs, start, first_key)?,
-                None => probs,
-            };
+            let probs = drop_probabilities(dropout, kernels::band_softmax(&scores, &band)?, (start, first_key))?;
             contexts.push(probs.matmul(&v)?);
         }
         let context = Tensor::cat(&contexts, 2)?.transpose(1, 2)?.reshape((b, len, h))?;

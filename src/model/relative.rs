@@ -10,7 +10,7 @@
 use candle_core::Tensor;
 
 use super::cpu::disentangled::{disentangled_softmax, Disentangled};
-use super::dropout::DropMask;
+use super::dropout::{drop_probabilities, DropMask};
 
 /// How distances become rows of the relative embeddings: `make_log_bucket_position` and
 /// `build_relative_position` of transformers' DeBERTa-v2, in the same f32 arithmetic.
@@ -83,10 +83,7 @@ pub(super) fn attention(
     let from_positions = k.matmul(&table(&tables.queries)?.t()?)?;
     let scores = q.matmul(&k.t()?)?;
     let probs = disentangled_softmax(&scores, &to_positions, &from_positions, relative)?;
-    let probs = match dropout {
-        Some(dropout) => dropout.apply_to(&probs, 0, 0)?,
-        None => probs,
-    };
+    let probs = drop_probabilities(dropout, probs, (0, 0))?;
     probs.matmul(v)?.transpose(1, 2)?.contiguous()?.reshape((batch, rows, heads * head_dim))
 }
 

@@ -53,7 +53,7 @@ pub struct TrainableEncoder {
     first_round: Option<PathBuf>,
     /// A bi-encoder's pooling (`None`: a cross-encoder).
     sentence: Option<SentenceLayout>,
-    /// Off but in a training step (`train::dropping`).
+    /// Off but in a training step (`train::Dropping`).
     dropout: Dropout,
 }
 

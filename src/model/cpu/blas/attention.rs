@@ -361,9 +361,7 @@ impl candle_core::CustomOp2 for Attention {
                             blas.block_scores(&at, (&rows, &keys), window, mask, scores, sums, masked_exp_row);
                             // Dropped after the sums: softmax, then dropout.
                             if let Some(dropout) = &self.dropout {
-                                for (t, row) in scores.chunks_exact_mut(keys.len()).enumerate() {
-                                    dropout.apply((seq, head, rows.start + t), keys.start, row);
-                                }
+                                dropout.apply_block((seq, head), (rows.start, keys.start), scores, keys.len());
                             }
                             let out = context.add(rows.start * hidden);
                             let v = (at.v.from(keys.start), at.v.ld, false);
@@ -487,9 +485,7 @@ impl candle_core::CustomOp3 for AttentionBackward {
                             let read = match &self.dropout {
                                 Some(dropout) => {
                                     dp.copy_from_slice(probs);
-                                    for (t, row) in dp.chunks_exact_mut(n).enumerate() {
-                                        dropout.apply((seq, head, rows.start + t), keys.start, row);
-                                    }
+                                    dropout.apply_block((seq, head), (rows.start, keys.start), dp, n);
                                     dp.as_ptr()
                                 }
                                 None => probs.as_ptr(),
@@ -498,9 +494,7 @@ impl candle_core::CustomOp3 for AttentionBackward {
                             blas.block_into((n, d, r), (read, n, true), dc, (dv.0.add(keys.start * dv.1), dv.1), true);
                             blas.block((r, n, d), dc, (v, at.v.ld, true), (dp.as_mut_ptr(), n));
                             if let Some(dropout) = &self.dropout {
-                                for (t, row) in dp.chunks_exact_mut(n).enumerate() {
-                                    dropout.apply((seq, head, rows.start + t), keys.start, row);
-                                }
+                                dropout.apply_block((seq, head), (rows.start, keys.start), dp, n);
                             }
                             for (p_row, dp_row) in probs.chunks_exact(n).zip(dp.chunks_exact_mut(n)) {
                                 softmax_grad_row(p_row, dp_row);
